@@ -1,0 +1,190 @@
+"""torch.nn.functional names with PyTorch semantics, for traced tensors.
+
+Each function either records one op or composes ops through the tracer, so
+its backward comes from the ops' VJP rules.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bendc.errors import ShapeError, UnsupportedError
+from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
+
+
+def _tracer(op: str, *values: Any) -> Tracer:
+    for value in values:
+        if isinstance(value, Tensor):
+            return value.tracer
+    return active_tracer(op)
+
+
+def _tensor(x: Any, op: str) -> Tensor:
+    tracer = _tracer(op, x)
+    if not isinstance(x, Tensor):
+        raise UnsupportedError(f"expected a traced tensor, got {type(x).__name__}", loc=tracer.builder.loc, op=op)
+    return x
+
+
+# ------------------------------------------------------------------ elementwise
+def relu(x: Tensor) -> Tensor:
+    """max(x, 0), keeping -0.0 and NaN as PyTorch does."""
+    return _tensor(x, "relu").relu()
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return _tensor(x, "sigmoid").sigmoid()
+
+
+def tanh(x: Tensor) -> Tensor:
+    return _tensor(x, "tanh").tanh()
+
+
+def exp(x: Tensor) -> Tensor:
+    return _tensor(x, "exp").exp()
+
+
+def log(x: Tensor) -> Tensor:
+    return _tensor(x, "log").log()
+
+
+def sqrt(x: Tensor) -> Tensor:
+    return _tensor(x, "sqrt").sqrt()
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """x * Phi(x); ``approximate="tanh"`` for the tanh approximation."""
+    x = _tensor(x, "gelu")
+    with x.tracer.at_user_line("gelu"):
+        return x.tracer.emit("gelu", (x.id,), approximate=approximate)
+
+
+def softmax(x: Tensor, dim: int) -> Tensor:
+    return _tensor(x, "softmax").softmax(dim)
+
+
+def log_softmax(x: Tensor, dim: int) -> Tensor:
+    return _tensor(x, "log_softmax").log_softmax(dim)
+
+
+# ------------------------------------------------------------------ layers
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """x @ w.T + b."""
+    tracer = _tracer("linear", x, w)
+    with tracer.at_user_line("linear") as builder:
+        x, w = tracer.value(x, "linear"), tracer.value(w, "linear")
+        if w.ndim not in (1, 2):
+            raise ShapeError(f"weight must be 1-D or 2-D, got {w.type}", loc=builder.loc, op="linear")
+        if x.ndim == 0 or x.shape[-1] != w.shape[-1]:
+            raise ShapeError(f"input {x.type} and weight {w.type} need the same last dimension",
+                             loc=builder.loc, op="linear")
+        out = matmul(x, w.T)
+        if b is not None:
+            out = out + b
+        return out
+
+
+# ------------------------------------------------------------------ losses
+def mse_loss(input: Tensor, target: Tensor) -> Tensor:
+    """mean((input - target)^2)."""
+    tracer = _tracer("mse_loss", input, target)
+    with tracer.at_user_line("mse_loss"):
+        diff = tracer.value(input, "mse_loss") - target
+        return (diff * diff).mean()
+
+
+def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+    """Mean over N of -log_softmax(logits)[i, target[i]]; logits (N, C), integer target (N,)."""
+    tracer = _tracer("cross_entropy", logits, target)
+    with tracer.at_user_line("cross_entropy") as builder:
+        logits, target = tracer.value(logits, "cross_entropy"), tracer.value(target, "cross_entropy")
+        if not target.type.is_index:
+            raise UnsupportedError(f"target must hold int64/int32 class indices, got {target.type}",
+                                   loc=builder.loc, op="cross_entropy")
+        if logits.ndim != 2 or target.shape != logits.shape[:1]:
+            raise ShapeError(f"logits must be (N, C) and target (N,), got {logits.type} and {target.type}",
+                             loc=builder.loc, op="cross_entropy")
+        log_probs = logits.log_softmax(1)
+        picked = gather(log_probs, 1, target.unsqueeze(1))
+        return -picked.mean()
+
+
+# ------------------------------------------------------------------ indexing
+def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
+    """torch.index_select: slices along dim picked by a 1-D integer index."""
+    tracer = _tracer("index_select", x, index)
+    with tracer.at_user_line("index_select") as builder:
+        x, index = tracer.value(x, "index_select"), tracer.value(index, "index_select")
+        return tracer.emit("index_select", (x.id, index.id), dim=_normalize_dim(dim, x.ndim, "index_select",
+                                                                                 builder.loc))
+
+
+def gather(x: Tensor, dim: int, index: Tensor) -> Tensor:
+    """torch.gather: out[..., j, ...] = x[..., index[..., j, ...], ...] along dim."""
+    tracer = _tracer("gather", x, index)
+    with tracer.at_user_line("gather") as builder:
+        x, index = tracer.value(x, "gather"), tracer.value(index, "gather")
+        return tracer.emit("gather", (x.id, index.id), dim=_normalize_dim(dim, x.ndim, "gather", builder.loc))
+
+
+# ------------------------------------------------------------------ optimizers
+def _static_float(value: Any, name: str, op: str, tracer: Tracer) -> float:
+    if isinstance(value, Tensor) or not isinstance(value, (int, float)):
+        raise UnsupportedError(f"{name} must be a Python number (a static value), got {type(value).__name__}",
+                               loc=tracer.builder.loc, op=op)
+    return float(value)
+
+
+def sgd_step(param: Tensor, grad: Tensor, lr: float, momentum: float = 0.0, buf: Tensor | None = None):
+    """One torch.optim.SGD update: returns the new param, and (param, buf) with momentum.
+
+    Without momentum: param - lr * grad. With momentum: buf = grad on the first
+    step (buf None), else buf * momentum + grad; then param - lr * buf.
+    """
+    tracer = _tracer("sgd_step", param, grad)
+    with tracer.at_user_line("sgd_step") as builder:
+        lr = _static_float(lr, "lr", "sgd_step", tracer)
+        momentum = _static_float(momentum, "momentum", "sgd_step", tracer)
+        param, grad = tracer.value(param, "sgd_step"), tracer.value(grad, "sgd_step")
+        if grad.shape != param.shape:
+            raise ShapeError(f"grad {grad.type} must have the param's shape {param.type}",
+                             loc=builder.loc, op="sgd_step")
+        if momentum == 0.0:
+            return param - lr * grad
+        new_buf = grad if buf is None else buf * momentum + grad
+        return param - lr * new_buf, new_buf
+
+
+def adam_step(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: int, lr: float,
+              betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+    """One torch.optim.AdamW update (weight_decay=0 is Adam); returns (param, m, v).
+
+    ``step`` is the 1-based count of this update (PyTorch's state step after
+    its increment), a static Python int: bias corrections are computed in
+    float64 at trace time, as PyTorch computes them in Python.
+    """
+    tracer = _tracer("adam_step", param, grad)
+    with tracer.at_user_line("adam_step") as builder:
+        if isinstance(step, Tensor) or not isinstance(step, int) or step < 1:
+            raise UnsupportedError(f"step must be a static Python int >= 1, got {step!r}",
+                                   loc=builder.loc, op="adam_step")
+        lr = _static_float(lr, "lr", "adam_step", tracer)
+        beta1, beta2 = (_static_float(b, "betas", "adam_step", tracer) for b in betas)
+        eps = _static_float(eps, "eps", "adam_step", tracer)
+        weight_decay = _static_float(weight_decay, "weight_decay", "adam_step", tracer)
+        param, grad = tracer.value(param, "adam_step"), tracer.value(grad, "adam_step")
+        m, v = tracer.value(m, "adam_step"), tracer.value(v, "adam_step")
+        for name, other in (("grad", grad), ("m", m), ("v", v)):
+            if other.shape != param.shape:
+                raise ShapeError(f"{name} {other.type} must have the param's shape {param.type}",
+                                 loc=builder.loc, op="adam_step")
+        if weight_decay != 0.0:
+            param = param * (1.0 - lr * weight_decay)
+        new_m = m + (1.0 - beta1) * (grad - m)          # m.lerp_(grad, 1 - beta1)
+        new_v = v * beta2 + (1.0 - beta2) * grad * grad  # v.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+        bias_correction1 = 1.0 - beta1 ** step
+        bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
+        step_size = lr / bias_correction1
+        denom = new_v.sqrt() / bias_correction2_sqrt + eps
+        new_param = param + (-step_size) * (new_m / denom)
+        return new_param, new_m, new_v

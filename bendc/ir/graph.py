@@ -1,0 +1,165 @@
+"""The graph IR: frozen typed nodes held in a networkx DiGraph.
+
+Operand order lives on the node (``Node.inputs``); the networkx edges are
+derived from it (``x * x`` has one edge and two uses). Iteration is always in
+the deterministic topological order of :meth:`Graph.order` (node id breaks
+ties), so printed IR is stable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+import networkx as nx
+
+from bendc.errors import SourceLoc
+from bendc.ir.types import TensorType
+
+AttrValue = Any  # int | float | bool | str | None | tuple of these
+
+
+@dataclass(frozen=True)
+class Node:
+    """One IR value: ``%id = op[attrs] inputs : type  # comment``.
+
+    ``attrs`` is a tuple of (name, value) pairs sorted by name, so nodes
+    compare and hash by value. ``loc`` is the user's source line the node came
+    from; ``vjp_of`` names the forward node whose vector-Jacobian product it
+    is part of.
+    """
+
+    id: int
+    op: str
+    inputs: tuple[int, ...]
+    attrs: tuple[tuple[str, AttrValue], ...]
+    type: TensorType
+    loc: SourceLoc | None = field(default=None, compare=False)
+    vjp_of: int | None = field(default=None, compare=False)
+
+    @property
+    def attr(self) -> dict[str, AttrValue]:
+        return dict(self.attrs)
+
+    def replace(self, **changes: Any) -> Node:
+        """A copy with some fields changed (nodes are immutable)."""
+        if "attrs" in changes and isinstance(changes["attrs"], dict):
+            changes["attrs"] = make_attrs(changes["attrs"])
+        return replace(self, **changes)
+
+
+def make_attrs(attrs: dict[str, AttrValue]) -> tuple[tuple[str, AttrValue], ...]:
+    return tuple(sorted(attrs.items()))
+
+
+class Graph:
+    """A function in graph IR: parameters, nodes, outputs.
+
+    Passes use these methods, not networkx directly.
+    """
+
+    def __init__(self, name: str = "f") -> None:
+        self.name = name
+        self._nx = nx.DiGraph()
+        self.params: list[int] = []
+        self.outputs: list[int] = []
+        self._next_id = 0
+
+    # ----------------------------------------------------------- building
+    def add(
+        self,
+        op: str,
+        inputs: tuple[int, ...] | list[int],
+        attrs: dict[str, AttrValue] | None,
+        type: TensorType,
+        *,
+        loc: SourceLoc | None = None,
+        vjp_of: int | None = None,
+        id: int | None = None,
+    ) -> Node:
+        """Add a node; its id is the next free one unless given."""
+        if id is None:
+            id = self._next_id
+        assert id not in self._nx, f"duplicate node id %{id}"
+        self._next_id = max(self._next_id, id + 1)
+        node = Node(id, op, tuple(inputs), make_attrs(attrs or {}), type, loc, vjp_of)
+        self._put(node)
+        if op == "param":
+            self.params.append(id)
+        return node
+
+    def _put(self, node: Node) -> None:
+        for operand in node.inputs:
+            assert operand in self._nx, f"%{node.id} uses undefined %{operand}"
+        self._nx.add_node(node.id, node=node)
+        for operand in set(node.inputs):
+            self._nx.add_edge(operand, node.id)
+
+    def replace(self, node: Node) -> None:
+        """Put a changed node in place of the node with the same id."""
+        old = self.node(node.id)
+        for operand in set(old.inputs) - set(node.inputs):
+            self._nx.remove_edge(operand, node.id)
+        self._nx.nodes[node.id]["node"] = node
+        for operand in set(node.inputs):
+            assert operand in self._nx, f"%{node.id} uses undefined %{operand}"
+            self._nx.add_edge(operand, node.id)
+
+    def replace_uses(self, old: int, new: int) -> None:
+        """Make every use of ``old`` (operands and outputs) a use of ``new``."""
+        for user in list(self.users(old)):
+            node = self.node(user)
+            inputs = tuple(new if i == old else i for i in node.inputs)
+            self.replace(node.replace(inputs=inputs))
+        self.outputs = [new if o == old else o for o in self.outputs]
+
+    def remove(self, id: int) -> None:
+        assert not list(self._nx.successors(id)), f"%{id} still has users"
+        self._nx.remove_node(id)
+        if id in self.params:
+            self.params.remove(id)
+
+    # ----------------------------------------------------------- reading
+    def node(self, id: int) -> Node:
+        return self._nx.nodes[id]["node"]
+
+    def __contains__(self, id: int) -> bool:
+        return id in self._nx
+
+    def __len__(self) -> int:
+        return self._nx.number_of_nodes()
+
+    def users(self, id: int) -> list[int]:
+        """Ids of the nodes that use ``id`` as an operand, in id order."""
+        return sorted(self._nx.successors(id))
+
+    def order(self) -> list[int]:
+        """Node ids in deterministic topological order (lowest id first)."""
+        return list(nx.lexicographical_topological_sort(self._nx, key=lambda n: n))
+
+    def nodes(self) -> Iterator[Node]:
+        for id in self.order():
+            yield self.node(id)
+
+    def ancestors(self, id: int) -> set[int]:
+        return nx.ancestors(self._nx, id)
+
+    def is_acyclic(self) -> bool:
+        return nx.is_directed_acyclic_graph(self._nx)
+
+    def param_by_name(self, name: str) -> Node:
+        for id in self.params:
+            if self.node(id).attr["name"] == name:
+                return self.node(id)
+        raise KeyError(name)
+
+    def copy(self) -> Graph:
+        other = Graph(self.name)
+        other._nx = self._nx.copy()
+        other.params = list(self.params)
+        other.outputs = list(self.outputs)
+        other._next_id = self._next_id
+        return other
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id

@@ -1,0 +1,310 @@
+"""bendc.jit: trace on the first call per signature, compile, reuse.
+
+A signature is the parameters' shapes and dtypes, the leaves, the values of
+static Python scalars, and the target.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from bendc.autodiff import differentiate
+from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
+from bendc.ir.graph import Graph
+from bendc.ir.interp import Interpreter
+from bendc.ir.printer import format_graph
+from bendc.ir.types import TensorType, dtype_name
+from bendc.ir.verify import verify
+from bendc.passes import PassContext, Pipeline, default_passes
+from bendc.trace import Tensor, Tracer
+
+TARGETS = ("auto", "cpu", "cuda", "reference")
+IMPLEMENTED_TARGETS = ("reference",)
+STATIC_TYPES = (bool, int, float)
+
+
+def resolve_target(target: str) -> str:
+    """'auto' is the best target built so far: cuda, then cpu, then reference."""
+    if target not in TARGETS:
+        raise UnsupportedError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}",
+                               loc=user_location(), op="jit")
+    if target == "auto":
+        for candidate in ("cuda", "cpu", "reference"):
+            if candidate in IMPLEMENTED_TARGETS:
+                return candidate
+    if target not in IMPLEMENTED_TARGETS:
+        raise UnsupportedError(f"target {target!r} is not built yet; use target='reference'",
+                               loc=user_location(), op="jit")
+    return target
+
+
+# ------------------------------------------------------------------ inputs
+def to_array(value: Any, name: str) -> np.ndarray:
+    """A host numpy array from numpy, __array__, __dlpack__ or device-array inputs."""
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value)
+    if hasattr(value, "detach"):  # torch tensors (requires_grad ones refuse export otherwise)
+        value = value.detach()
+    if hasattr(value, "__dlpack__") and getattr(value, "device", None) is not None \
+            and str(getattr(value, "device")) != "cpu" and hasattr(value, "cpu"):
+        value = value.cpu()
+    if hasattr(value, "__array__"):
+        return np.ascontiguousarray(np.asarray(value))
+    if hasattr(value, "__dlpack__"):
+        return np.ascontiguousarray(np.from_dlpack(value))
+    if hasattr(value, "copy_to_host"):
+        return np.ascontiguousarray(value.copy_to_host())
+    raise SignatureError(f"parameter {name!r}: cannot read an array from {type(value).__name__}",
+                         loc=user_location(), op="call")
+
+
+def is_array_like(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or any(
+        hasattr(value, attr) for attr in ("__array__", "__dlpack__", "__cuda_array_interface__"))
+
+
+@dataclass
+class Executable:
+    """One traced and compiled signature."""
+
+    graph: Graph
+    stages: dict[str, str]
+    tape: str
+    template: Any
+    report: str
+    run: Callable[[Sequence[np.ndarray]], list]
+    kernels: dict[str, str] = field(default_factory=dict)
+
+
+class JitFunction:
+    """The callable that ``bendc.jit`` returns."""
+
+    def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
+                 passes: Sequence[Any] | None) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.signature = inspect.signature(fn)
+        if isinstance(leaves, str):
+            leaves = (leaves,)
+        self.leaves = tuple(leaves)
+        unknown = [leaf for leaf in self.leaves if leaf not in self.signature.parameters]
+        if unknown:
+            raise SignatureError(f"leaves {unknown} are not parameters of {fn.__name__}"
+                                 f"{self.signature}", loc=user_location(), op="jit")
+        self.target = target
+        self.resolved_target = resolve_target(target)
+        self.cache_dir = cache_dir
+        self.passes = list(passes) if passes is not None else default_passes()
+        Pipeline(self.passes)  # unknown pass names fail here, at decoration
+        self._cache: dict[tuple, Executable] = {}
+        self._last: Executable | None = None
+
+    # ------------------------------------------------------------- calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        arrays, key, static = self._bind(args, kwargs)
+        executable = self._cache.get(key)
+        if executable is None:
+            executable = self._compile(arrays, static)
+            self._cache[key] = executable
+        self._last = executable
+        results = executable.run([value for _, value in arrays])
+        return _unflatten(executable.template, results)
+
+    def _bind(self, args, kwargs):
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise SignatureError(f"{self.fn.__name__}{self.signature}: {error}",
+                                 loc=user_location(), op="call") from None
+        bound.apply_defaults()
+        arrays: list[tuple[str, np.ndarray]] = []
+        static: dict[str, Any] = {}
+        key: list = []
+        for name, value in bound.arguments.items():
+            kind = self.signature.parameters[name].kind
+            if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                raise SignatureError(f"*args and **kwargs parameters ({name}) are not supported",
+                                     loc=user_location(), op="call")
+            if is_array_like(value) and not isinstance(value, np.generic):
+                array = to_array(value, name)
+                dtype = dtype_name(array.dtype)
+                if dtype not in ("f32", "i64", "i32"):
+                    hint = " (use .astype(np.float32))" if array.dtype.kind == "f" else ""
+                    raise SignatureError(f"parameter {name!r} has dtype {array.dtype}; bendc takes float32 "
+                                         f"data and int64/int32 indices{hint}", loc=user_location(), op="call")
+                if name in self.leaves and dtype != "f32":
+                    raise SignatureError(f"leaf {name!r} must be float32, got {array.dtype}",
+                                         loc=user_location(), op="call")
+                arrays.append((name, array))
+                key.append((name, dtype, array.shape))
+            elif isinstance(value, STATIC_TYPES + (np.generic,)) or value is None:
+                if name in self.leaves:
+                    raise SignatureError(f"leaf {name!r} must be an array, got {type(value).__name__}",
+                                         loc=user_location(), op="call")
+                if isinstance(value, np.generic):
+                    value = value.item()
+                static[name] = value
+                key.append((name, type(value).__name__, value))
+            else:
+                raise SignatureError(f"parameter {name!r}: {type(value).__name__} is not supported (arrays "
+                                     "and Python scalars only)", loc=user_location(), op="call")
+        return arrays, (tuple(key), self.leaves, self.resolved_target), static
+
+    # ------------------------------------------------------------- compiling
+    def _compile(self, arrays: list[tuple[str, np.ndarray]], static: dict[str, Any]) -> Executable:
+        tracer = Tracer(self.fn.__name__)
+        tensors: dict[str, Tensor] = {}
+        for name, array in arrays:
+            type = TensorType(dtype_name(array.dtype), tuple(array.shape))
+            tensors[name] = tracer.param(name, type, leaf=name in self.leaves)
+        call_args = {**static, **tensors}
+        ordered = {name: call_args[name] for name in self.signature.parameters}
+        with tracer.active():
+            result = self.fn(**ordered)
+        outputs: list[int] = []
+        template = _flatten(result, outputs, tracer)
+        traced = tracer.graph
+        traced.outputs = outputs
+        verify(traced, "traced")
+
+        stages: dict[str, str] = {}
+        dump = _Dumper(self.fn.__name__)
+
+        def on_stage(name: str, graph: Graph) -> None:
+            stages[name] = format_graph(graph)
+            dump.write(name, stages[name])
+
+        on_stage("traced", traced)
+        graph = differentiate(traced)
+        verify(graph, "autodiff", allow_placeholders=False)
+        on_stage("autodiff", graph)
+        context = PassContext()
+        graph = Pipeline(self.passes).run(graph, context, on_stage)
+        on_stage("final", graph)
+        report = _report(self.fn.__name__, self.resolved_target, context, graph)
+        interpreter = Interpreter(graph)
+        aliases = set(graph.params)
+
+        def run(inputs: Sequence[np.ndarray]) -> list:
+            results = interpreter.run(inputs)
+            # An output that is a parameter (or a view of one) must not alias the caller's array.
+            return [np.array(r) if (o in aliases or r.base is not None) else r
+                    for o, r in zip(graph.outputs, results)]
+
+        return Executable(graph, stages, tracer.tape(), template, report, run)
+
+    # ------------------------------------------------------------- introspection
+    def _executable(self) -> Executable:
+        if self._last is None:
+            raise BendcError(f"{self.fn.__name__} has not been called yet: call it once to trace a signature",
+                             loc=user_location(), op="introspection")
+        return self._last
+
+    def ir(self, stage: str = "final") -> str:
+        """The printed IR after ``stage`` for the last signature traced."""
+        stages = self._executable().stages
+        if stage not in stages:
+            raise BendcError(f"no stage {stage!r}; stages are {', '.join(stages)}", loc=user_location(), op="ir")
+        return stages[stage]
+
+    def stages(self) -> list[str]:
+        return list(self._executable().stages)
+
+    def tape(self) -> str:
+        """The tape of the last trace, one entry a line."""
+        return self._executable().tape
+
+    def kernels(self) -> dict[str, str]:
+        """Generated kernel sources by kernel name (none on the reference target)."""
+        return dict(self._executable().kernels)
+
+    def report(self) -> str:
+        """The compile report: pass decisions with their reasons."""
+        return self._executable().report
+
+
+def _report(name: str, target: str, context: PassContext, graph: Graph) -> str:
+    lines = [f"bendc report for {name} (target {target})", f"final IR: {len(graph)} nodes"]
+    for pass_name, text in context.decisions:
+        lines.append(f"[{pass_name}] {text}")
+    if not context.decisions:
+        lines.append("no pass changed the graph")
+    return "\n".join(lines) + "\n"
+
+
+class _Dumper:
+    """Writes each stage to $BENDC_DUMP_DIR/<function>/<NN>-<stage>.ir (atomically)."""
+
+    def __init__(self, name: str) -> None:
+        root = os.environ.get("BENDC_DUMP_DIR")
+        self.folder = os.path.join(root, name) if root else None
+        self.count = 0
+
+    def write(self, stage: str, text: str) -> None:
+        if self.folder is None:
+            return
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, f"{self.count:02d}-{stage}.ir")
+        self.count += 1
+        handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+
+
+# ------------------------------------------------------------------ outputs
+def _flatten(value: Any, outputs: list[int], tracer: Tracer) -> Any:
+    """The return value's structure with tensors replaced by output slots."""
+    if isinstance(value, Tensor):
+        outputs.append(value.id)
+        return ("out", len(outputs) - 1)
+    if value is None or isinstance(value, STATIC_TYPES + (str,)):
+        return ("static", value)
+    if isinstance(value, tuple):
+        return ("tuple", tuple(_flatten(v, outputs, tracer) for v in value))
+    if isinstance(value, list):
+        return ("list", [_flatten(v, outputs, tracer) for v in value])
+    if isinstance(value, dict):
+        return ("dict", {k: _flatten(v, outputs, tracer) for k, v in value.items()})
+    raise UnsupportedError(f"cannot return a {type(value).__name__} from a jitted function "
+                           "(tensors, None, scalars and tuples/lists/dicts of them)", op="return")
+
+
+def _unflatten(template: Any, results: list) -> Any:
+    kind, body = template
+    if kind == "out":
+        return results[body]
+    if kind == "static":
+        return body
+    if kind == "tuple":
+        return tuple(_unflatten(t, results) for t in body)
+    if kind == "list":
+        return [_unflatten(t, results) for t in body]
+    return {k: _unflatten(t, results) for k, t in body.items()}
+
+
+def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
+        cache_dir: str | None = None, passes: Sequence[Any] | None = None):
+    """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``."""
+    def wrap(function: Callable) -> JitFunction:
+        return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes)
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap
+
+
+def zero_grad(*leaves: Tensor) -> None:
+    """Empty the gradient slots of leaves (PyTorch's zero_grad(set_to_none=True))."""
+    from bendc.trace import active_tracer
+
+    if not leaves:
+        return
+    tracer = leaves[0].tracer if isinstance(leaves[0], Tensor) else active_tracer("zero_grad")
+    tracer.zero_grad(leaves)

@@ -1,0 +1,8 @@
+"""The op registry. Importing this package defines every op."""
+from __future__ import annotations
+
+from bendc.ops.base import OPS, InferError, Lowering, OpDef, define_op
+
+from bendc.ops import source, elementwise, reduce, layout, gather, matmul  # noqa: E402,F401  (registers)
+
+__all__ = ["OPS", "InferError", "Lowering", "OpDef", "define_op"]

@@ -1,0 +1,133 @@
+"""What an op is: one OpDef carries everything about it.
+
+An op's definition holds its arity, shape and dtype inference, numpy
+reference semantics (the executable spec), its VJP rule (written with the same
+:class:`Builder` the tracer uses, so backward is ordinary IR), and its
+lowering (how codegen turns it into kernels). ``tests/ops/test_registry.py``
+walks the registry and fails for an op that lacks any part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from bendc.ir.types import TensorType
+
+Attrs = dict[str, Any]
+
+LOWERING_KINDS = (
+    "source",       # parameters and constants: no kernel
+    "placeholder",  # must be gone after autodiff (grad slots)
+    "elementwise",  # one output element per cell; ``scalar`` renders the body
+    "reduce",       # sum over dims: a reduction cell per output element
+    "layout",       # reshape/permute/expand/slices: index arithmetic or views
+    "matmul",       # BLAS on the CPU, a tiled template on CUDA
+    "gather",       # index reads
+    "scatter",      # ordered index accumulation into +0.0 words
+    "row",          # row-wise kernels (softmax, log_softmax): one cell per row
+)
+
+
+class InferError(Exception):
+    """Raised by an op's inference; the Builder adds the user's line and op."""
+
+    def __init__(self, message: str, *, unsupported: bool = False):
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How an op becomes kernel code.
+
+    ``kind`` is one of LOWERING_KINDS. For elementwise ops ``scalar`` renders
+    the body of one cell: it takes the operand expressions (strings) and the
+    node's attrs and returns an expression string in float32 arithmetic.
+    """
+
+    kind: str
+    scalar: Callable[..., str] | None = None
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything about one op, in one place."""
+
+    name: str
+    arity: int | None  # None: one or more operands
+    infer: Callable[[Sequence[TensorType], Attrs], TensorType]
+    reference: Callable[[Sequence[np.ndarray], Attrs], np.ndarray]
+    lowering: Lowering
+    doc: str
+    vjp: Callable[..., tuple] | None = None
+    no_vjp: str | None = None  # why an op has no VJP (exactly one of vjp / no_vjp)
+    attr_names: tuple[str, ...] = field(default=())
+
+    @property
+    def differentiable(self) -> bool:
+        return self.vjp is not None
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def define_op(**fields: Any) -> OpDef:
+    """Register an op; the registry is keyed by the op's printed name."""
+    opdef = OpDef(**fields)
+    assert opdef.name not in OPS, f"op {opdef.name} defined twice"
+    assert (opdef.vjp is None) != (opdef.no_vjp is None), opdef.name
+    assert opdef.lowering.kind in LOWERING_KINDS, opdef.lowering.kind
+    OPS[opdef.name] = opdef
+    return opdef
+
+
+# ---------------------------------------------------------------- helpers
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy/PyTorch broadcasting of shapes, or InferError."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for axis in range(ndim):
+        size = 1
+        for shape in shapes:
+            index = axis - (ndim - len(shape))
+            if index < 0:
+                continue
+            dim = shape[index]
+            if dim == 1:
+                continue
+            if size not in (1, dim):
+                text = " and ".join(f"[{','.join(map(str, s))}]" for s in shapes)
+                raise InferError(f"shapes {text} do not broadcast (dimension {axis - ndim}: {size} vs {dim})")
+            size = dim
+        result.append(size)
+    return tuple(result)
+
+
+def normalize_dims(dims: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """Dims as sorted non-negative ints; None means all; InferError if out of range."""
+    if dims is None:
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = (dims,)
+    out = []
+    for dim in dims:
+        rank = max(ndim, 1)
+        if not -rank <= dim < rank:
+            raise InferError(f"dim {dim} is out of range for a tensor of {ndim} dimensions")
+        out.append(dim % rank if ndim else 0)
+    if len(set(out)) != len(out):
+        raise InferError(f"dim {tuple(dims)} repeats a dimension")
+    return tuple(sorted(out))
+
+
+def require_float(types: Sequence[TensorType], op: str) -> None:
+    for t in types:
+        if not t.is_float:
+            raise InferError(f"{op} needs float32 operands, got {t}", unsupported=True)
+
+
+def f32_value(value: float) -> float:
+    """A Python float holding exactly the float32 nearest ``value``."""
+    return float(np.float32(value))

@@ -1,0 +1,190 @@
+"""Index reads (index_select, gather) and their ordered scatters (index_add,
+scatter_add), which accumulate into +0.0 words in index order like PyTorch's
+index_add_ and scatter_add_."""
+from __future__ import annotations
+
+import numpy as np
+
+from bendc.ir.types import TensorType
+from bendc.ops.base import InferError, Lowering, define_op
+
+
+class IndexRangeError(ValueError):
+    """An index value outside its dimension; the interpreter adds the user's line."""
+
+
+def _check_index_type(index: TensorType, op: str) -> None:
+    if not index.is_index:
+        raise InferError(f"{op} needs an int64 or int32 index, got {index}", unsupported=True)
+
+
+def _check_dim(dim, ndim, op):
+    if not isinstance(dim, int) or not 0 <= dim < max(ndim, 1):
+        raise InferError(f"{op} dim {dim} is out of range for {ndim} dimensions")
+
+
+def _check_range(index: np.ndarray, size: int, op: str) -> None:
+    if index.size and (index.min() < -size or index.max() >= size):
+        bad = index[(index < -size) | (index >= size)].flat[0]
+        raise IndexRangeError(f"{op}: index {int(bad)} is out of range for a dimension of size {size}")
+
+
+# ------------------------------------------------------------------ index_select / index_add
+def _infer_index_select(types, attrs):
+    x, index = types
+    dim = attrs["dim"]
+    _check_dim(dim, x.ndim, "index_select")
+    _check_index_type(index, "index_select")
+    if index.ndim > 1:
+        raise InferError(f"index_select needs a 1-D index, got {index}")
+    shape = list(x.shape)
+    shape[dim] = index.numel
+    return x.with_shape(tuple(shape))
+
+
+def _reference_index_select(values, attrs):
+    x, index = values
+    dim = attrs["dim"]
+    index = index.reshape(-1)
+    _check_range(index, x.shape[dim], "index_select")
+    return np.ascontiguousarray(np.take(x, index, axis=dim))
+
+
+def vjp_index_select(b, node, grad, needs):
+    """d index_select(a, dim, i) = index_add(+0.0 words of a's shape, dim, i, g)."""
+    x, index = node.inputs
+    return (b.emit("index_add", (grad, index), dim=node.attr["dim"], shape=b.shape(x)), None)
+
+
+define_op(
+    name="index_select",
+    arity=2,
+    infer=_infer_index_select,
+    reference=_reference_index_select,
+    lowering=Lowering("gather"),
+    vjp=vjp_index_select,
+    attr_names=("dim",),
+    doc="`%2 = index_select[dim=0] %x, %i`: rows (slices along dim) picked by a 1-D index.",
+)
+
+
+def _infer_index_add(types, attrs):
+    source, index = types
+    shape = tuple(attrs["shape"])
+    dim = attrs["dim"]
+    _check_dim(dim, len(shape), "index_add")
+    _check_index_type(index, "index_add")
+    expected = list(shape)
+    expected[dim] = index.numel
+    if source.shape != tuple(expected):
+        raise InferError(f"index_add of {source} into [{','.join(map(str, shape))}] along {dim}")
+    return source.with_shape(shape)
+
+
+def _reference_index_add(values, attrs):
+    source, index = values
+    dim = attrs["dim"]
+    out = np.zeros(tuple(attrs["shape"]), dtype=np.float32)
+    index = index.reshape(-1)
+    _check_range(index, out.shape[dim], "index_add")
+    np.add.at(out, (slice(None),) * dim + (index,), source)
+    return out
+
+
+def vjp_index_add(b, node, grad, needs):
+    """d index_add(g) = index_select(grad, dim, i)."""
+    return (b.emit("index_select", (grad, node.inputs[1]), dim=node.attr["dim"]), None)
+
+
+define_op(
+    name="index_add",
+    arity=2,
+    infer=_infer_index_add,
+    reference=_reference_index_add,
+    lowering=Lowering("scatter"),
+    vjp=vjp_index_add,
+    attr_names=("dim", "shape"),
+    doc="`%2 = index_add[dim=0, shape=(10,4)] %g, %i`: zeros.index_add_(dim, i, g), in index order.",
+)
+
+
+# ------------------------------------------------------------------ gather / scatter_add
+def _infer_gather(types, attrs):
+    x, index = types
+    dim = attrs["dim"]
+    _check_dim(dim, x.ndim, "gather")
+    _check_index_type(index, "gather")
+    if index.ndim != x.ndim:
+        raise InferError(f"gather needs index and input of the same number of dimensions")
+    for axis, (size, limit) in enumerate(zip(index.shape, x.shape)):
+        if axis != dim and size > limit:
+            raise InferError(f"gather index size {size} exceeds the input's {limit} in dimension {axis}")
+    return x.with_shape(index.shape)
+
+
+def _scatter_indices(index: np.ndarray, dim: int) -> tuple:
+    grids = list(np.indices(index.shape, sparse=True))
+    grids[dim] = index
+    return tuple(grids)
+
+
+def _reference_gather(values, attrs):
+    x, index = values
+    dim = attrs["dim"]
+    _check_range(index, x.shape[dim], "gather")
+    return np.ascontiguousarray(x[_scatter_indices(index, dim)])
+
+
+def vjp_gather(b, node, grad, needs):
+    """d gather(a, dim, i) = scatter_add(+0.0 words of a's shape, dim, i, g)."""
+    x, index = node.inputs
+    return (b.emit("scatter_add", (grad, index), dim=node.attr["dim"], shape=b.shape(x)), None)
+
+
+define_op(
+    name="gather",
+    arity=2,
+    infer=_infer_gather,
+    reference=_reference_gather,
+    lowering=Lowering("gather"),
+    vjp=vjp_gather,
+    attr_names=("dim",),
+    doc="`%2 = gather[dim=1] %x, %i`: out[..., j, ...] = x[..., i[..., j, ...], ...] along dim.",
+)
+
+
+def _infer_scatter_add(types, attrs):
+    source, index = types
+    shape = tuple(attrs["shape"])
+    dim = attrs["dim"]
+    _check_dim(dim, len(shape), "scatter_add")
+    _check_index_type(index, "scatter_add")
+    if index.shape != source.shape or len(shape) != index.ndim:
+        raise InferError("scatter_add needs index and source of one shape")
+    return source.with_shape(shape)
+
+
+def _reference_scatter_add(values, attrs):
+    source, index = values
+    dim = attrs["dim"]
+    out = np.zeros(tuple(attrs["shape"]), dtype=np.float32)
+    _check_range(index, out.shape[dim], "scatter_add")
+    np.add.at(out, _scatter_indices(index, dim), source)
+    return out
+
+
+def vjp_scatter_add(b, node, grad, needs):
+    """d scatter_add(g) = gather(grad, dim, i)."""
+    return (b.emit("gather", (grad, node.inputs[1]), dim=node.attr["dim"]), None)
+
+
+define_op(
+    name="scatter_add",
+    arity=2,
+    infer=_infer_scatter_add,
+    reference=_reference_scatter_add,
+    lowering=Lowering("scatter"),
+    vjp=vjp_scatter_add,
+    attr_names=("dim", "shape"),
+    doc="`%2 = scatter_add[dim=1, shape=(8,10)] %g, %i`: zeros.scatter_add_(dim, i, g), in index order.",
+)

@@ -1,0 +1,180 @@
+"""Layout ops: reshape, permute, expand, and basic indexing with its scatter."""
+from __future__ import annotations
+
+import numpy as np
+
+from bendc.ir.types import TensorType
+from bendc.ops.base import InferError, Lowering, define_op
+
+
+def _shape_text(shape) -> str:
+    return f"[{','.join(map(str, shape))}]"
+
+
+# ------------------------------------------------------------------ reshape
+def _infer_reshape(types, attrs):
+    (x,) = types
+    shape = tuple(attrs["shape"])
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise InferError(f"reshape to {_shape_text(shape)}: sizes must be non-negative ints")
+    result = x.with_shape(shape)
+    if result.numel != x.numel:
+        raise InferError(f"cannot reshape {x} ({x.numel} elements) to {_shape_text(shape)}")
+    return result
+
+
+def vjp_reshape(b, node, grad, needs):
+    """d reshape(a) = reshape(g, a.shape)."""
+    return (b.reshape(grad, b.shape(node.inputs[0])),)
+
+
+define_op(
+    name="reshape",
+    arity=1,
+    infer=_infer_reshape,
+    reference=lambda v, a: np.ascontiguousarray(v[0]).reshape(tuple(a["shape"])),
+    lowering=Lowering("layout"),
+    vjp=vjp_reshape,
+    attr_names=("shape",),
+    doc="`%1 = reshape[shape=(4,8)] %0`: same elements in row-major order.",
+)
+
+
+# ------------------------------------------------------------------ permute
+def _infer_permute(types, attrs):
+    (x,) = types
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(x.ndim)):
+        raise InferError(f"permute dims {perm} is not a permutation of the {x.ndim} dims of {x}")
+    return x.with_shape(tuple(x.shape[p] for p in perm))
+
+
+def inverse_permutation(perm) -> tuple[int, ...]:
+    inverse = [0] * len(perm)
+    for position, axis in enumerate(perm):
+        inverse[axis] = position
+    return tuple(inverse)
+
+
+def vjp_permute(b, node, grad, needs):
+    """d permute(a, p) = permute(g, inverse(p))."""
+    return (b.permute(grad, inverse_permutation(node.attr["perm"])),)
+
+
+define_op(
+    name="permute",
+    arity=1,
+    infer=_infer_permute,
+    reference=lambda v, a: np.ascontiguousarray(np.transpose(v[0], tuple(a["perm"]))),
+    lowering=Lowering("layout"),
+    vjp=vjp_permute,
+    attr_names=("perm",),
+    doc="`%1 = permute[perm=(1,0)] %0 : f32[64,16]`: transpose, .T and permute.",
+)
+
+
+# ------------------------------------------------------------------ expand
+def _infer_expand(types, attrs):
+    (x,) = types
+    shape = tuple(attrs["shape"])
+    lead = len(shape) - x.ndim
+    if lead < 0 or any(d not in (1, shape[lead + axis]) for axis, d in enumerate(x.shape)):
+        raise InferError(f"cannot expand {x} to {_shape_text(shape)}")
+    return x.with_shape(shape)
+
+
+def vjp_expand(b, node, grad, needs):
+    """d expand(a) = sum_to_size(g, a.shape)."""
+    return (b.sum_to_size(grad, b.shape(node.inputs[0])),)
+
+
+define_op(
+    name="expand",
+    arity=1,
+    infer=_infer_expand,
+    reference=lambda v, a: np.ascontiguousarray(np.broadcast_to(v[0], tuple(a["shape"]))),
+    lowering=Lowering("layout"),
+    vjp=vjp_expand,
+    attr_names=("shape",),
+    doc="`%1 = expand[shape=(32,16)] %0`: broadcast to a shape (PyTorch's expand).",
+)
+
+
+# ------------------------------------------------------------------ basic indexing
+def index_key(spec) -> tuple:
+    """The numpy key for an index spec: ints stay, (start, stop, step) become slices."""
+    return tuple(entry if isinstance(entry, int) else slice(*entry) for entry in spec)
+
+
+def index_shape(shape, spec) -> tuple[int, ...]:
+    """Result shape of basic indexing ``x[spec]``, or InferError."""
+    if len(spec) > len(shape):
+        raise InferError(f"too many indices ({len(spec)}) for a tensor of {len(shape)} dimensions")
+    out = []
+    for axis, entry in enumerate(spec):
+        size = shape[axis]
+        if isinstance(entry, int):
+            if not 0 <= entry < size:
+                raise InferError(f"index {entry} is out of range for dimension {axis} of size {size}")
+            continue
+        start, stop, step = entry
+        if step <= 0 or not 0 <= start <= size or not 0 <= stop <= size:
+            raise InferError(f"slice {entry} is not normalized for dimension {axis} of size {size}")
+        out.append(len(range(start, stop, step)))
+    return tuple(out) + tuple(shape[len(spec):])
+
+
+def _infer_index(types, attrs):
+    (x,) = types
+    return x.with_shape(index_shape(x.shape, attrs["spec"]))
+
+
+def vjp_index(b, node, grad, needs):
+    """d a[spec] = index_scatter(g): g written into +0.0 words of a's shape."""
+    shape = b.shape(node.inputs[0])
+    return (b.emit("index_scatter", (grad,), spec=node.attr["spec"], shape=shape),)
+
+
+define_op(
+    name="index",
+    arity=1,
+    infer=_infer_index,
+    reference=lambda v, a: np.array(v[0][index_key(a["spec"])]),
+    lowering=Lowering("layout"),
+    vjp=vjp_index,
+    attr_names=("spec",),
+    doc="`%1 = index[spec=(1,(2,5,1))] %0`: basic indexing; ints drop a dim, (start,stop,step) slice it.",
+)
+
+
+def _infer_index_scatter(types, attrs):
+    (g,) = types
+    shape = tuple(attrs["shape"])
+    expected = index_shape(shape, attrs["spec"])
+    if g.shape != expected:
+        raise InferError(f"index_scatter of {g} into {_shape_text(shape)} needs {_shape_text(expected)}")
+    return g.with_shape(shape)
+
+
+def _reference_index_scatter(values, attrs):
+    (g,) = values
+    out = np.zeros(tuple(attrs["shape"]), dtype=np.float32)
+    out[index_key(attrs["spec"])] = g
+    return out
+
+
+def vjp_index_scatter(b, node, grad, needs):
+    """d index_scatter(g) = grad[spec]."""
+    return (b.emit("index", (grad,), spec=node.attr["spec"]),)
+
+
+define_op(
+    name="index_scatter",
+    arity=1,
+    infer=_infer_index_scatter,
+    reference=_reference_index_scatter,
+    lowering=Lowering("scatter"),
+    vjp=vjp_index_scatter,
+    attr_names=("spec", "shape"),
+    doc="`%1 = index_scatter[shape=(4,8), spec=(1,)] %0`: zeros of shape with %0 written at spec.",
+)

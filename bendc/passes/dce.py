@@ -1,0 +1,18 @@
+"""Dead-code elimination: drop nodes that no output depends on."""
+from __future__ import annotations
+
+from bendc.ir.graph import Graph
+from bendc.passes.manager import PassContext, register
+
+
+@register("dce", "Remove nodes no output depends on (parameters stay).")
+def dead_code_elimination(graph: Graph, context: PassContext) -> Graph:
+    live = set(graph.outputs) | set(graph.params)
+    for output in graph.outputs:
+        live |= graph.ancestors(output)
+    dead = [id for id in reversed(graph.order()) if id not in live]
+    for id in dead:
+        graph.remove(id)
+    if dead:
+        context.decide("dce", f"removed {len(dead)} dead nodes")
+    return graph

@@ -1,0 +1,75 @@
+"""The pass manager: named passes run in order, the verifier after each, the
+IR text kept for every stage, and BENDC_DUMP_DIR dumps."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from bendc.errors import UnsupportedError
+from bendc.ir.graph import Graph
+from bendc.ir.printer import format_graph
+from bendc.ir.verify import verify
+
+
+@dataclass
+class PassContext:
+    """What passes record: decisions with reasons, for the compile report."""
+
+    decisions: list[tuple[str, str]] = field(default_factory=list)
+
+    def decide(self, pass_name: str, text: str) -> None:
+        self.decisions.append((pass_name, text))
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named graph -> graph rewrite."""
+
+    name: str
+    run: Callable[[Graph, PassContext], Graph]
+    doc: str = ""
+
+
+PASSES: dict[str, Pass] = {}
+
+
+def register(name: str, doc: str) -> Callable:
+    def wrap(fn: Callable[[Graph, PassContext], Graph]) -> Callable:
+        PASSES[name] = Pass(name, fn, doc)
+        return fn
+
+    return wrap
+
+
+def get_pass(name: str) -> Pass:
+    if name not in PASSES:
+        raise UnsupportedError(f"unknown pass {name!r}; known passes: {', '.join(sorted(PASSES))}", op="passes")
+    return PASSES[name]
+
+
+def default_passes() -> list[str]:
+    return ["dce", "cse"]
+
+
+StageCallback = Callable[[str, Graph], None]
+
+
+class Pipeline:
+    """Runs passes in order; ``on_stage(name, graph)`` is called after each."""
+
+    def __init__(self, passes: Sequence[str | Pass]) -> None:
+        self.passes = [p if isinstance(p, Pass) else get_pass(p) for p in passes]
+        names = [p.name for p in self.passes]
+        if len(set(names)) != len(names):
+            raise UnsupportedError(f"pass names repeat in {names}", op="passes")
+
+    def run(self, graph: Graph, context: PassContext, on_stage: StageCallback) -> Graph:
+        for pass_ in self.passes:
+            graph = pass_.run(graph.copy(), context)
+            verify(graph, pass_.name, allow_placeholders=False)
+            on_stage(pass_.name, graph)
+        return graph
+
+
+def stage_text(graph: Graph) -> str:
+    return format_graph(graph)

@@ -1,0 +1,449 @@
+"""Tracing: Tensor proxies turn a Python function's calls into tape entries.
+
+The tape is the forward graph in creation order: leaves, constants and ops,
+each tagged with the user's file:line. ``backward()`` records a request and
+``.grad`` reads a gradient slot (a ``grad`` placeholder node); the autodiff
+stage turns both into ordinary backward nodes.
+
+PyTorch's rules hold: an op whose operands are all constants is a constant;
+a constant operand is frozen and the backward does no work for it.
+"""
+from __future__ import annotations
+
+import contextlib
+import numbers
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from bendc.builder import Builder
+from bendc.errors import GradientError, ShapeError, UnsupportedError, user_location
+from bendc.ir.graph import Graph
+from bendc.ir.printer import format_node
+from bendc.ir.types import TensorType
+from bendc.ops import OPS
+
+_ACTIVE: list["Tracer"] = []
+
+
+def active_tracer(op: str) -> "Tracer":
+    """The tracer of the jitted function being traced, or a clear error."""
+    if not _ACTIVE:
+        raise UnsupportedError("called outside a bendc.jit function; bendc ops work on traced tensors only",
+                               loc=user_location(), op=op)
+    return _ACTIVE[-1]
+
+
+class Tracer:
+    """Records one traced call: the graph, gradient-requiring values, and
+    the backward requests per leaf since its last zero_grad."""
+
+    def __init__(self, name: str) -> None:
+        self.graph = Graph(name)
+        self.builder = Builder(self.graph)
+        self.requires_grad: set[int] = set()
+        self.leaves: set[int] = set()
+        self.slots: dict[int, list[int]] = {}  # leaf -> backward roots since its last zero_grad
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["Tracer"]:
+        _ACTIVE.append(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.pop()
+
+    # ------------------------------------------------------------- values
+    def param(self, name: str, type: TensorType, leaf: bool) -> "Tensor":
+        node = self.graph.add("param", (), {"name": name, "leaf": leaf, "dtype": type.dtype,
+                                            "shape": type.shape}, type)
+        if leaf:
+            self.leaves.add(node.id)
+            self.requires_grad.add(node.id)
+            self.slots[node.id] = []
+        return Tensor(self, node.id)
+
+    @contextlib.contextmanager
+    def at_user_line(self, op: str) -> Iterator[Builder]:
+        """Tag nodes made inside with the user's current line and op name."""
+        builder = self.builder
+        outer = (builder.loc, builder.user_op)
+        if builder.user_op is None:  # the outermost user-facing op names the line
+            builder.loc, builder.user_op = user_location(), op
+        try:
+            yield builder
+        finally:
+            builder.loc, builder.user_op = outer
+
+    def emit(self, op: str, inputs: Sequence[int], **attrs: Any) -> "Tensor":
+        """One node; it requires grad where an operand does and the op is differentiable."""
+        id = self.builder.emit(op, inputs, **attrs)
+        if OPS[op].differentiable and any(i in self.requires_grad for i in inputs):
+            if self.graph.node(id).type.is_float:
+                self.requires_grad.add(id)
+        return Tensor(self, id)
+
+    def const(self, value: float) -> "Tensor":
+        return self.emit("const", (), value=float(np.float32(value)))
+
+    def value(self, operand: Any, op: str) -> "Tensor":
+        """A tensor operand, or a Python scalar made a float32 constant."""
+        if isinstance(operand, Tensor):
+            if operand.tracer is not self:
+                raise UnsupportedError("a tensor from another trace was used here", loc=self.builder.loc, op=op)
+            return operand
+        if isinstance(operand, (bool, numbers.Real)) and not isinstance(operand, np.ndarray):
+            return self.const(float(operand))
+        raise UnsupportedError(
+            f"operand of type {type(operand).__name__} is not supported; pass arrays as parameters "
+            "of the jitted function and use Python scalars for constants", loc=self.builder.loc, op=op)
+
+    # ------------------------------------------------------------- autograd
+    def backward(self, root: "Tensor", seed: Any) -> None:
+        with self.at_user_line("backward") as builder:
+            type = root.type
+            if root.id not in self.requires_grad:
+                raise GradientError(f"the tensor {type} does not require grad: no leaf reaches it "
+                                    "(name the parameters in jit(leaves=...))", loc=builder.loc, op="backward")
+            if seed is None:
+                if type.numel != 1:
+                    raise GradientError(f"backward() of a non-scalar {type} needs a seed: "
+                                        "pass backward(gradient) with the output's shape",
+                                        loc=builder.loc, op="backward")
+                target = root if type.ndim == 0 else root.reshape(())
+            else:
+                seed = self.value(seed, "backward")
+                if seed.shape != type.shape:
+                    raise ShapeError(f"the seed {seed.type} must have the output's shape {type}",
+                                     loc=builder.loc, op="backward")
+                if seed.id in self.requires_grad:
+                    raise GradientError("the seed of backward() must not require grad",
+                                        loc=builder.loc, op="backward")
+                # d sum(y * seed) / dy is seed exactly (1 * seed), so the rest is PyTorch's
+                # backward with gradient=seed.
+                target = (root * seed).sum()
+        for leaf in self.reached_leaves(target.id):
+            self.slots[leaf].append(target.id)
+
+    def reached_leaves(self, root: int) -> set[int]:
+        """Leaves with a path to ``root`` through values that require grad."""
+        reached, stack, seen = set(), [root], {root}
+        while stack:
+            node = self.graph.node(stack.pop())
+            if node.id in self.leaves:
+                reached.add(node.id)
+            for operand in node.inputs:
+                if operand in self.requires_grad and operand not in seen:
+                    seen.add(operand)
+                    stack.append(operand)
+        return reached
+
+    def grad_of(self, tensor: "Tensor") -> "Tensor | None":
+        with self.at_user_line("grad") as builder:
+            if tensor.id not in self.leaves:
+                what = "a constant" if tensor.id not in self.requires_grad else "a non-leaf tensor"
+                raise GradientError(f".grad of {what} {tensor.type}: only leaves named in "
+                                    "jit(leaves=...) keep gradients", loc=builder.loc, op="grad")
+            roots = self.slots[tensor.id]
+            if not roots:
+                return None
+            return self.emit("grad", (tensor.id, *roots))
+
+    def zero_grad(self, tensors: Sequence["Tensor"]) -> None:
+        for tensor in tensors:
+            if not isinstance(tensor, Tensor) or tensor.id not in self.leaves:
+                raise GradientError("zero_grad takes leaves named in jit(leaves=...)",
+                                    loc=user_location(), op="zero_grad")
+            self.slots[tensor.id] = []
+
+    def tape(self) -> str:
+        """The tape, one entry a line, in creation order."""
+        lines = []
+        for id in sorted(self.graph.order()):
+            node = self.graph.node(id)
+            kind = "leaf" if id in self.leaves else ("op" if id in self.requires_grad else "constant")
+            if node.op == "param" and id not in self.leaves:
+                kind = "constant"
+            lines.append(f"{kind:<8} {format_node(self.graph, node)}")
+        return "\n".join(lines) + "\n"
+
+
+def _normalize_dim(dim: int, ndim: int, op: str, loc) -> int:
+    rank = max(ndim, 1)
+    if not isinstance(dim, int) or not -rank <= dim < rank:
+        raise ShapeError(f"dim {dim} is out of range for a tensor of {ndim} dimensions", loc=loc, op=op)
+    return dim % rank
+
+
+class Tensor:
+    """A traced value: arithmetic on it records nodes (PyTorch semantics)."""
+
+    __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected ops
+
+    def __init__(self, tracer: Tracer, id: int) -> None:
+        self.tracer = tracer
+        self.id = id
+
+    # ------------------------------------------------------------- facts
+    @property
+    def type(self) -> TensorType:
+        return self.tracer.graph.node(self.id).type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.type.ndim
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.id in self.tracer.requires_grad
+
+    def size(self, dim: int | None = None):
+        if dim is None:
+            return self.shape
+        return self.shape[_normalize_dim(dim, self.ndim, "size", user_location())]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return self.type.numel
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise UnsupportedError("len() of a 0-d tensor", loc=user_location(), op="len")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"Tensor(%{self.id}: {self.type})"
+
+    def __bool__(self) -> bool:
+        raise UnsupportedError(f"the truth value of traced tensor {self.type} is not known while tracing "
+                               "(data-dependent control flow is not supported)", loc=user_location(), op="bool")
+
+    def __array__(self, *args, **kwargs):
+        raise UnsupportedError(f"a traced tensor {self.type} cannot become a numpy array inside a jitted "
+                               "function; return it instead", loc=user_location(), op="__array__")
+
+    # ------------------------------------------------------------- arithmetic
+    def _binary(self, op: str, other: Any, reflected: bool = False, user_op: str | None = None) -> Tensor:
+        with self.tracer.at_user_line(user_op or op):
+            other = self.tracer.value(other, user_op or op)
+            a, b = (other, self) if reflected else (self, other)
+            return self.tracer.emit(op, (a.id, b.id))
+
+    def __add__(self, other): return self._binary("add", other)
+    def __radd__(self, other): return self._binary("add", other, reflected=True)
+    def __sub__(self, other): return self._binary("sub", other)
+    def __rsub__(self, other): return self._binary("sub", other, reflected=True)
+    def __mul__(self, other): return self._binary("mul", other)
+    def __rmul__(self, other): return self._binary("mul", other, reflected=True)
+    def __truediv__(self, other): return self._binary("div", other)
+
+    def __rtruediv__(self, other):
+        # PyTorch computes scalar / tensor as tensor.reciprocal() * scalar.
+        with self.tracer.at_user_line("div"):
+            reciprocal = self.tracer.emit("div", (self.tracer.const(1.0).id, self.id))
+            return reciprocal._binary("mul", other, user_op="div")
+
+    def __neg__(self):
+        with self.tracer.at_user_line("neg"):
+            return self.tracer.emit("neg", (self.id,))
+
+    def __pos__(self):
+        return self
+
+    def __matmul__(self, other): return matmul(self, other)
+    def __rmatmul__(self, other): return matmul(other, self)
+
+    # ------------------------------------------------------------- elementwise
+    def _unary(self, op: str, **attrs) -> Tensor:
+        with self.tracer.at_user_line(op):
+            return self.tracer.emit(op, (self.id,), **attrs)
+
+    def exp(self): return self._unary("exp")
+    def log(self): return self._unary("log")
+    def tanh(self): return self._unary("tanh")
+    def relu(self): return self._unary("relu")
+    def sigmoid(self): return self._unary("sigmoid")
+    def sqrt(self): return self._unary("sqrt")
+
+    def softmax(self, dim: int) -> Tensor:
+        with self.tracer.at_user_line("softmax") as builder:
+            return self._unary("softmax", dim=_normalize_dim(dim, self.ndim, "softmax", builder.loc))
+
+    def log_softmax(self, dim: int) -> Tensor:
+        with self.tracer.at_user_line("log_softmax") as builder:
+            return self._unary("log_softmax", dim=_normalize_dim(dim, self.ndim, "log_softmax", builder.loc))
+
+    # ------------------------------------------------------------- reductions
+    def _dims(self, dim, op: str, loc) -> tuple[int, ...]:
+        if dim is None:
+            return tuple(range(self.ndim))
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        normalized = [_normalize_dim(d, self.ndim, op, loc) for d in dims]
+        if len(set(normalized)) != len(normalized):
+            raise ShapeError(f"dim {dim} repeats a dimension of {self.type}", loc=loc, op=op)
+        return tuple(sorted(normalized))
+
+    def sum(self, dim=None, keepdim: bool = False) -> Tensor:
+        with self.tracer.at_user_line("sum") as builder:
+            dims = self._dims(dim, "sum", builder.loc)
+            return self.tracer.emit("sum", (self.id,), dims=dims, keepdim=bool(keepdim))
+
+    def mean(self, dim=None, keepdim: bool = False) -> Tensor:
+        with self.tracer.at_user_line("mean") as builder:
+            dims = self._dims(dim, "mean", builder.loc)
+            count = 1
+            for d in dims:
+                count *= self.shape[d]
+            total = self.tracer.emit("sum", (self.id,), dims=dims, keepdim=bool(keepdim))
+            # PyTorch's CPU mean is sum(...).div_(count).
+            return total / float(count)
+
+    # ------------------------------------------------------------- layout
+    def reshape(self, *shape) -> Tensor:
+        with self.tracer.at_user_line("reshape") as builder:
+            if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+                shape = tuple(shape[0])
+            shape = _resolve_reshape(self.type, tuple(shape), builder.loc)
+            if shape == self.shape:
+                return self
+            return self.tracer.emit("reshape", (self.id,), shape=shape)
+
+    def view(self, *shape) -> Tensor:
+        return self.reshape(*shape)
+
+    def permute(self, *dims) -> Tensor:
+        with self.tracer.at_user_line("permute") as builder:
+            if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+                dims = tuple(dims[0])
+            if len(dims) != self.ndim:
+                raise ShapeError(f"permute{tuple(dims)} needs {self.ndim} dims for {self.type}",
+                                 loc=builder.loc, op="permute")
+            perm = tuple(_normalize_dim(d, self.ndim, "permute", builder.loc) for d in dims)
+            if perm == tuple(range(self.ndim)):
+                return self
+            return self.tracer.emit("permute", (self.id,), perm=perm)
+
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        with self.tracer.at_user_line("transpose") as builder:
+            perm = list(range(self.ndim))
+            a = _normalize_dim(dim0, self.ndim, "transpose", builder.loc)
+            b = _normalize_dim(dim1, self.ndim, "transpose", builder.loc)
+            perm[a], perm[b] = perm[b], perm[a]
+            return self.permute(*perm)
+
+    @property
+    def T(self) -> Tensor:
+        with self.tracer.at_user_line("T"):
+            return self.permute(*reversed(range(self.ndim)))
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        with self.tracer.at_user_line("unsqueeze") as builder:
+            position = _normalize_dim(dim, self.ndim + 1, "unsqueeze", builder.loc)
+            shape = self.shape[:position] + (1,) + self.shape[position:]
+            return self.tracer.emit("reshape", (self.id,), shape=shape)
+
+    def __getitem__(self, key) -> Tensor:
+        with self.tracer.at_user_line("index") as builder:
+            spec = _index_spec(self.type, key, builder.loc)
+            if not spec:
+                return self
+            return self.tracer.emit("index", (self.id,), spec=spec)
+
+    # ------------------------------------------------------------- autograd
+    def backward(self, gradient=None) -> None:
+        self.tracer.backward(self, gradient)
+
+    @property
+    def grad(self) -> Tensor | None:
+        return self.tracer.grad_of(self)
+
+
+# ----------------------------------------------------------------- helpers
+def _resolve_reshape(type: TensorType, shape: tuple, loc) -> tuple[int, ...]:
+    if any(not isinstance(d, (int, np.integer)) for d in shape):
+        raise ShapeError(f"reshape sizes must be ints, got {shape}", loc=loc, op="reshape")
+    shape = tuple(int(d) for d in shape)
+    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        raise ShapeError(f"invalid shape {shape} for {type}", loc=loc, op="reshape")
+    if -1 in shape:
+        known = 1
+        for d in shape:
+            if d != -1:
+                known *= d
+        if known == 0 or type.numel % known:
+            raise ShapeError(f"shape {shape} is invalid for {type} ({type.numel} elements)", loc=loc, op="reshape")
+        shape = tuple(type.numel // known if d == -1 else d for d in shape)
+    count = 1
+    for d in shape:
+        count *= d
+    if count != type.numel:
+        raise ShapeError(f"shape {shape} is invalid for {type} ({type.numel} elements)", loc=loc, op="reshape")
+    return shape
+
+
+def _index_spec(type: TensorType, key, loc) -> tuple:
+    """Basic indexing key -> spec of ints and (start, stop, step), trailing full slices dropped."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise ShapeError("an index can hold one ellipsis", loc=loc, op="index")
+    if Ellipsis in key:
+        position = key.index(Ellipsis)
+        fill = type.ndim - (len(key) - 1)
+        key = key[:position] + (slice(None),) * max(fill, 0) + key[position + 1:]
+    if len(key) > type.ndim:
+        raise ShapeError(f"too many indices ({len(key)}) for {type}", loc=loc, op="index")
+    spec: list = []
+    for axis, entry in enumerate(key):
+        size = type.shape[axis]
+        if isinstance(entry, (bool, np.bool_)) or entry is None:
+            raise UnsupportedError(f"index {entry!r} is not supported (ints and slices only)", loc=loc, op="index")
+        if isinstance(entry, (int, np.integer)):
+            entry = int(entry)
+            if not -size <= entry < size:
+                raise ShapeError(f"index {entry} is out of range for dimension {axis} of {type}", loc=loc, op="index")
+            spec.append(entry % size)
+        elif isinstance(entry, slice):
+            if entry.step is not None and entry.step <= 0:
+                raise UnsupportedError(f"slice step {entry.step} must be positive (as in PyTorch)", loc=loc, op="index")
+            spec.append(tuple(entry.indices(size)))
+        else:
+            raise UnsupportedError(f"index of type {type_name(entry)} is not supported (ints and slices; "
+                                   "use index_select or gather for tensor indices)", loc=loc, op="index")
+    while spec and not isinstance(spec[-1], int) and spec[-1] == (0, type.shape[len(spec) - 1], 1):
+        spec.pop()
+    return tuple(spec)
+
+
+def type_name(value: Any) -> str:
+    return "Tensor" if isinstance(value, Tensor) else type(value).__name__
+
+
+def matmul(a: Any, b: Any) -> Tensor:
+    """torch.matmul: 1-D promotion, batched products, broadcast batch dims."""
+    tracer = a.tracer if isinstance(a, Tensor) else active_tracer("matmul")
+    with tracer.at_user_line("matmul") as builder:
+        a = tracer.value(a, "matmul")
+        b = tracer.value(b, "matmul")
+        if a.ndim == 0 or b.ndim == 0:
+            raise ShapeError(f"both arguments need at least 1 dimension, got {a.type} and {b.type}",
+                             loc=builder.loc, op="matmul")
+        left = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
+        right = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+        result = tracer.emit("matmul", (left.id, right.id))
+        shape = result.shape
+        if b.ndim == 1:
+            shape = shape[:-1]
+        if a.ndim == 1:
+            shape = shape[:-2] + shape[-1:] if b.ndim > 1 else shape[:-1]
+        return result.reshape(*shape) if shape != result.shape else result
