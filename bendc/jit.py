@@ -110,7 +110,8 @@ class JitFunction:
         arrays, key, static = self._bind(args, kwargs)
         executable = self._cache.get(key)
         if executable is None:
-            executable = self._compile(arrays, static)
+            types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in arrays]
+            executable = self._compile(types, static)
             self._cache[key] = executable
         self._last = executable
         results = executable.run([value for _, value in arrays])
@@ -157,11 +158,39 @@ class JitFunction:
         return arrays, (tuple(key), self.leaves, self.resolved_target), static
 
     # ------------------------------------------------------------- compiling
-    def _compile(self, arrays: list[tuple[str, np.ndarray]], static: dict[str, Any]) -> Executable:
+    def lower(self, shapes: str | dict[str, Any], **static: Any) -> Executable:
+        """Trace and compile for a signature given as a SPEC without running it.
+
+        ``shapes`` is a SPEC string (``x=f32[64,784] w=f32[10,784]:leaf``) or a
+        dict of name -> TensorType or SPEC type text; Python scalars go in
+        ``static`` (defaults apply). Introspection then shows this signature.
+        """
+        from bendc.spec import parse_spec
+
+        specs = parse_spec(shapes) if isinstance(shapes, str) else {
+            name: (t if isinstance(t, TensorType) else TensorType.parse(t), name in self.leaves)
+            for name, t in shapes.items()}
+        for name, (_, leaf) in specs.items():
+            if name not in self.signature.parameters:
+                raise SignatureError(f"{name!r} is not a parameter of {self.fn.__name__}{self.signature}",
+                                     loc=user_location(), op="lower")
+            if leaf and name not in self.leaves:
+                raise SignatureError(f"{name!r} is marked :leaf but the function's leaves are {self.leaves}",
+                                     loc=user_location(), op="lower")
+        defaults = {name: p.default for name, p in self.signature.parameters.items()
+                    if p.default is not inspect.Parameter.empty and name not in specs}
+        static = {**defaults, **static}
+        missing = [name for name in self.signature.parameters if name not in specs and name not in static]
+        if missing:
+            raise SignatureError(f"no shape or value given for {missing}", loc=user_location(), op="lower")
+        types = [(name, specs[name][0]) for name in self.signature.parameters if name in specs]
+        self._last = self._compile(types, {k: v for k, v in static.items() if k not in specs})
+        return self._last
+
+    def _compile(self, types: list[tuple[str, TensorType]], static: dict[str, Any]) -> Executable:
         tracer = Tracer(self.fn.__name__)
         tensors: dict[str, Tensor] = {}
-        for name, array in arrays:
-            type = TensorType(dtype_name(array.dtype), tuple(array.shape))
+        for name, type in types:
             tensors[name] = tracer.param(name, type, leaf=name in self.leaves)
         call_args = {**static, **tensors}
         ordered = {name: call_args[name] for name in self.signature.parameters}

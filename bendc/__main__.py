@@ -1,0 +1,5 @@
+import sys
+
+from bendc.cli import main
+
+sys.exit(main())

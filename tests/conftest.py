@@ -1,0 +1,39 @@
+"""Shared test helpers: PyTorch references and comparison tolerances."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regen-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/*.ir from the current compiler (read the diff before committing)")
+
+
+@pytest.fixture
+def regen_golden(request) -> bool:
+    return request.config.getoption("--regen-golden")
+
+
+def assert_bitwise(actual, expected, what: str = "") -> None:
+    """Same float32 bits (so -0.0 and +0.0 differ; NaNs compare by pattern)."""
+    actual = np.asarray(actual, dtype=np.float32)
+    expected = np.asarray(expected, dtype=np.float32)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    same = actual.view(np.int32) == expected.view(np.int32)
+    if not same.all():
+        where = np.argwhere(~same)[:5]
+        raise AssertionError(f"{what}: {int((~same).sum())} of {same.size} words differ, e.g. at "
+                             f"{where.tolist()}: {actual[tuple(where[0])]!r} vs {expected[tuple(where[0])]!r}")
+
+
+# Tolerances for results that are not bit-exact (transcendentals, reductions, products).
+RTOL = 1e-5
+ATOL = 1e-6
+
+
+def assert_close(actual, expected, what: str = "", rtol: float = RTOL, atol: float = ATOL) -> None:
+    actual = np.asarray(actual, dtype=np.float32)
+    expected = np.asarray(expected, dtype=np.float32)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
