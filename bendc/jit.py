@@ -45,21 +45,26 @@ def resolve_target(target: str) -> str:
 
 
 # ------------------------------------------------------------------ inputs
+def _c_order(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array; unlike np.ascontiguousarray, a 0-d array stays 0-d."""
+    return np.asarray(array, order="C")
+
+
 def to_array(value: Any, name: str) -> np.ndarray:
     """A host numpy array from numpy, __array__, __dlpack__ or device-array inputs."""
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value)
+        return _c_order(value)
     if hasattr(value, "detach"):  # torch tensors (requires_grad ones refuse export otherwise)
         value = value.detach()
     if hasattr(value, "__dlpack__") and getattr(value, "device", None) is not None \
             and str(getattr(value, "device")) != "cpu" and hasattr(value, "cpu"):
         value = value.cpu()
     if hasattr(value, "__array__"):
-        return np.ascontiguousarray(np.asarray(value))
+        return _c_order(np.asarray(value))
     if hasattr(value, "__dlpack__"):
-        return np.ascontiguousarray(np.from_dlpack(value))
+        return _c_order(np.from_dlpack(value))
     if hasattr(value, "copy_to_host"):
-        return np.ascontiguousarray(value.copy_to_host())
+        return _c_order(value.copy_to_host())
     raise SignatureError(f"parameter {name!r}: cannot read an array from {type(value).__name__}",
                          loc=user_location(), op="call")
 
@@ -302,7 +307,8 @@ def _flatten(value: Any, outputs: list[int], tracer: Tracer) -> Any:
     if isinstance(value, dict):
         return ("dict", {k: _flatten(v, outputs, tracer) for k, v in value.items()})
     raise UnsupportedError(f"cannot return a {type(value).__name__} from a jitted function "
-                           "(tensors, None, scalars and tuples/lists/dicts of them)", op="return")
+                           "(tensors, None, scalars and tuples/lists/dicts of them)",
+                           loc=user_location(), op="return")
 
 
 def _unflatten(template: Any, results: list) -> Any:

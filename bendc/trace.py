@@ -152,7 +152,8 @@ class Tracer:
     def zero_grad(self, tensors: Sequence["Tensor"]) -> None:
         for tensor in tensors:
             if not isinstance(tensor, Tensor) or tensor.id not in self.leaves:
-                raise GradientError("zero_grad takes leaves named in jit(leaves=...)",
+                what = f"a non-leaf tensor {tensor.type}" if isinstance(tensor, Tensor) else type_name(tensor)
+                raise GradientError(f"zero_grad takes leaves named in jit(leaves=...), got {what}",
                                     loc=user_location(), op="zero_grad")
             self.slots[tensor.id] = []
 
@@ -221,12 +222,27 @@ class Tensor:
             raise UnsupportedError("len() of a 0-d tensor", loc=user_location(), op="len")
         return self.shape[0]
 
+    def __iter__(self) -> Iterator["Tensor"]:
+        """Rows along dim 0, as PyTorch iterates (without it, Python's fallback would index past the end)."""
+        if self.ndim == 0:
+            raise UnsupportedError("iteration over a 0-d tensor", loc=user_location(), op="iter")
+        return iter([self[i] for i in range(self.shape[0])])
+
     def __repr__(self) -> str:
         return f"Tensor(%{self.id}: {self.type})"
 
     def __bool__(self) -> bool:
         raise UnsupportedError(f"the truth value of traced tensor {self.type} is not known while tracing "
                                "(data-dependent control flow is not supported)", loc=user_location(), op="bool")
+
+    def _compare(self, other, symbol: str, op: str):
+        raise UnsupportedError(f"comparing traced tensor {self.type} {symbol} {type_name(other)} is not supported "
+                               "(data-dependent control flow is not supported)", loc=user_location(), op=op)
+
+    def __lt__(self, other): self._compare(other, "<", "lt")
+    def __le__(self, other): self._compare(other, "<=", "le")
+    def __gt__(self, other): self._compare(other, ">", "gt")
+    def __ge__(self, other): self._compare(other, ">=", "ge")
 
     def __array__(self, *args, **kwargs):
         raise UnsupportedError(f"a traced tensor {self.type} cannot become a numpy array inside a jitted "
@@ -275,22 +291,31 @@ class Tensor:
     def sigmoid(self): return self._unary("sigmoid")
     def sqrt(self): return self._unary("sqrt")
 
+    def _row(self, op: str, dim: int) -> Tensor:
+        with self.tracer.at_user_line(op) as builder:
+            dim = _normalize_dim(dim, self.ndim, op, builder.loc)
+            if self.ndim == 0:  # PyTorch takes a 0-d tensor as one row of one element
+                return self.reshape(1)._unary(op, dim=0).reshape(())
+            return self._unary(op, dim=dim)
+
     def softmax(self, dim: int) -> Tensor:
-        with self.tracer.at_user_line("softmax") as builder:
-            return self._unary("softmax", dim=_normalize_dim(dim, self.ndim, "softmax", builder.loc))
+        return self._row("softmax", dim)
 
     def log_softmax(self, dim: int) -> Tensor:
-        with self.tracer.at_user_line("log_softmax") as builder:
-            return self._unary("log_softmax", dim=_normalize_dim(dim, self.ndim, "log_softmax", builder.loc))
+        return self._row("log_softmax", dim)
 
     # ------------------------------------------------------------- reductions
     def _dims(self, dim, op: str, loc) -> tuple[int, ...]:
         if dim is None:
             return tuple(range(self.ndim))
         dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        if not dims:  # PyTorch: an empty dim list (sum(dim=())) reduces every dim
+            return tuple(range(self.ndim))
         normalized = [_normalize_dim(d, self.ndim, op, loc) for d in dims]
         if len(set(normalized)) != len(normalized):
             raise ShapeError(f"dim {dim} repeats a dimension of {self.type}", loc=loc, op=op)
+        if self.ndim == 0:
+            return ()  # PyTorch: dim 0 (or -1) of a 0-d tensor reduces nothing
         return tuple(sorted(normalized))
 
     def sum(self, dim=None, keepdim: bool = False) -> Tensor:
@@ -407,7 +432,8 @@ def _index_spec(type: TensorType, key, loc) -> tuple:
     for axis, entry in enumerate(key):
         size = type.shape[axis]
         if isinstance(entry, (bool, np.bool_)) or entry is None:
-            raise UnsupportedError(f"index {entry!r} is not supported (ints and slices only)", loc=loc, op="index")
+            raise UnsupportedError(f"index {entry!r} of {type} is not supported (ints and slices only)",
+                                   loc=loc, op="index")
         if isinstance(entry, (int, np.integer)):
             entry = int(entry)
             if not -size <= entry < size:
@@ -415,11 +441,12 @@ def _index_spec(type: TensorType, key, loc) -> tuple:
             spec.append(entry % size)
         elif isinstance(entry, slice):
             if entry.step is not None and entry.step <= 0:
-                raise UnsupportedError(f"slice step {entry.step} must be positive (as in PyTorch)", loc=loc, op="index")
+                raise UnsupportedError(f"slice step {entry.step} must be positive (as in PyTorch), indexing {type}",
+                                       loc=loc, op="index")
             spec.append(tuple(entry.indices(size)))
         else:
-            raise UnsupportedError(f"index of type {type_name(entry)} is not supported (ints and slices; "
-                                   "use index_select or gather for tensor indices)", loc=loc, op="index")
+            raise UnsupportedError(f"index of type {type_name(entry)} into {type} is not supported (ints and "
+                                   "slices; use index_select or gather for tensor indices)", loc=loc, op="index")
     while spec and not isinstance(spec[-1], int) and spec[-1] == (0, type.shape[len(spec) - 1], 1):
         spec.pop()
     return tuple(spec)

@@ -89,11 +89,16 @@ def _split_top(text: str) -> list[str]:
 
 
 def _matching_bracket(text: str, start: int) -> int:
-    depth, in_string = 0, False
+    depth, in_string, escaped = 0, False, False
     for pos in range(start, len(text)):
         char = text[pos]
         if in_string:
-            in_string = char != '"' or text[pos - 1] == "\\"
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
         elif char == '"':
             in_string = True
         elif char == "[":
@@ -105,64 +110,95 @@ def _matching_bracket(text: str, start: int) -> int:
     raise ParseError(f"unbalanced brackets in {text!r}")
 
 
-_HEADER = re.compile(r"func @(\w+)\((.*)\) -> \((.*)\) \{$")
-_COMMENT = re.compile(r"(?:vjp of %(\d+))?\s*\(?(?:([^\s()]+):(\d+))?\)?$")
+# Function names may be any non-space text without "(" (a lambda is "<lambda>").
+_HEADER = re.compile(r"func @([^\s(]+)\((.*)\) -> \((.*)\) \{$")
+# "vjp of %3 (file.py:12)", "vjp of %3" or "file.py:12"; file names may hold spaces.
+_COMMENT_VJP = re.compile(r"vjp of %(\d+)(?: \((.+):(\d+)\))?")
+_COMMENT_LOC = re.compile(r"(.+):(\d+)")
 
 
 def _parse_comment(comment: str) -> tuple[SourceLoc | None, int | None]:
-    match = _COMMENT.fullmatch(comment.strip())
+    comment = comment.strip()
+    match = _COMMENT_VJP.fullmatch(comment)
+    if match:
+        vjp_of = int(match.group(1))
+        loc = SourceLoc(match.group(2), int(match.group(3))) if match.group(2) else None
+        return loc, vjp_of
+    match = _COMMENT_LOC.fullmatch(comment)
     if not match:
         raise ParseError(f"bad comment {comment!r}")
-    vjp_of = int(match.group(1)) if match.group(1) else None
-    loc = SourceLoc(match.group(2), int(match.group(3))) if match.group(2) else None
-    return loc, vjp_of
+    return SourceLoc(match.group(1), int(match.group(2))), None
 
 
 def parse_graph(text: str) -> Graph:
-    """Parse the text of one function."""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    header = _HEADER.match(lines[0].strip())
-    if not header:
-        raise ParseError(f"line 1: bad function header {lines[0]!r}")
-    graph = Graph(header.group(1))
+    """Parse the text of one function; a ParseError names the offending line."""
+    lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not lines:
+        raise ParseError("empty IR text: expected 'func @name(...) -> (...) {'")
+    graph: Graph | None = None
     names: dict[str, int] = {}
-    for index, param in enumerate(_split_top(header.group(2))):
+    for number, stripped in lines:
+        try:
+            if graph is None:
+                graph = _parse_header(stripped, number, names)
+                continue
+            if stripped == "}":
+                break
+            if stripped.startswith("return"):
+                operands = stripped[len("return"):].strip()
+                graph.outputs = [_lookup(names, o, number) for o in _split_top(operands)]
+                continue
+            _parse_node(graph, names, stripped, number)
+        except ParseError as error:
+            if str(error).startswith("line "):
+                raise
+            raise ParseError(f"line {number}: {error}") from None
+        except (ValueError, IndexError, KeyError, AssertionError) as error:
+            raise ParseError(f"line {number}: {error or type(error).__name__} in {stripped!r}") from None
+    return graph
+
+
+def _parse_header(stripped: str, number: int, names: dict[str, int]) -> Graph:
+    header = _HEADER.match(stripped)
+    if not header:
+        raise ParseError(f"line {number}: bad function header {stripped!r}")
+    graph = Graph(header.group(1))
+    for param in _split_top(header.group(2)):
         match = re.fullmatch(r"%(\w+): (\S+)( leaf)?", param)
         if not match:
-            raise ParseError(f"line 1: bad parameter {param!r}")
+            raise ParseError(f"line {number}: bad parameter {param!r}")
         type = TensorType.parse(match.group(2))
         name = match.group(1)
         node = graph.add("param", (), {"name": name, "leaf": bool(match.group(3)),
                                        "dtype": type.dtype, "shape": type.shape}, type)
         names[name] = node.id
-    for number, line in enumerate(lines[1:], start=2):
-        stripped = line.strip()
-        if stripped == "}":
-            break
-        if stripped.startswith("return"):
-            operands = stripped[len("return"):].strip()
-            graph.outputs = [_lookup(names, o, number) for o in _split_top(operands)]
-            continue
-        match = re.match(r"%(\d+) = (\w+)", stripped)
-        if not match:
-            raise ParseError(f"line {number}: bad node {stripped!r}")
-        id, op = int(match.group(1)), match.group(2)
-        rest = stripped[match.end():]
-        attrs = {}
-        if rest.startswith("["):
-            end = _matching_bracket(rest, 0)
-            attrs = parse_attrs(rest[1:end])
-            rest = rest[end + 1:]
-        comment = ""
-        if "#" in rest:
-            rest, comment = rest.split("#", 1)
-        operand_text, _, type_text = rest.rpartition(":")
-        inputs = [_lookup(names, o, number) for o in _split_top(operand_text)]
-        loc, vjp_of = _parse_comment(comment) if comment.strip() else (None, None)
-        type = TensorType.parse(type_text)
-        graph.add(op, inputs, attrs, type, loc=loc, vjp_of=vjp_of, id=id)
-        names[str(id)] = id
     return graph
+
+
+def _parse_node(graph: Graph, names: dict[str, int], stripped: str, number: int) -> None:
+    match = re.match(r"%(\d+) = (\w+)", stripped)
+    if not match:
+        raise ParseError(f"line {number}: bad node {stripped!r}")
+    id, op = int(match.group(1)), match.group(2)
+    if id in graph:
+        raise ParseError(f"line {number}: %{id} is defined twice")
+    rest = stripped[match.end():]
+    attrs = {}
+    if rest.startswith("["):
+        end = _matching_bracket(rest, 0)
+        attrs = parse_attrs(rest[1:end])
+        rest = rest[end + 1:]
+    comment = ""
+    if "#" in rest:
+        rest, comment = rest.split("#", 1)
+    operand_text, colon, type_text = rest.rpartition(":")
+    if not colon:
+        raise ParseError(f"line {number}: missing ': type' in {stripped!r}")
+    inputs = [_lookup(names, o, number) for o in _split_top(operand_text)]
+    loc, vjp_of = _parse_comment(comment) if comment.strip() else (None, None)
+    type = TensorType.parse(type_text)
+    graph.add(op, inputs, attrs, type, loc=loc, vjp_of=vjp_of, id=id)
+    names[str(id)] = id
 
 
 def _lookup(names: dict[str, int], operand: str, number: int) -> int:

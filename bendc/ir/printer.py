@@ -39,6 +39,8 @@ def format_value(value) -> str:
 
 
 def value_name(graph: Graph, id: int) -> str:
+    if id not in graph:  # an undefined operand: the verifier prints the broken line
+        return f"%{id}"
     node = graph.node(id)
     if node.op == "param":
         return f"%{node.attr['name']}"

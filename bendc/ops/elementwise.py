@@ -62,7 +62,15 @@ def vjp_div(b, node, grad, needs):
     """d(a/b) = (g/b, -g*((a/b)/b)): PyTorch's div_tensor_self/other_backward."""
     x, y = node.inputs
     grad_x = b.div(grad, y) if needs[0] else None
-    grad_y = b.mul(b.neg(grad), b.div(b.div(x, y), y)) if needs[1] else None
+    grad_y = None
+    if needs[1]:
+        numerator = b.graph.node(x)
+        if numerator.op == "const" and numerator.attr["value"] == 1.0:
+            # 1 / a is torch's reciprocal (the tracer's `s / a`): its backward is
+            # -g * (y * y), which rounds differently from -g * ((1/a)/a).
+            grad_y = b.mul(b.neg(grad), b.mul(node.id, node.id))
+        else:
+            grad_y = b.mul(b.neg(grad), b.div(b.div(x, y), y))
     return (grad_x, grad_y)
 
 

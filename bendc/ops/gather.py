@@ -24,8 +24,9 @@ def _check_dim(dim, ndim, op):
 
 
 def _check_range(index: np.ndarray, size: int, op: str) -> None:
-    if index.size and (index.min() < -size or index.max() >= size):
-        bad = index[(index < -size) | (index >= size)].flat[0]
+    # PyTorch's gather, index_select, scatter_add_ and index_add_ refuse negative indices.
+    if index.size and (index.min() < 0 or index.max() >= size):
+        bad = index[(index < 0) | (index >= size)].flat[0]
         raise IndexRangeError(f"{op}: index {int(bad)} is out of range for a dimension of size {size}")
 
 

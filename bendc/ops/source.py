@@ -22,6 +22,7 @@ define_op(
     reference=_reference_param,
     lowering=Lowering("source"),
     no_vjp="a parameter is a leaf or a constant; autodiff stops here",
+    attr_names=("dtype", "leaf", "name", "shape"),
     doc="A function parameter; printed in the header as `%x: f32[32,64] leaf`.",
 )
 
@@ -47,6 +48,7 @@ define_op(
     reference=_reference_const,
     lowering=Lowering("source", scalar=lambda *, value: _scalar_const(value)),
     no_vjp="a constant has no gradient",
+    attr_names=("value",),
     doc="A float32 scalar: `%3 = const[value=0.5] : f32[]`. Broadcasts like a Python scalar.",
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from bendc.errors import UnsupportedError
+from bendc.errors import UnsupportedError, user_location
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_graph
 from bendc.ir.verify import verify
@@ -43,7 +43,8 @@ def register(name: str, doc: str) -> Callable:
 
 def get_pass(name: str) -> Pass:
     if name not in PASSES:
-        raise UnsupportedError(f"unknown pass {name!r}; known passes: {', '.join(sorted(PASSES))}", op="passes")
+        raise UnsupportedError(f"unknown pass {name!r}; known passes: {', '.join(sorted(PASSES))}",
+                               loc=user_location(), op="passes")
     return PASSES[name]
 
 
@@ -61,7 +62,7 @@ class Pipeline:
         self.passes = [p if isinstance(p, Pass) else get_pass(p) for p in passes]
         names = [p.name for p in self.passes]
         if len(set(names)) != len(names):
-            raise UnsupportedError(f"pass names repeat in {names}", op="passes")
+            raise UnsupportedError(f"pass names repeat in {names}", loc=user_location(), op="passes")
 
     def run(self, graph: Graph, context: PassContext, on_stage: StageCallback) -> Graph:
         for pass_ in self.passes:

@@ -1,0 +1,409 @@
+"""The op registry: every op is defined once, with every part (DESIGN.md principle 1).
+
+Walks ``bendc.ops.OPS`` and fails for an op that lacks a part: name, arity,
+inference, numpy reference, exactly one of vjp / no_vjp, a lowering kind, a
+``scalar`` renderer for elementwise ops, a doc showing the printed form, and a
+docstring on its VJP rule. Every op has a sample here (operand types and
+attributes) on which inference, the reference and the VJP rule run, the VJP
+checked against central differences of the reference; and every op appears in
+the IR of a traced test program.
+
+Adding an op: add a ``SAMPLES`` entry below, and a use in ``COVERAGE_PROGRAMS``
+when users can reach it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import bendc
+import bendc.functional as F
+from bendc.builder import Builder
+from bendc.ir.graph import Graph
+from bendc.ir.interp import interpret
+from bendc.ir.parser import parse_graph
+from bendc.ir.types import TensorType
+from bendc.ir.verify import verify
+from bendc.ops import OPS
+from bendc.ops.base import LOWERING_KINDS, InferError
+
+
+def T(text: str) -> TensorType:
+    return TensorType.parse(text)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Operand types and attributes for one op, and how to draw valid operand values."""
+
+    types: tuple[TensorType, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    positive: tuple[int, ...] = ()     # float operands drawn in [0.5, 2] (log, sqrt, divisors)
+    index_limit: int | None = None     # integer operands drawn in [0, index_limit)
+
+
+SAMPLES: dict[str, Sample] = {
+    "param": Sample((), {"name": "x", "leaf": True, "dtype": "f32", "shape": (2, 3)}),
+    "const": Sample((), {"value": -0.5}),
+    "grad": Sample((T("f32[2,3]"), T("f32[]"), T("f32[]"))),
+    "add": Sample((T("f32[2,3]"), T("f32[3]"))),
+    "sub": Sample((T("f32[2,1]"), T("f32[2,3]"))),
+    "mul": Sample((T("f32[2,3]"), T("f32[]"))),
+    "div": Sample((T("f32[2,3]"), T("f32[2,3]")), positive=(1,)),
+    "neg": Sample((T("f32[2,3]"),)),
+    "exp": Sample((T("f32[2,3]"),)),
+    "log": Sample((T("f32[2,3]"),), positive=(0,)),
+    "tanh": Sample((T("f32[2,3]"),)),
+    "sigmoid": Sample((T("f32[2,3]"),)),
+    "sqrt": Sample((T("f32[2,3]"),), positive=(0,)),
+    "relu": Sample((T("f32[2,3]"),)),
+    "gelu": Sample((T("f32[2,3]"),), {"approximate": "tanh"}),
+    "gelu_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"approximate": "none"}),
+    "le": Sample((T("f32[2,3]"), T("f32[3]"))),
+    "where": Sample((T("bool[2,3]"), T("f32[2,3]"), T("f32[3]"))),
+    "index_select": Sample((T("f32[3,4]"), T("i64[5]")), {"dim": 0}, index_limit=3),
+    "index_add": Sample((T("f32[5,4]"), T("i64[5]")), {"dim": 0, "shape": (3, 4)}, index_limit=3),
+    "gather": Sample((T("f32[3,4]"), T("i64[3,6]")), {"dim": 1}, index_limit=4),
+    "scatter_add": Sample((T("f32[3,6]"), T("i64[3,6]")), {"dim": 1, "shape": (3, 4)}, index_limit=4),
+    "reshape": Sample((T("f32[2,3]"),), {"shape": (3, 1, 2)}),
+    "permute": Sample((T("f32[2,3,4]"),), {"perm": (2, 0, 1)}),
+    "expand": Sample((T("f32[3,1]"),), {"shape": (2, 3, 4)}),
+    "index": Sample((T("f32[3,5]"),), {"spec": (1, (0, 5, 2))}),
+    "index_scatter": Sample((T("f32[3]"),), {"spec": (1, (0, 5, 2)), "shape": (3, 5)}),
+    "matmul": Sample((T("f32[2,1,3,4]"), T("f32[3,4,2]"))),
+    "sum": Sample((T("f32[2,3,4]"),), {"dims": (0, 2), "keepdim": False}),
+    "sum_to_size": Sample((T("f32[2,3,4]"),), {"shape": (3, 1)}),
+    "softmax": Sample((T("f32[2,3]"),), {"dim": 1}),
+    "log_softmax": Sample((T("f32[2,3]"),), {"dim": 0}),
+}
+
+
+def op_names() -> list[str]:
+    return sorted(OPS)
+
+
+def draw(sample: Sample, rng: np.random.Generator) -> list[np.ndarray]:
+    values = []
+    for position, type in enumerate(sample.types):
+        if type.dtype == "bool":
+            values.append(rng.random(type.shape) < 0.5)
+        elif type.is_index:
+            values.append(rng.integers(0, sample.index_limit, size=type.shape).astype(type.np_dtype))
+        elif position in sample.positive:
+            values.append(rng.uniform(0.5, 2.0, size=type.shape).astype(np.float32))
+        else:
+            # Away from 0 so relu's kink is never within a finite-difference step.
+            magnitude = rng.uniform(0.25, 2.0, size=type.shape)
+            values.append((magnitude * rng.choice([-1.0, 1.0], size=type.shape)).astype(np.float32))
+    return values
+
+
+# ------------------------------------------------------------------ every op has every part
+def test_every_op_has_a_sample_and_every_sample_an_op():
+    missing = sorted(set(OPS) - set(SAMPLES))
+    stale = sorted(set(SAMPLES) - set(OPS))
+    assert not missing, f"ops without a sample in tests/ops/test_registry.py: {missing}"
+    assert not stale, f"samples for ops that do not exist: {stale}"
+
+
+@pytest.mark.parametrize("name", op_names())
+def test_op_has_every_part(name):
+    opdef = OPS[name]
+    problems = []
+    if opdef.name != name or not name.isidentifier():
+        problems.append(f"registered as {name!r} but named {opdef.name!r}")
+    if not (opdef.arity is None or (isinstance(opdef.arity, int) and opdef.arity >= 0)):
+        problems.append(f"arity {opdef.arity!r} is neither a count nor None (variadic)")
+    if not callable(opdef.infer):
+        problems.append("no infer")
+    if not callable(opdef.reference):
+        problems.append("no reference")
+    if (opdef.vjp is None) == (opdef.no_vjp is None):
+        problems.append("needs exactly one of vjp / no_vjp")
+    if opdef.vjp is not None and not callable(opdef.vjp):
+        problems.append("vjp is not callable")
+    if opdef.no_vjp is not None and not (isinstance(opdef.no_vjp, str) and opdef.no_vjp.strip()):
+        problems.append("no_vjp needs a reason")
+    if opdef.vjp is not None and not (opdef.vjp.__doc__ or "").strip():
+        problems.append(f"the VJP rule {opdef.vjp.__name__} has no docstring")
+    if opdef.lowering.kind not in LOWERING_KINDS:
+        problems.append(f"lowering kind {opdef.lowering.kind!r} is not one of {LOWERING_KINDS}")
+    if opdef.lowering.kind == "elementwise" and not callable(opdef.lowering.scalar):
+        problems.append("an elementwise op needs a scalar renderer")
+    if not (isinstance(opdef.doc, str) and name in opdef.doc and "`" in opdef.doc):
+        problems.append(f"doc {opdef.doc!r} should show the printed form (in backticks, naming the op)")
+    sample = SAMPLES.get(name)
+    if sample is not None and set(sample.attrs) != set(opdef.attr_names):
+        problems.append(f"attr_names {opdef.attr_names} do not match the attributes {sorted(sample.attrs)}")
+    if sample is not None and opdef.arity is not None and len(sample.types) != opdef.arity:
+        problems.append(f"arity {opdef.arity} but the sample has {len(sample.types)} operands")
+    assert not problems, f"op {name}: " + "; ".join(problems)
+
+
+# ------------------------------------------------------------------ inference, reference, renderers
+@pytest.mark.parametrize("name", op_names())
+def test_inference_and_reference_agree(name):
+    opdef, sample = OPS[name], SAMPLES[name]
+    result = opdef.infer(list(sample.types), dict(sample.attrs))
+    assert isinstance(result, TensorType)
+    if opdef.lowering.kind in ("source", "placeholder") and name != "const":
+        return  # parameters are bound and grad slots resolved, never evaluated
+    values = draw(sample, np.random.default_rng(0))
+    with np.errstate(all="ignore"):
+        output = np.asarray(opdef.reference(values, dict(sample.attrs)))
+    assert output.shape == result.shape, f"{name}: reference {output.shape} vs inferred {result}"
+    assert output.dtype == result.np_dtype, f"{name}: reference {output.dtype} vs inferred {result}"
+
+
+@pytest.mark.parametrize("name", [n for n in op_names() if OPS[n].arity is not None])
+def test_wrong_operand_count_is_a_bendc_error_through_the_builder(name):
+    """A bad operand list is a BendcError naming the op and the operand types, never a crash."""
+    opdef, sample = OPS[name], SAMPLES[name]
+    graph = Graph("bad")
+    types = list(sample.types) + [T("f32[7]")]
+    operands = [graph.add("param", (), {"name": f"a{i}", "leaf": False, "dtype": t.dtype, "shape": t.shape}, t).id
+                for i, t in enumerate(types)]
+    with pytest.raises(bendc.BendcError) as info:
+        Builder(graph).emit(name, operands, **sample.attrs)
+    assert info.value.op == name and f"{opdef.arity} operands" in str(info.value) and "f32[7]" in str(info.value)
+
+
+def _scalar_args(name: str, sample: Sample) -> list[str]:
+    return [f"v{position}" for position in range(len(sample.types))]
+
+
+@pytest.mark.parametrize("name", [n for n in op_names() if OPS[n].lowering.scalar is not None
+                                  or OPS[n].lowering.kind == "elementwise"])
+def test_scalar_renderer_returns_an_expression_that_matches_the_reference(name):
+    opdef, sample = OPS[name], SAMPLES[name]
+    names = _scalar_args(name, sample)
+    expression = opdef.lowering.scalar(*names, **sample.attrs)
+    assert isinstance(expression, str) and expression.strip(), f"{name}: renderer returned {expression!r}"
+    for operand in names:
+        assert operand in expression, f"{name}: {expression!r} does not use {operand}"
+    values = draw(sample, np.random.default_rng(1))
+    with np.errstate(all="ignore"):
+        expected = np.asarray(opdef.reference(values, dict(sample.attrs)))
+    shape = expected.shape
+    broadcast = [np.broadcast_to(v, shape) for v in values]
+    for position in np.ndindex(*shape):
+        scope = {"math": math, "np": np, **{n: v[position] for n, v in zip(names, broadcast)}}
+        try:
+            got = eval(expression, scope)  # noqa: S307 (our own renderer's output)
+        except NameError as error:  # a helper codegen provides (e.g. gelu_vjp_none)
+            assert "(" in expression, f"{name}: {error}"
+            return
+        want = expected[position]
+        if expected.dtype == np.bool_:
+            assert bool(got) == bool(want), f"{name} at {position}: {expression} gives {got}, reference {want}"
+        else:
+            assert math.isclose(float(got), float(want), rel_tol=1e-5, abs_tol=1e-6), \
+                f"{name} at {position}: {expression} gives {got}, reference {want}"
+
+
+# ------------------------------------------------------------------ VJP rules, built directly
+def _vjp_graph(name: str):
+    """A graph with the sample op, a cotangent parameter and the VJP rule's contributions."""
+    sample = SAMPLES[name]
+    graph = Graph(f"vjp_{name}")
+    operands = [graph.add("param", (), {"name": f"a{i}", "leaf": False, "dtype": t.dtype, "shape": t.shape}, t).id
+                for i, t in enumerate(sample.types)]
+    builder = Builder(graph)
+    out = builder.emit(name, operands, **sample.attrs)
+    out_type = graph.node(out).type
+    cotangent = graph.add("param", (), {"name": "g", "leaf": False, "dtype": "f32", "shape": out_type.shape},
+                          out_type).id
+    needs = tuple(t.is_float for t in sample.types)
+    contributions = OPS[name].vjp(builder, graph.node(out), cotangent, needs)
+    assert len(contributions) == len(operands), f"{name}: {len(contributions)} contributions"
+    reduced = []
+    for operand, need, contribution in zip(operands, needs, contributions):
+        if not need:
+            assert contribution is None, f"{name}: a contribution for a non-float operand"
+            reduced.append(None)
+            continue
+        assert contribution is not None, f"{name}: no contribution for a float operand"
+        reduced.append(builder.sum_to_size(contribution, builder.shape(operand)))
+    graph.outputs = [out] + [r for r in reduced if r is not None]
+    verify(graph, f"vjp of {name}", allow_placeholders=False)
+    return graph, reduced, out_type
+
+
+@pytest.mark.parametrize("name", [n for n in op_names() if OPS[n].vjp is not None])
+def test_vjp_rule_matches_central_differences(name):
+    """<vjp(g), d> = d/de <f(x + e d), g> for each float operand, in every direction tried."""
+    sample = SAMPLES[name]
+    opdef = OPS[name]
+    graph, reduced, out_type = _vjp_graph(name)
+    rng = np.random.default_rng(2)
+    values = draw(sample, rng)
+    cotangent = rng.uniform(-1.0, 1.0, size=out_type.shape).astype(np.float32)
+    results = interpret(graph, values + [cotangent])
+    contributions = iter(results[1:])
+    epsilon = 1e-2
+    for position, contribution_id in enumerate(reduced):
+        if contribution_id is None:
+            continue
+        contribution = next(contributions).astype(np.float64)
+        assert contribution.shape == sample.types[position].shape
+        for trial in range(2):
+            direction = rng.uniform(-1.0, 1.0, size=sample.types[position].shape)
+            if position in sample.positive:
+                direction *= 0.1  # stay in the positive domain
+
+            def phi(step: float) -> float:
+                moved = list(values)
+                moved[position] = (values[position].astype(np.float64) + step * direction).astype(np.float32)
+                output = opdef.reference(moved, dict(sample.attrs))
+                return float(np.sum(np.asarray(output, dtype=np.float64) * cotangent))
+
+            numeric = (phi(epsilon) - phi(-epsilon)) / (2 * epsilon)
+            analytic = float(np.sum(contribution * direction))
+            scale = float(np.sum(np.abs(contribution * direction))) + 1e-3
+            assert abs(numeric - analytic) <= 2e-3 * scale + 1e-4, \
+                f"{name} operand {position} trial {trial}: numeric {numeric}, vjp {analytic}"
+
+
+# ------------------------------------------------------------------ every op appears in a program
+def mlp(x, target, w1, b1, w2, b2):
+    h = F.relu(F.linear(x, w1, b1))
+    loss = F.cross_entropy(F.linear(h, w2, b2), target)
+    loss.backward()
+    return loss, w1.grad, b1.grad, w2.grad, b2.grad
+
+
+def elementwise(x, w):
+    a = F.exp(x * w) + F.log(w * w + 1.0) - F.tanh(x) / (2.0 + F.sigmoid(w))
+    b = F.sqrt(a * a + 1.0) * -F.gelu(x - w) + F.gelu(w, approximate="tanh") + 1.0 / (w * w + 1.0)
+    c = F.softmax(b, 1) + F.log_softmax(a, 0) + x.relu() * w
+    loss = F.mse_loss(c, x) + c.mean(dim=0).sum()
+    loss.backward()
+    return loss, w.grad
+
+
+def layout(x, index, pick, w, v):
+    y = (x * w).reshape(2, 6).T.reshape(3, 4)
+    z = y.permute(1, 0).transpose(0, 1).unsqueeze(0)
+    rows = F.index_select(z[0], 0, index)
+    picked = F.gather(y, 1, pick)
+    sliced = y[1:, ::2] + y[0, 1:3] + y[..., 1:, 0:2]
+    batched = z.reshape(1, 3, 4) @ v            # broadcast batch dims: sum_to_size in the backward
+    vector = y[0] @ v[0]                         # 1-D promotion
+    loss = rows.sum() + picked.sum(dim=1, keepdim=True).mean() + sliced.sum() + batched.sum() + vector.sum()
+    loss.backward()
+    return loss, w.grad
+
+
+def optimizers(p, g, m, v, buf, w):
+    loss = (p * w).sum()
+    loss.backward()
+    grad = w.grad + g
+    sgd, new_buf = F.sgd_step(w, grad, 0.1, momentum=0.9, buf=buf)
+    adam, new_m, new_v = F.adam_step(w, grad, m, v, 3, 1e-3, weight_decay=0.01)
+    return sgd, new_buf, adam, new_m, new_v
+
+
+def _rng(shape, seed, low=-1.0, high=1.0):
+    return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
+
+
+COVERAGE_PROGRAMS: dict[str, tuple[Callable, tuple[str, ...], Callable[[], tuple]]] = {
+    "mlp": (mlp, ("w1", "b1", "w2", "b2"), lambda: (
+        _rng((4, 5), 0), np.array([0, 2, 1, 2]), _rng((6, 5), 1), _rng((6,), 2), _rng((3, 6), 3), _rng((3,), 4))),
+    "elementwise": (elementwise, ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1))),
+    "layout": (layout, ("w",), lambda: (
+        _rng((3, 4), 0), np.array([2, 0, 2]), np.array([[3, 0], [1, 1], [0, 2]]), _rng((3, 4), 1),
+        _rng((2, 4, 5), 2))),
+    "optimizers": (optimizers, ("w",), lambda: (
+        _rng((2, 3), 0), _rng((2, 3), 1), _rng((2, 3), 2), _rng((2, 3), 3, 0.1, 1.0), _rng((2, 3), 4),
+        _rng((2, 3), 5))),
+}
+
+# Functional features the API promises; a program uses each one that exists, so
+# the ops behind them are covered as soon as they land.
+if hasattr(F, "layer_norm"):
+    def layer_norm(x, w, b):
+        loss = F.layer_norm(x, (4,), w, b).sum()
+        loss.backward()
+        return loss, w.grad, b.grad
+
+    COVERAGE_PROGRAMS["layer_norm"] = (layer_norm, ("w", "b"),
+                                       lambda: (_rng((3, 4), 0), _rng((4,), 1), _rng((4,), 2)))
+if hasattr(F, "group_norm"):
+    def group_norm(x, w, b):
+        loss = F.group_norm(x, 2, w, b).sum()
+        loss.backward()
+        return loss, w.grad, b.grad
+
+    COVERAGE_PROGRAMS["group_norm"] = (group_norm, ("w", "b"),
+                                       lambda: (_rng((2, 4, 3), 0), _rng((4,), 1), _rng((4,), 2)))
+if hasattr(F, "rope"):
+    def rope(x, cos, sin, w):
+        loss = F.rope(x * w, cos, sin).sum()
+        loss.backward()
+        return loss, w.grad
+
+    COVERAGE_PROGRAMS["rope"] = (rope, ("w",), lambda: (
+        _rng((2, 3, 4), 0), _rng((3, 2), 1), _rng((3, 2), 2), _rng((2, 3, 4), 3)))
+if hasattr(F, "scaled_dot_product_attention"):
+    def attention(q, k, v, w):
+        out = F.scaled_dot_product_attention(q * w, k, v, is_causal=True, enable_gqa=True)
+        loss = out.sum()
+        loss.backward()
+        return loss, w.grad
+
+    COVERAGE_PROGRAMS["attention"] = (attention, ("w",), lambda: (
+        _rng((1, 2, 3, 4), 0), _rng((1, 1, 3, 4), 1), _rng((1, 1, 3, 4), 2), _rng((1, 2, 3, 4), 3)))
+
+
+# Ops that no user program can produce, only a VJP of a VJP (second derivatives);
+# test_vjp_rule_matches_central_differences builds them directly. Keep it short.
+ONLY_REACHABLE_AS_VJP_OF_VJP: frozenset[str] = frozenset()
+
+
+def _traced_programs():
+    for name, (fn, leaves, make_inputs) in COVERAGE_PROGRAMS.items():
+        step = bendc.jit(fn, leaves=leaves, target="reference", passes=[])
+        outputs = step(*make_inputs())
+        for value in outputs if isinstance(outputs, tuple) else (outputs,):
+            assert np.isfinite(np.asarray(value)).all(), f"{name} gave a non-finite value"
+        yield name, parse_graph(step.ir("traced")), parse_graph(step.ir("autodiff"))
+
+
+@pytest.fixture(scope="module")
+def traced_programs():
+    return list(_traced_programs())
+
+
+def test_every_op_appears_in_a_test_program(traced_programs):
+    seen: dict[str, str] = {}
+    for name, traced, autodiff in traced_programs:
+        for graph in (traced, autodiff):
+            for node in graph.nodes():
+                seen.setdefault(node.op, name)
+    never = sorted(set(OPS) - set(seen) - ONLY_REACHABLE_AS_VJP_OF_VJP)
+    assert never == [], f"ops no test program produces: {never}"
+    unknown = sorted(set(seen) - set(OPS))
+    assert unknown == [], f"programs produced unregistered ops: {unknown}"
+    stale = sorted(ONLY_REACHABLE_AS_VJP_OF_VJP & set(seen))
+    assert stale == [], f"programs do produce {stale}: remove them from ONLY_REACHABLE_AS_VJP_OF_VJP"
+
+
+def test_vjp_rules_run_by_programs_or_directly(traced_programs):
+    """Every VJP rule runs: in a program's backward, else in the direct central-difference test."""
+    run_by_programs: set[str] = set()
+    for _, traced, autodiff in traced_programs:
+        for node in autodiff.nodes():
+            if node.vjp_of is not None and node.vjp_of in autodiff:
+                run_by_programs.add(autodiff.node(node.vjp_of).op)
+    with_rules = {name for name, opdef in OPS.items() if opdef.vjp is not None}
+    assert run_by_programs <= with_rules
+    direct_only = with_rules - run_by_programs
+    # These forward ops only ever appear inside a backward graph; their rules run in
+    # test_vjp_rule_matches_central_differences (which covers every rule).
+    assert direct_only <= set(SAMPLES)
+    assert {"add", "mul", "matmul", "relu", "gather", "index_select", "log_softmax"} <= run_by_programs
