@@ -17,7 +17,7 @@ import numpy as np
 from bendc.autodiff import differentiate
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
-from bendc.ir.interp import Interpreter
+from bendc.targets import build
 from bendc.ir.printer import format_graph
 from bendc.ir.types import TensorType, dtype_name
 from bendc.ir.verify import verify
@@ -25,7 +25,7 @@ from bendc.passes import PassContext, Pipeline, default_passes
 from bendc.trace import Tensor, Tracer
 
 TARGETS = ("auto", "cpu", "cuda", "reference")
-IMPLEMENTED_TARGETS = ("reference",)
+IMPLEMENTED_TARGETS = ("reference", "cpu")
 STATIC_TYPES = (bool, int, float)
 
 
@@ -216,17 +216,9 @@ class JitFunction:
         context = PassContext()
         graph = Pipeline(self.passes).run(graph, context, on_stage)
         on_stage("final", graph)
-        report = _report(self.fn.__name__, self.resolved_target, context, graph)
-        interpreter = Interpreter(graph)
-        aliases = set(graph.params)
-
-        def run(inputs: Sequence[np.ndarray]) -> list:
-            results = interpreter.run(inputs)
-            # An output that is a parameter (or a view of one) must not alias the caller's array.
-            return [np.array(r) if (o in aliases or r.base is not None) else r
-                    for o, r in zip(graph.outputs, results)]
-
-        return Executable(graph, stages, tracer.tape(), template, report, run)
+        built = build(self.resolved_target, graph, self.cache_dir)
+        report = _report(self.fn.__name__, self.resolved_target, context, graph, built.report)
+        return Executable(graph, stages, tracer.tape(), template, report, built.run, built.kernels)
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -258,12 +250,13 @@ class JitFunction:
         return self._executable().report
 
 
-def _report(name: str, target: str, context: PassContext, graph: Graph) -> str:
+def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str]) -> str:
     lines = [f"bendc report for {name} (target {target})", f"final IR: {len(graph)} nodes"]
     for pass_name, text in context.decisions:
         lines.append(f"[{pass_name}] {text}")
     if not context.decisions:
         lines.append("no pass changed the graph")
+    lines.extend(f"[{target}] {line}" for line in backend)
     return "\n".join(lines) + "\n"
 
 

@@ -106,16 +106,18 @@ def _matching_bracket(text: str, start: int) -> int:
 
 
 _HEADER = re.compile(r"func @(\w+)\((.*)\) -> \((.*)\) \{$")
-_COMMENT = re.compile(r"(?:vjp of %(\d+))?\s*\(?(?:([^\s()]+):(\d+))?\)?$")
+_COMMENT = re.compile(r"(?:\[k(\d+)\])?\s*(?:vjp of %(\d+))?\s*\(?(?:([^\s()]+):(\d+))?\)?$")
 
 
-def _parse_comment(comment: str) -> tuple[SourceLoc | None, int | None]:
+def _parse_comment(comment: str) -> tuple[SourceLoc | None, int | None, int | None]:
+    """(loc, vjp_of, kernel) from ``[k3] vjp of %12 (mlp.py:36)``."""
     match = _COMMENT.fullmatch(comment.strip())
     if not match:
         raise ParseError(f"bad comment {comment!r}")
-    vjp_of = int(match.group(1)) if match.group(1) else None
-    loc = SourceLoc(match.group(2), int(match.group(3))) if match.group(2) else None
-    return loc, vjp_of
+    kernel = int(match.group(1)) if match.group(1) else None
+    vjp_of = int(match.group(2)) if match.group(2) else None
+    loc = SourceLoc(match.group(3), int(match.group(4))) if match.group(3) else None
+    return loc, vjp_of, kernel
 
 
 def parse_graph(text: str) -> Graph:
@@ -158,9 +160,9 @@ def parse_graph(text: str) -> Graph:
             rest, comment = rest.split("#", 1)
         operand_text, _, type_text = rest.rpartition(":")
         inputs = [_lookup(names, o, number) for o in _split_top(operand_text)]
-        loc, vjp_of = _parse_comment(comment) if comment.strip() else (None, None)
+        loc, vjp_of, kernel = _parse_comment(comment) if comment.strip() else (None, None, None)
         type = TensorType.parse(type_text)
-        graph.add(op, inputs, attrs, type, loc=loc, vjp_of=vjp_of, id=id)
+        graph.add(op, inputs, attrs, type, loc=loc, vjp_of=vjp_of, kernel=kernel, id=id)
         names[str(id)] = id
     return graph
 

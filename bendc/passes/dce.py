@@ -5,14 +5,20 @@ from bendc.ir.graph import Graph
 from bendc.passes.manager import PassContext, register
 
 
-@register("dce", "Remove nodes no output depends on (parameters stay).")
-def dead_code_elimination(graph: Graph, context: PassContext) -> Graph:
+def remove_dead(graph: Graph) -> list[int]:
+    """Remove the nodes no output depends on; returns their ids."""
     live = set(graph.outputs) | set(graph.params)
     for output in graph.outputs:
         live |= graph.ancestors(output)
     dead = [id for id in reversed(graph.order()) if id not in live]
     for id in dead:
         graph.remove(id)
+    return dead
+
+
+@register("dce", "Remove nodes no output depends on (parameters stay).")
+def dead_code_elimination(graph: Graph, context: PassContext) -> Graph:
+    dead = remove_dead(graph)
     if dead:
         context.decide("dce", f"removed {len(dead)} dead nodes")
     return graph

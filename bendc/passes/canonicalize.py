@@ -1,0 +1,149 @@
+"""Canonicalization: local rewrites that keep PyTorch's bits.
+
+Each rule is a small function with a one-line docstring; it returns the id of
+the value that replaces the node, or None when it does not match. The pass
+runs the rules to a fixed point, bounded.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from bendc.builder import Builder
+from bendc.errors import InternalError
+from bendc.ir.graph import Graph, Node
+from bendc.ops import OPS
+from bendc.passes.dce import remove_dead
+from bendc.passes.manager import PassContext, register
+
+MAX_ROUNDS = 50
+
+Rule = Callable[[Graph, Builder, Node], "int | None"]
+
+
+def _const_value(graph: Graph, id: int) -> float | None:
+    node = graph.node(id)
+    return node.attr["value"] if node.op == "const" else None
+
+
+def _same_bits(a: float | None, b: float) -> bool:
+    return a is not None and np.float32(a).tobytes() == np.float32(b).tobytes()
+
+
+def fold_constants(graph: Graph, b: Builder, node: Node) -> int | None:
+    """Fold a scalar float op whose operands are all constants into one const."""
+    if node.op == "const" or not node.inputs or node.type.shape != () or not node.type.is_float:
+        return None
+    operands = [graph.node(i) for i in node.inputs]
+    if any(o.op != "const" for o in operands):
+        return None
+    values = [np.array(o.attr["value"], dtype=np.float32) for o in operands]
+    result = np.asarray(OPS[node.op].reference(values, node.attr), dtype=np.float32)
+    return b.const(float(result))
+
+
+def fold_mul_by_one(graph: Graph, b: Builder, node: Node) -> int | None:
+    """x * 1 -> x (and 1 * x), where the shapes agree (x + 0 stays: -0.0 + 0.0 is +0.0)."""
+    if node.op != "mul":
+        return None
+    for mine, other in (node.inputs, reversed(node.inputs)):
+        if _same_bits(_const_value(graph, other), 1.0) and graph.node(mine).type == node.type:
+            return mine
+    return None
+
+
+def fold_div_by_one(graph: Graph, b: Builder, node: Node) -> int | None:
+    """x / 1 -> x."""
+    if node.op == "div" and _same_bits(_const_value(graph, node.inputs[1]), 1.0):
+        if graph.node(node.inputs[0]).type == node.type:
+            return node.inputs[0]
+    return None
+
+
+def fold_double_negation(graph: Graph, b: Builder, node: Node) -> int | None:
+    """neg(neg(x)) -> x."""
+    if node.op == "neg":
+        inner = graph.node(node.inputs[0])
+        if inner.op == "neg":
+            return inner.inputs[0]
+    return None
+
+
+def fold_identity_layout(graph: Graph, b: Builder, node: Node) -> int | None:
+    """reshape/expand/sum_to_size to the operand's own shape, identity permute -> operand."""
+    if node.op in ("reshape", "expand", "sum_to_size"):
+        if graph.node(node.inputs[0]).type == node.type:
+            return node.inputs[0]
+    if node.op == "permute" and node.attr["perm"] == tuple(range(node.type.ndim)):
+        return node.inputs[0]
+    if node.op == "sum" and not node.attr["dims"] and graph.node(node.inputs[0]).type == node.type:
+        return node.inputs[0]
+    return None
+
+
+def fold_permute_chain(graph: Graph, b: Builder, node: Node) -> int | None:
+    """permute(permute(x, p), q) -> permute(x, p∘q), or x when that is the identity."""
+    if node.op != "permute":
+        return None
+    inner = graph.node(node.inputs[0])
+    if inner.op != "permute":
+        return None
+    perm = tuple(inner.attr["perm"][q] for q in node.attr["perm"])
+    if perm == tuple(range(len(perm))):
+        return inner.inputs[0]
+    return b.permute(inner.inputs[0], perm)
+
+
+def fold_reshape_chain(graph: Graph, b: Builder, node: Node) -> int | None:
+    """reshape(reshape(x)) -> reshape(x), or x when shapes agree."""
+    if node.op != "reshape":
+        return None
+    inner = graph.node(node.inputs[0])
+    if inner.op != "reshape":
+        return None
+    source = inner.inputs[0]
+    if graph.node(source).type == node.type:
+        return source
+    return b.reshape(source, node.type.shape)
+
+
+RULES: tuple[Rule, ...] = (
+    fold_constants,
+    fold_mul_by_one,
+    fold_div_by_one,
+    fold_double_negation,
+    fold_identity_layout,
+    fold_permute_chain,
+    fold_reshape_chain,
+)
+
+
+@register("canonicalize", "Constant folding, x*1 -> x, identity layouts, permute/reshape chains.")
+def canonicalize(graph: Graph, context: PassContext) -> Graph:
+    b = Builder(graph)
+    counts: dict[str, int] = {}
+    for _ in range(MAX_ROUNDS):
+        changed = False
+        for id in graph.order():
+            if id not in graph:
+                continue
+            node = graph.node(id)
+            for rule in RULES:
+                b.loc, b.vjp_of = node.loc, node.vjp_of
+                replacement = rule(graph, b, node)
+                if replacement is None or replacement == id:
+                    continue
+                graph.replace_uses(id, replacement)
+                counts[rule.__name__] = counts.get(rule.__name__, 0) + 1
+                changed = True
+                break
+        remove_dead(graph)
+        if not changed:
+            break
+    else:
+        raise InternalError(f"canonicalize: no fixed point after {MAX_ROUNDS} rounds")
+    for name, count in sorted(counts.items()):
+        context.decide("canonicalize", f"{name}: {count} rewrites ({globals()[name].__doc__})")
+    return graph
+
