@@ -17,7 +17,9 @@ import numpy as np
 from bendc.autodiff import differentiate
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
-from bendc.targets import build
+from bendc.artifact import write_artifact
+from bendc.ir.parser import parse_graph
+from bendc.targets import build, load_cached, program_entry, program_key
 from bendc.ir.printer import format_graph
 from bendc.ir.types import TensorType, dtype_name
 from bendc.ir.verify import verify
@@ -86,7 +88,7 @@ class JitFunction:
     """The callable that ``bendc.jit`` returns."""
 
     def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
-                 passes: Sequence[Any] | None) -> None:
+                 passes: Sequence[Any] | None, donate: Sequence[str] = ()) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.signature = inspect.signature(fn)
@@ -96,6 +98,13 @@ class JitFunction:
         unknown = [leaf for leaf in self.leaves if leaf not in self.signature.parameters]
         if unknown:
             raise SignatureError(f"leaves {unknown} are not parameters of {fn.__name__}"
+                                 f"{self.signature}", loc=user_location(), op="jit")
+        if isinstance(donate, str):
+            donate = (donate,)
+        self.donate = tuple(donate)
+        unknown = [name for name in self.donate if name not in self.signature.parameters]
+        if unknown:
+            raise SignatureError(f"donate names {unknown}, which are not parameters of {fn.__name__}"
                                  f"{self.signature}", loc=user_location(), op="jit")
         self.target = target
         self.resolved_target = resolve_target(target)
@@ -210,15 +219,30 @@ class JitFunction:
             dump.write(name, stages[name])
 
         on_stage("traced", traced)
+        entry = None
+        if self.resolved_target == "cpu" and all(isinstance(p, str) for p in self.passes):
+            key = program_key(stages["traced"], list(self.passes), self.resolved_target, template, self.donate)
+            entry = program_entry(self.cache_dir, key)
+            cached = load_cached(entry, self.cache_dir)
+            if cached is not None:
+                return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
+                                  cached.template, cached.report, cached.run, cached.kernels)
         graph = differentiate(traced)
         verify(graph, "autodiff", allow_placeholders=False)
         on_stage("autodiff", graph)
         context = PassContext()
         graph = Pipeline(self.passes).run(graph, context, on_stage)
         on_stage("final", graph)
-        built = build(self.resolved_target, graph, self.cache_dir)
+        built = build(self.resolved_target, graph, self.cache_dir, self.donate)
         report = _report(self.fn.__name__, self.resolved_target, context, graph, built.report)
-        return Executable(graph, stages, tracer.tape(), template, report, built.run, built.kernels)
+        tape = tracer.tape()
+        if entry is not None:
+            inputs = [{"name": name, "dtype": type.dtype, "shape": list(type.shape), "leaf": name in self.leaves}
+                      for name, type in types]
+            write_artifact(entry, function=self.fn.__name__, target=self.resolved_target, inputs=inputs,
+                           leaves=list(self.leaves), template=template, plan=built.plan, stages=stages,
+                           report=report, tape=tape)
+        return Executable(graph, stages, tape, template, report, built.run, built.kernels)
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -312,10 +336,16 @@ def _unflatten(template: Any, results: list) -> Any:
 
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
-        cache_dir: str | None = None, passes: Sequence[Any] | None = None):
-    """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``."""
+        cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = ()):
+    """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``.
+
+    ``donate`` names array parameters whose memory the caller gives up: on the
+    cpu target an updated value of the same shape (an optimizer step's new
+    parameter) may be written over them in place and returned.
+    """
     def wrap(function: Callable) -> JitFunction:
-        return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes)
+        return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes,
+                           donate=donate)
 
     if fn is not None:
         return wrap(fn)

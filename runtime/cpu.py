@@ -7,9 +7,16 @@ and no lookups by name in the hot loop.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
+import numba
 import numpy as np
+
+# Parallel kernels use numba's own thread pool: its OpenMP layer spins its threads and
+# collapses when another OpenMP runtime (PyTorch's) or another process shares the cores.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"
 
 
 class KernelError(Exception):
@@ -43,14 +50,18 @@ class CpuProgram:
             self.values[slot[int(value)]] = _typed(buffers[buffer], dtype, shape)
         self.param_slots = [slot[p] for p in plan["params"]]
         outputs = set(plan["outputs"])
+        donations = {int(k): v for k, v in plan.get("donations", {}).items()}
         written_outputs: set[int] = set()
         program = []
         for step in plan["steps"]:
             view = step["convention"] == "view"
-            fresh = []
+            fresh = []  # (slot, shape, dtype): a new array each call; dtype None: the donated input's array
             if not view:
                 for value in step["outputs"]:
-                    if slot[value] is not None and self.values[slot[value]] is None:
+                    if value in donations:
+                        fresh.append((slot[value], slot[donations[value]], None))
+                        written_outputs.add(value)
+                    elif self.values[slot[value]] is None:
                         dtype, shape = values[value]
                         fresh.append((slot[value], shape, _DTYPES[dtype]))
                         if value in outputs and not step["hoisted"]:
@@ -69,7 +80,7 @@ class CpuProgram:
         name, kernel, ins, outs, view, fresh = entry
         values = self.values
         for index, shape, dtype in fresh:
-            values[index] = np.empty(shape, dtype)
+            values[index] = np.empty(shape, dtype) if dtype is not None else values[shape]
         if view:
             values[outs[0]] = kernel(*[values[i] for i in ins])
         else:
@@ -84,7 +95,7 @@ class CpuProgram:
             for step in self.program:
                 _, kernel, ins, outs, view, fresh = step
                 for index, shape, dtype in fresh:
-                    values[index] = np.empty(shape, dtype)
+                    values[index] = np.empty(shape, dtype) if dtype is not None else values[shape]
                 if view:
                     values[outs[0]] = kernel(*[values[i] for i in ins])
                 else:

@@ -64,7 +64,7 @@ def load_module(path: str, module: str) -> ModuleType:
     """Import a generated module from its file (once per process)."""
     key = os.path.abspath(path)
     if key not in _LOADED:
-        name = f"bendc_kernels.{module}"
+        name = f"bendc_kernel_{module}"
         spec = importlib.util.spec_from_file_location(name, path)
         loaded = importlib.util.module_from_spec(spec)
         sys.modules[name] = loaded

@@ -22,8 +22,14 @@ def nbytes(plan: KernelPlan, value: int) -> int:
     return count * DTYPES[dtype].itemsize
 
 
-def plan_memory(plan: KernelPlan) -> list[str]:
-    """Fill plan.buffers, plan.storage and plan.memory; returns the decisions as text."""
+def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list[str]:
+    """Fill plan.buffers, plan.storage, plan.donations and plan.memory; returns the decisions as text.
+
+    ``donated`` names parameters whose arrays the caller gives up: an
+    elementwise kernel whose output has a donated parameter's type, and that
+    is the parameter's last reader, writes the output over it (an optimizer
+    step updating its parameter in place).
+    """
     root: dict[int, int] = {}
     for step in plan.steps:
         for value in step.outputs:
@@ -62,6 +68,21 @@ def plan_memory(plan: KernelPlan) -> list[str]:
             releases.setdefault(last_use.get(value, index), []).append(buffer)
         for buffer in releases.pop(index, []):
             free.setdefault(buffers[buffer], []).append(buffer)
+    donations: dict[int, int] = {}
+    for index, step in enumerate(plan.steps):
+        if step.kind != "elementwise" or step.hoisted:
+            continue
+        for value in step.outputs:
+            if value not in outputs:
+                continue
+            for param in step.inputs:
+                if (param in donated and param not in donations.values() and last_use.get(param) == index
+                        and plan.values[param] == plan.values[value]):
+                    donations[value] = param
+                    decisions.append(f"%{value} is written in place over the donated parameter "
+                                     f"{plan.param_names[plan.params.index(param)]} in {step.name}")
+                    break
+    plan.donations = donations
     naive = sum(nbytes(plan, v) for v in planned)
     plan.buffers = buffers
     plan.storage = storage

@@ -29,7 +29,9 @@ class Step:
     hoisted: bool = False
     source: str = ""
     module: str = ""
-    lines: list[str] = field(default_factory=list)  # the user's source lines, for reports and errors
+    lines: list[str] = field(default_factory=list)  # the user's source lines, for reports
+    op: str = ""  # the op of the step's first node and its user's line (path:line), for errors
+    loc: str = ""
 
 
 @dataclass
@@ -43,11 +45,13 @@ class KernelPlan:
     buffers: list[int] = field(default_factory=list)  # planned temporary buffers, bytes each
     storage: dict[int, int] = field(default_factory=dict)  # value -> buffer index
     memory: dict[str, int] = field(default_factory=dict)  # peak and naive bytes
+    donations: dict[int, int] = field(default_factory=dict)  # output written over a donated parameter
 
     def to_json(self) -> dict:
         data = asdict(self)
         data["values"] = {str(k): [d, list(s)] for k, (d, s) in self.values.items()}
         data["storage"] = {str(k): v for k, v in self.storage.items()}
+        data["donations"] = {str(k): v for k, v in self.donations.items()}
         return data
 
     @staticmethod
@@ -55,6 +59,7 @@ class KernelPlan:
         plan = KernelPlan(**{**data, "steps": [Step(**s) for s in data["steps"]]})
         plan.values = {int(k): (d, tuple(s)) for k, (d, s) in data["values"].items()}
         plan.storage = {int(k): v for k, v in data["storage"].items()}
+        plan.donations = {int(k): v for k, v in data.get("donations", {}).items()}
         return plan
 
 
@@ -105,6 +110,14 @@ def _const_needs_step(graph: Graph, id: int) -> bool:
 
 
 def _make_step(graph: Graph, unit: tuple, ids: list[int]) -> Step:
+    step = _make_step_body(graph, unit, ids)
+    first = graph.node(ids[0])
+    step.op = first.op
+    step.loc = str(first.loc) if first.loc is not None else ""
+    return step
+
+
+def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
     nodes = [graph.node(i) for i in ids]
     lines = sorted({n.loc.short for n in nodes if n.loc is not None})
     if unit[0] == "k":
