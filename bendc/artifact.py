@@ -5,6 +5,8 @@ renamed into place, so an interrupted build leaves nothing behind.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -17,6 +19,19 @@ import numpy as np
 import bendc
 from bendc.codegen.plan import KernelPlan
 from runtime.artifact import FORMAT_VERSION, file_hash
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_fingerprint() -> str:
+    """A hash of bendc's own source (compiler and runtime): a changed compiler is a new cache key."""
+    digest = hashlib.sha256()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for package in ("bendc", "runtime"):
+        for folder, _, names in sorted(os.walk(os.path.join(root, package))):
+            for name in sorted(n for n in names if n.endswith(".py")):
+                with open(os.path.join(folder, name), "rb") as stream:
+                    digest.update(name.encode() + stream.read())
+    return digest.hexdigest()[:16]
 
 
 def versions() -> dict[str, str]:

@@ -18,6 +18,7 @@ from bendc.autodiff import differentiate
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
 from bendc.artifact import write_artifact
+from bendc.codegen.plan import plan_stats
 from bendc.ir.parser import parse_graph
 from bendc.targets import build, load_cached, program_entry, program_key
 from bendc.ir.printer import format_graph
@@ -82,6 +83,7 @@ class Executable:
     report: str
     run: Callable[[Sequence[np.ndarray]], list]
     kernels: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
 
 
 class JitFunction:
@@ -226,7 +228,7 @@ class JitFunction:
             cached = load_cached(entry, self.cache_dir)
             if cached is not None:
                 return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
-                                  cached.template, cached.report, cached.run, cached.kernels)
+                                  cached.template, cached.report, cached.run, cached.kernels, cached.stats)
         graph = differentiate(traced)
         verify(graph, "autodiff", allow_placeholders=False)
         on_stage("autodiff", graph)
@@ -242,7 +244,8 @@ class JitFunction:
             write_artifact(entry, function=self.fn.__name__, target=self.resolved_target, inputs=inputs,
                            leaves=list(self.leaves), template=template, plan=built.plan, stages=stages,
                            report=report, tape=tape)
-        return Executable(graph, stages, tape, template, report, built.run, built.kernels)
+        stats = plan_stats(built.plan) if built.plan is not None else {}
+        return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -268,6 +271,10 @@ class JitFunction:
     def kernels(self) -> dict[str, str]:
         """Generated kernel sources by kernel name (none on the reference target)."""
         return dict(self._executable().kernels)
+
+    def stats(self) -> dict[str, int]:
+        """Kernel launches and bytes moved per call, temporaries planned vs naive (cpu target)."""
+        return dict(self._executable().stats)
 
     def report(self) -> str:
         """The compile report: pass decisions with their reasons."""

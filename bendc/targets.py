@@ -20,11 +20,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bendc.artifact import read_stages, read_text, template_from_json, versions, write_artifact
+from bendc.artifact import (compiler_fingerprint, read_stages, read_text, template_from_json, versions,
+                            write_artifact)
 from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
 from bendc.codegen.cpu import render_plan
 from bendc.codegen.memory import plan_memory
-from bendc.codegen.plan import KernelPlan, build_plan, describe_plan
+from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
 from bendc.errors import RuntimeCheckError, SourceLoc
 from bendc.ir.graph import Graph
 from bendc.ir.interp import Interpreter
@@ -96,7 +97,8 @@ def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str
 
 # ------------------------------------------------------------------ on-disk cache
 def program_key(traced_ir: str, passes: list[str], target: str, template: Any, donate: Sequence[str]) -> str:
-    blob = json.dumps([traced_ir, passes, target, repr(template), sorted(donate), versions()], sort_keys=True)
+    blob = json.dumps([traced_ir, passes, target, repr(template), sorted(donate), versions(),
+                       compiler_fingerprint()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -112,6 +114,7 @@ class Cached:
     report: str
     run: Callable
     kernels: dict[str, str]
+    stats: dict[str, int]
 
 
 def load_cached(entry: str, cache_dir: str | None) -> Cached | None:
@@ -122,10 +125,11 @@ def load_cached(entry: str, cache_dir: str | None) -> Cached | None:
         kernel_dir = os.path.dirname(kernel_path(cache_dir or default_cache_dir(), "k"))
         manifest, plan, program = load_program(entry, kernel_dir)
         kernels = {step["name"]: read_text(entry, f"kernels/{step['module']}.py") for step in plan["steps"]}
+        stats = plan_stats(KernelPlan.from_json(plan))
         return Cached(read_stages(entry, manifest), read_text(entry, "tape.txt"),
                       template_from_json(manifest["template"]),
                       read_text(entry, "report.txt") + "[cache] loaded from the on-disk cache\n",
-                      cpu_runner(plan, program), kernels)
+                      cpu_runner(plan, program), kernels, stats)
     except (ArtifactInvalid, OSError, ValueError, KeyError) as error:
         shutil.rmtree(entry, ignore_errors=True)
         print(f"bendc: discarded a corrupt cache entry {entry}: {error}", flush=True)

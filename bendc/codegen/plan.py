@@ -146,22 +146,37 @@ def elementwise_domain(graph: Graph, ids: list[int]) -> tuple[int, ...]:
     return shapes.pop() if shapes else ()
 
 
-def describe_plan(plan: KernelPlan) -> list[str]:
-    """Report lines: each launch with its nodes, cells and bytes moved, then memory."""
+def step_traffic(plan: KernelPlan, step: Step) -> int:
+    """Bytes a write step reads and writes (views move nothing)."""
     from bendc.codegen.memory import nbytes
 
-    lines = []
+    if step.convention != "write":
+        return 0
+    return sum(nbytes(plan, v) for v in step.inputs + step.outputs)
+
+
+def plan_stats(plan: KernelPlan) -> dict[str, int]:
+    """Kernel launches and bytes moved per call, and temporary memory planned vs naive."""
     launches = [s for s in plan.steps if s.convention == "write" and not s.hoisted]
-    moved = 0
+    return {
+        "launches": len(launches),
+        "bytes_moved": sum(step_traffic(plan, s) for s in launches),
+        "planned_bytes": plan.memory.get("planned_bytes", 0),
+        "naive_bytes": plan.memory.get("naive_bytes", 0),
+    }
+
+
+def describe_plan(plan: KernelPlan) -> list[str]:
+    """Report lines: each launch with its nodes, cells and bytes moved, then memory."""
+    lines = []
     for step in plan.steps:
-        traffic = sum(nbytes(plan, v) for v in step.inputs + step.outputs) if step.convention == "write" else 0
-        if not step.hoisted:
-            moved += traffic
+        traffic = step_traffic(plan, step)
         what = "view" if step.convention == "view" else f"{step.cells} cells, {traffic} bytes moved"
         when = " (hoisted: runs once at bind)" if step.hoisted else ""
         nodes = " ".join(f"%{n}" for n in step.nodes)
         lines.append(f"{step.name}: {step.kind}, {what}{when}; nodes {nodes}; lines {', '.join(step.lines)}")
-    lines.append(f"{len(launches)} kernel launches per call, {moved} bytes moved per call")
+    stats = plan_stats(plan)
+    lines.append(f"{stats['launches']} kernel launches per call, {stats['bytes_moved']} bytes moved per call")
     if plan.memory:
         lines.append(f"temporaries: {plan.memory['planned_bytes']} bytes in {len(plan.buffers)} buffers "
                      f"(naive plan: {plan.memory['naive_bytes']} bytes, one buffer per value)")

@@ -43,6 +43,22 @@ class Group:
     members: set[int] = field(default_factory=set)
 
 
+def _merged_domain(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The iteration space of two groups together, or None when they differ."""
+    if a == b or _numel(b) == 1:
+        return a
+    if _numel(a) == 1:
+        return b
+    return None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
 def _fits(node: Node, domain: tuple[int, ...]) -> bool:
     """A member is computed per cell: its shape is the domain, or it holds one element."""
     return node.type.shape == domain or node.type.numel == 1
@@ -64,10 +80,11 @@ def fusion_groups(graph: Graph, context: PassContext | None = None) -> dict[int,
         if context is not None:
             context.decide("fuse", text)
 
-    def cycle_through(node: Node, group: Group) -> int | None:
-        for member in group.members:
+    def cycle_through(members: set[int]) -> int | None:
+        """An operand outside ``members`` that depends on a member: the kernel would wait for itself."""
+        for member in members:
             for operand in graph.node(member).inputs:
-                if operand != node.id and operand not in group.members and node.id in ancestors[operand]:
+                if operand not in members and ancestors[operand] & members:
                     return operand
         return None
 
@@ -75,25 +92,31 @@ def fusion_groups(graph: Graph, context: PassContext | None = None) -> dict[int,
         node = graph.node(id)
         if not is_fusible(graph, node):
             continue
-        chosen = None
+        chosen: Group | None = None
         for user in graph.users(id):
             group = group_of.get(user)
             if group is None or group is chosen:
                 continue
-            if not _fits(node, group.domain):
+            domain = _merged_domain(chosen.domain, group.domain) if chosen else group.domain
+            if domain is None or not _fits(node, domain):
                 note(f"not fused %{id} -> %{user}: different iteration spaces {node.type} vs "
                      f"[{','.join(map(str, group.domain))}]")
                 continue
-            blocker = cycle_through(node, group)
+            proposed = group.members | {id} | (chosen.members if chosen else set())
+            blocker = cycle_through(proposed)
             if blocker is not None:
                 note(f"not fused %{id} -> %{user}: %{blocker} needs %{id} and feeds the kernel of %{user}")
                 continue
-            if chosen is None:
-                chosen = group
+            if chosen is not None:  # the node feeds two kernels: they become one
+                for member in group.members:
+                    group_of[member] = chosen
+                chosen.members |= group.members
+                chosen.domain = domain
+                del groups[group.id]
             else:
-                note(f"not fused %{id} -> %{user}: %{id} already joined the kernel of another consumer")
+                chosen = group
         if chosen is None:
-            chosen = Group(len(groups), node.type.shape)
+            chosen = Group(id, node.type.shape)
             groups[chosen.id] = chosen
         chosen.members.add(id)
         group_of[id] = chosen
