@@ -15,7 +15,7 @@ from bendc.ir.printer import format_node
 from bendc.ir.types import TensorType
 from bendc.ops import OPS
 from bendc.ops.base import PARALLEL_CELLS
-from bendc.passes.fusion import is_unit_reshape
+from bendc.passes.fusion import reduced_axes
 
 HEADER = '''"""bendc kernel {name}: {summary}
 
@@ -102,8 +102,20 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
             return read(value, _unit_reshape_index(shape, domain, loops))
         return read(value, _broadcast_index(shape, domain, loops))
 
+    epilogues = [id for id in step.nodes if reduced_axes(graph, graph.node(id)) is not None]
+    out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
+    prologue: list[str] = []
     for number, id in enumerate(step.nodes):
         node = graph.node(id)
+        if id in epilogues:
+            # Accumulate the operand into the reduction's output cell, in cell order.
+            axes = reduced_axes(graph, node)
+            kept = _reduction_index(graph, node, axes, loops)
+            flat = f"z{number}"
+            prologue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
+                         f"for q in range({flat}.size):", f"    {flat}[q] = np.float32(0.0)"]
+            body.append(f"{out_of[id]}{_index(kept)} += {local[node.inputs[0]]}  # %{id} = {node.op}")
+            continue
         operands = [operand(o, node) for o in node.inputs]
         if node.op in ("expand", "reshape"):
             expression = operands[0]
@@ -111,24 +123,39 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
             expression = OPS[node.op].lowering.scalar(*operands, **node.attr)
         local[id] = f"v{number}"
         body.append(f"v{number} = {expression}  # %{id} = {node.op}")
-    outputs = []
-    for k, id in enumerate(step.outputs):
+    for id in step.outputs:
+        if id in epilogues:
+            continue
         shape = graph.node(id).type.shape
         index = ["0"] * len(shape) if graph.node(id).type.numel == 1 else loops
-        body.append(f"out{k}{_index(index)} = {local[id]}")
-        outputs.append(f"out{k}")
+        body.append(f"{out_of[id]}{_index(index)} = {local[id]}")
 
-    parallel = step.cells >= PARALLEL_CELLS
-    args = ", ".join([arg_of[v] for v in step.inputs] + outputs)
+    # The first loop of more than one cell runs in parallel, unless an epilogue sums over it
+    # (its cells would race on the output).
+    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None)
+    if step.cells < PARALLEL_CELLS or any(parallel_axis in reduced_axes(graph, graph.node(e)) for e in epilogues):
+        parallel_axis = None
+    parallel = parallel_axis is not None
+    args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
     lines = [f"@njit(parallel={parallel}, cache=True, error_model='numpy')", f"def kernel({args}):"]
+    lines.extend("    " + line for line in prologue)
     indent = "    "
-    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None) if parallel else None
     for axis, size in enumerate(domain):
         loop = "prange" if axis == parallel_axis else "range"
         lines.append(f"{indent}for {loops[axis]} in {loop}({size}):")
         indent += "    "
     lines.extend(indent + line for line in body)
     return "\n".join(lines) + "\n"
+
+
+def _reduction_index(graph: Graph, node: Node, axes: tuple[int, ...], loops: list[str]) -> list[str]:
+    """The output cell a domain cell adds into: reduced axes dropped (or 0 where kept as size 1)."""
+    if node.op == "sum":
+        if node.attr["keepdim"]:
+            return ["0" if axis in axes else loop for axis, loop in enumerate(loops)]
+        return [loop for axis, loop in enumerate(loops) if axis not in axes]
+    lead = len(loops) - node.type.ndim
+    return ["0" if lead + axis in axes else loops[lead + axis] for axis in range(node.type.ndim)]
 
 
 def step_types(graph: Graph, step: Step) -> list[TensorType]:

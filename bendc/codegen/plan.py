@@ -141,7 +141,8 @@ def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
 
 def elementwise_domain(graph: Graph, ids: list[int]) -> tuple[int, ...]:
     """The iteration space of a fused group: its members' shape (numel-1 members aside)."""
-    shapes = {graph.node(i).type.shape for i in ids if graph.node(i).type.numel != 1}
+    shapes = {graph.node(i).type.shape for i in ids
+              if graph.node(i).type.numel != 1 and graph.node(i).op not in ("sum", "sum_to_size")}
     assert len(shapes) <= 1, f"group {ids} mixes iteration spaces {shapes}"
     return shapes.pop() if shapes else ()
 

@@ -145,6 +145,9 @@ class Graph:
     def ancestors(self, id: int) -> set[int]:
         return nx.ancestors(self._nx, id)
 
+    def descendants(self, id: int) -> set[int]:
+        return nx.descendants(self._nx, id)
+
     def is_acyclic(self) -> bool:
         return nx.is_directed_acyclic_graph(self._nx)
 

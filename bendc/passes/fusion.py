@@ -41,6 +41,7 @@ class Group:
     id: int
     domain: tuple[int, ...]
     members: set[int] = field(default_factory=set)
+    epilogues: list[int] = field(default_factory=list)  # sums accumulated while the cells are computed
 
 
 def _merged_domain(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -124,9 +125,44 @@ def fusion_groups(graph: Graph, context: PassContext | None = None) -> dict[int,
             if any(OPS[graph.node(m).op].lowering.kind == "elementwise" for m in group.members)}
 
 
+def reduced_axes(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """Axes of its operand that a sum or sum_to_size reduces, or None for other ops."""
+    if node.op not in ("sum", "sum_to_size"):
+        return None
+    source = graph.node(node.inputs[0]).type.shape
+    if node.op == "sum":
+        return tuple(node.attr["dims"])
+    if node.op == "sum_to_size":
+        lead = len(source) - len(node.type.shape)
+        return tuple(range(lead)) + tuple(lead + axis for axis, d in enumerate(node.type.shape)
+                                          if d == 1 and source[lead + axis] != 1)
+    return None
+
+
+def attach_epilogues(graph: Graph, groups: dict[int, Group], context: PassContext | None) -> None:
+    """A sum over a member of a group's full iteration space joins the group as an epilogue:
+    the kernel accumulates it while it computes the cells, instead of writing the operand
+    for another kernel to read back. Not when the group itself needs the sum."""
+    group_of = {m: g for g in groups.values() for m in g.members}
+    for node in graph.nodes():
+        if reduced_axes(graph, node) is None or node.type.dtype != "f32":
+            continue
+        group = group_of.get(node.inputs[0])
+        if group is None or graph.node(node.inputs[0]).type.shape != group.domain or _numel(group.domain) == 1:
+            continue
+        if graph.descendants(node.id) & group.members:
+            if context is not None:
+                context.decide("fuse", f"not fused %{node.inputs[0]} -> %{node.id}: the kernel of "
+                                       f"%{node.inputs[0]} needs the {node.op}")
+            continue
+        group.members.add(node.id)
+        group.epilogues.append(node.id)
+
+
 @register("fuse", "Group elementwise forward and VJP nodes into kernels over one iteration space.")
 def fuse(graph: Graph, context: PassContext) -> Graph:
     groups = fusion_groups(graph, context)
+    attach_epilogues(graph, groups, context)
     # Number kernels by their first member, so the printed IR reads in order.
     ordered = sorted(groups.values(), key=lambda g: min(g.members))
     for number, group in enumerate(ordered):
@@ -139,15 +175,15 @@ def fuse(graph: Graph, context: PassContext) -> Graph:
         saved = sum(2 * graph.node(m).type.nbytes for m in internal)
         members = " ".join(f"%{m}" for m in sorted(group.members))
         lines = sorted({graph.node(m).loc.short for m in group.members if graph.node(m).loc})
+        epilogues = "".join(f", epilogue {graph.node(e).op} %{e}" for e in group.epilogues)
         context.decide("fuse", f"k{number}: {len(group.members)} nodes ({members}) over "
-                               f"[{','.join(map(str, group.domain))}], {len(internal)} intermediates kept in "
-                               f"registers, {saved} bytes of memory traffic saved; lines {', '.join(lines)}")
+                               f"[{','.join(map(str, group.domain))}]{epilogues}, {len(internal)} intermediates "
+                               f"kept in registers, {saved} bytes of memory traffic saved; lines {', '.join(lines)}")
     for node in graph.nodes():
         if node.kernel is not None or node.op in ("param", "const"):
             continue
         kind = OPS[node.op].lowering.kind
         for operand in node.inputs:
             if graph.node(operand).kernel is not None:
-                context.decide("fuse", f"not fused %{operand} -> %{node.id}: {node.op} is a {kind} kernel "
-                                       "(no epilogue fusion across it)")
+                context.decide("fuse", f"not fused %{operand} -> %{node.id}: {node.op} is a {kind} kernel")
     return graph
