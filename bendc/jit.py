@@ -17,7 +17,10 @@ import numpy as np
 from bendc.autodiff import differentiate
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
-from bendc.ir.interp import Interpreter
+from bendc.artifact import write_artifact
+from bendc.codegen.plan import plan_stats
+from bendc.ir.parser import parse_graph
+from bendc.targets import build, load_cached, program_entry, program_key
 from bendc.ir.printer import format_graph
 from bendc.ir.types import TensorType, dtype_name
 from bendc.ir.verify import verify
@@ -25,7 +28,7 @@ from bendc.passes import PassContext, Pipeline, default_passes
 from bendc.trace import Tensor, Tracer
 
 TARGETS = ("auto", "cpu", "cuda", "reference")
-IMPLEMENTED_TARGETS = ("reference",)
+IMPLEMENTED_TARGETS = ("reference", "cpu")
 STATIC_TYPES = (bool, int, float)
 
 
@@ -85,13 +88,14 @@ class Executable:
     report: str
     run: Callable[[Sequence[np.ndarray]], list]
     kernels: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
 
 
 class JitFunction:
     """The callable that ``bendc.jit`` returns."""
 
     def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
-                 passes: Sequence[Any] | None) -> None:
+                 passes: Sequence[Any] | None, donate: Sequence[str] = ()) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.signature = inspect.signature(fn)
@@ -101,6 +105,13 @@ class JitFunction:
         unknown = [leaf for leaf in self.leaves if leaf not in self.signature.parameters]
         if unknown:
             raise SignatureError(f"leaves {unknown} are not parameters of {fn.__name__}"
+                                 f"{self.signature}", loc=user_location(), op="jit")
+        if isinstance(donate, str):
+            donate = (donate,)
+        self.donate = tuple(donate)
+        unknown = [name for name in self.donate if name not in self.signature.parameters]
+        if unknown:
+            raise SignatureError(f"donate names {unknown}, which are not parameters of {fn.__name__}"
                                  f"{self.signature}", loc=user_location(), op="jit")
         self.target = target
         self.resolved_target = resolve_target(target)
@@ -215,23 +226,31 @@ class JitFunction:
             dump.write(name, stages[name])
 
         on_stage("traced", traced)
+        entry = None
+        if self.resolved_target == "cpu" and all(isinstance(p, str) for p in self.passes):
+            key = program_key(stages["traced"], list(self.passes), self.resolved_target, template, self.donate)
+            entry = program_entry(self.cache_dir, key)
+            cached = load_cached(entry, self.cache_dir)
+            if cached is not None:
+                return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
+                                  cached.template, cached.report, cached.run, cached.kernels, cached.stats)
         graph = differentiate(traced)
         verify(graph, "autodiff", allow_placeholders=False)
         on_stage("autodiff", graph)
         context = PassContext()
         graph = Pipeline(self.passes).run(graph, context, on_stage)
         on_stage("final", graph)
-        report = _report(self.fn.__name__, self.resolved_target, context, graph)
-        interpreter = Interpreter(graph)
-        aliases = set(graph.params)
-
-        def run(inputs: Sequence[np.ndarray]) -> list:
-            results = interpreter.run(inputs)
-            # An output that is a parameter (or a view of one) must not alias the caller's array.
-            return [np.array(r) if (o in aliases or r.base is not None) else r
-                    for o, r in zip(graph.outputs, results)]
-
-        return Executable(graph, stages, tracer.tape(), template, report, run)
+        built = build(self.resolved_target, graph, self.cache_dir, self.donate)
+        report = _report(self.fn.__name__, self.resolved_target, context, graph, built.report)
+        tape = tracer.tape()
+        if entry is not None:
+            inputs = [{"name": name, "dtype": type.dtype, "shape": list(type.shape), "leaf": name in self.leaves}
+                      for name, type in types]
+            write_artifact(entry, function=self.fn.__name__, target=self.resolved_target, inputs=inputs,
+                           leaves=list(self.leaves), template=template, plan=built.plan, stages=stages,
+                           report=report, tape=tape)
+        stats = plan_stats(built.plan) if built.plan is not None else {}
+        return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -258,17 +277,22 @@ class JitFunction:
         """Generated kernel sources by kernel name (none on the reference target)."""
         return dict(self._executable().kernels)
 
+    def stats(self) -> dict[str, int]:
+        """Kernel launches and bytes moved per call, temporaries planned vs naive (cpu target)."""
+        return dict(self._executable().stats)
+
     def report(self) -> str:
         """The compile report: pass decisions with their reasons."""
         return self._executable().report
 
 
-def _report(name: str, target: str, context: PassContext, graph: Graph) -> str:
+def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str]) -> str:
     lines = [f"bendc report for {name} (target {target})", f"final IR: {len(graph)} nodes"]
     for pass_name, text in context.decisions:
         lines.append(f"[{pass_name}] {text}")
     if not context.decisions:
         lines.append("no pass changed the graph")
+    lines.extend(f"[{target}] {line}" for line in backend)
     return "\n".join(lines) + "\n"
 
 
@@ -325,10 +349,16 @@ def _unflatten(template: Any, results: list) -> Any:
 
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
-        cache_dir: str | None = None, passes: Sequence[Any] | None = None):
-    """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``."""
+        cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = ()):
+    """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``.
+
+    ``donate`` names array parameters whose memory the caller gives up: on the
+    cpu target an updated value of the same shape (an optimizer step's new
+    parameter) may be written over them in place and returned.
+    """
     def wrap(function: Callable) -> JitFunction:
-        return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes)
+        return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes,
+                           donate=donate)
 
     if fn is not None:
         return wrap(fn)

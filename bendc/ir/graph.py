@@ -25,7 +25,7 @@ class Node:
     ``attrs`` is a tuple of (name, value) pairs sorted by name, so nodes
     compare and hash by value. ``loc`` is the user's source line the node came
     from; ``vjp_of`` names the forward node whose vector-Jacobian product it
-    is part of.
+    is part of; ``kernel`` is the fused kernel the fusion pass put it in.
     """
 
     id: int
@@ -35,6 +35,7 @@ class Node:
     type: TensorType
     loc: SourceLoc | None = field(default=None, compare=False)
     vjp_of: int | None = field(default=None, compare=False)
+    kernel: int | None = field(default=None, compare=False)
 
     @property
     def attr(self) -> dict[str, AttrValue]:
@@ -74,6 +75,7 @@ class Graph:
         *,
         loc: SourceLoc | None = None,
         vjp_of: int | None = None,
+        kernel: int | None = None,
         id: int | None = None,
     ) -> Node:
         """Add a node; its id is the next free one unless given."""
@@ -81,7 +83,7 @@ class Graph:
             id = self._next_id
         assert id not in self._nx, f"duplicate node id %{id}"
         self._next_id = max(self._next_id, id + 1)
-        node = Node(id, op, tuple(inputs), make_attrs(attrs or {}), type, loc, vjp_of)
+        node = Node(id, op, tuple(inputs), make_attrs(attrs or {}), type, loc, vjp_of, kernel)
         self._put(node)
         if op == "param":
             self.params.append(id)
@@ -142,6 +144,9 @@ class Graph:
 
     def ancestors(self, id: int) -> set[int]:
         return nx.ancestors(self._nx, id)
+
+    def descendants(self, id: int) -> set[int]:
+        return nx.descendants(self._nx, id)
 
     def is_acyclic(self) -> bool:
         return nx.is_directed_acyclic_graph(self._nx)

@@ -112,22 +112,31 @@ def _matching_bracket(text: str, start: int) -> int:
 
 # Function names may be any non-space text without "(" (a lambda is "<lambda>").
 _HEADER = re.compile(r"func @([^\s(]+)\((.*)\) -> \((.*)\) \{$")
-# "vjp of %3 (file.py:12)", "vjp of %3" or "file.py:12"; file names may hold spaces.
+# "[k3] " (the fused kernel), then "vjp of %3 (file.py:12)", "vjp of %3" or "file.py:12";
+# file names may hold spaces.
+_COMMENT_KERNEL = re.compile(r"\[k(\d+)\]\s*(.*)")
 _COMMENT_VJP = re.compile(r"vjp of %(\d+)(?: \((.+):(\d+)\))?")
 _COMMENT_LOC = re.compile(r"(.+):(\d+)")
 
 
-def _parse_comment(comment: str) -> tuple[SourceLoc | None, int | None]:
+def _parse_comment(comment: str) -> tuple[SourceLoc | None, int | None, int | None]:
+    """(loc, vjp_of, kernel) from ``[k3] vjp of %12 (mlp.py:36)`` and its shorter forms."""
     comment = comment.strip()
+    kernel = None
+    match = _COMMENT_KERNEL.fullmatch(comment)
+    if match:
+        kernel, comment = int(match.group(1)), match.group(2).strip()
+        if not comment:
+            return None, None, kernel
     match = _COMMENT_VJP.fullmatch(comment)
     if match:
         vjp_of = int(match.group(1))
         loc = SourceLoc(match.group(2), int(match.group(3))) if match.group(2) else None
-        return loc, vjp_of
+        return loc, vjp_of, kernel
     match = _COMMENT_LOC.fullmatch(comment)
     if not match:
         raise ParseError(f"bad comment {comment!r}")
-    return SourceLoc(match.group(1), int(match.group(2))), None
+    return SourceLoc(match.group(1), int(match.group(2))), None, kernel
 
 
 def parse_graph(text: str) -> Graph:
@@ -195,9 +204,9 @@ def _parse_node(graph: Graph, names: dict[str, int], stripped: str, number: int)
     if not colon:
         raise ParseError(f"line {number}: missing ': type' in {stripped!r}")
     inputs = [_lookup(names, o, number) for o in _split_top(operand_text)]
-    loc, vjp_of = _parse_comment(comment) if comment.strip() else (None, None)
+    loc, vjp_of, kernel = _parse_comment(comment) if comment.strip() else (None, None, None)
     type = TensorType.parse(type_text)
-    graph.add(op, inputs, attrs, type, loc=loc, vjp_of=vjp_of, id=id)
+    graph.add(op, inputs, attrs, type, loc=loc, vjp_of=vjp_of, kernel=kernel, id=id)
     names[str(id)] = id
 
 

@@ -48,11 +48,14 @@ def value_name(graph: Graph, id: int) -> str:
 
 
 def node_comment(node: Node) -> str:
+    """``[k3] vjp of %12 (mlp.py:36)``: fused kernel, VJP origin, user's line."""
     parts = []
+    if node.kernel is not None:
+        parts.append(f"[k{node.kernel}]")
     if node.vjp_of is not None:
         parts.append(f"vjp of %{node.vjp_of}")
     if node.loc is not None:
-        parts.append(f"({node.loc.short})" if parts else node.loc.short)
+        parts.append(f"({node.loc.short})" if node.vjp_of is not None else node.loc.short)
     return " ".join(parts)
 
 

@@ -45,10 +45,20 @@ class Lowering:
     ``kind`` is one of LOWERING_KINDS. For elementwise ops ``scalar`` renders
     the body of one cell: it takes the operand expressions (strings) and the
     node's attrs and returns an expression string in float32 arithmetic.
+    For the other kinds ``cpu`` renders the CPU kernel: given the node's
+    attrs, operand types and result type it returns the source of a function
+    ``kernel(in0, ..., out0)`` that writes its result into ``out0`` or, for
+    layout ops (``view`` convention), ``kernel(in0, ...)`` that returns a view.
     """
 
     kind: str
     scalar: Callable[..., str] | None = None
+    cpu: Callable[..., str] | None = None
+
+    @property
+    def convention(self) -> str:
+        """'view' for layout ops (a kernel returns a view), 'write' otherwise."""
+        return "view" if self.kind in ("layout", "source") else "write"
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,10 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+
+# CPU kernels over at least this many cells run their cells in parallel (prange);
+# smaller ones stay serial, where threads cost more than they give.
+PARALLEL_CELLS = 1 << 16
 
 
 def define_op(**fields: Any) -> OpDef:

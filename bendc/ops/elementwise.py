@@ -229,8 +229,20 @@ def _scalar_gelu(a, *, approximate):
 
 
 def _scalar_gelu_vjp(grad, a, *, approximate):
-    # Rendered as a call to a device helper that codegen provides.
-    return f"gelu_vjp_{approximate}({grad}, {a})"
+    """PyTorch's gelu_backward in float32; operands are plain names (codegen assigns each value once)."""
+    def c(value: float) -> str:
+        return f"np.float32({value!r})"
+
+    if approximate == "tanh":
+        inner = f"{c(_GELU_TANH_BETA)} * ({a} + {c(_GELU_TANH_KAPPA)} * {a} * {a} * {a})"
+        tanh_inner = f"math.tanh({inner})"
+        left = f"{c(0.5)} * ({c(1.0)} + {tanh_inner})"
+        right = (f"{c(0.5)} * {a} * ({c(1.0)} - {tanh_inner} * {tanh_inner}) * {c(_GELU_TANH_BETA)}"
+                 f" * ({c(1.0)} + {c(3.0 * _GELU_TANH_KAPPA)} * {a} * {a})")
+        return f"({grad} * ({left} + {right}))"
+    cdf = f"{c(0.5)} * ({c(1.0)} + math.erf({a} * {c(_SQRT1_2)}))"
+    pdf = f"math.exp({c(-0.5)} * {a} * {a}) * {c(_GELU_PDF_BETA)}"
+    return f"({grad} * ({cdf} + {a} * {pdf}))"
 
 
 define_op(

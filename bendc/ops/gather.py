@@ -24,10 +24,46 @@ def _check_dim(dim, ndim, op):
 
 
 def _check_range(index: np.ndarray, size: int, op: str) -> None:
-    # PyTorch's gather, index_select, scatter_add_ and index_add_ refuse negative indices.
+    """PyTorch's gather, index_select, scatter_add_ and index_add_ refuse indices outside [0, size)."""
     if index.size and (index.min() < 0 or index.max() >= size):
         bad = index[(index < 0) | (index >= size)].flat[0]
         raise IndexRangeError(f"{op}: index {int(bad)} is out of range for a dimension of size {size}")
+
+
+def _cpu_range_check(op: str, size: int) -> str:
+    """Kernel source lines that raise IndexError for an index outside [0, size)."""
+    return (f"    if in1.size and (in1.min() < 0 or in1.max() >= {size}):\n"
+            f"        bad = int(in1[(in1 < 0) | (in1 >= {size})].flat[0])\n"
+            f"        raise IndexError(f'{op}: index {{bad}} is out of range for a dimension of size {size}')\n")
+
+
+def _cpu_index_select(attrs, ins, out):
+    dim = attrs["dim"]
+    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("index_select", ins[0].shape[dim])
+            + f"    np.take(in0, in1.reshape(-1), axis={dim}, out=out0)\n")
+
+
+def _cpu_index_add(attrs, ins, out):
+    dim = attrs["dim"]
+    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("index_add", out.shape[dim])
+            + "    out0[...] = np.float32(0.0)\n"
+            + f"    np.add.at(out0, (slice(None),) * {dim} + (in1.reshape(-1),), in0)\n")
+
+
+def _cpu_gather(attrs, ins, out):
+    dim = attrs["dim"]
+    window = ", ".join(":" if axis == dim else f":{size}" for axis, size in enumerate(ins[1].shape))
+    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("gather", ins[0].shape[dim])
+            + f"    out0[...] = np.take_along_axis(in0[{window},], in1, axis={dim})\n")
+
+
+def _cpu_scatter_add(attrs, ins, out):
+    dim = attrs["dim"]
+    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("scatter_add", out.shape[dim])
+            + "    out0[...] = np.float32(0.0)\n"
+            + f"    grids = list(np.indices(in1.shape, sparse=True))\n"
+            + f"    grids[{dim}] = in1\n"
+            + "    np.add.at(out0, tuple(grids), in0)\n")
 
 
 # ------------------------------------------------------------------ index_select / index_add
@@ -62,7 +98,7 @@ define_op(
     arity=2,
     infer=_infer_index_select,
     reference=_reference_index_select,
-    lowering=Lowering("gather"),
+    lowering=Lowering("gather", cpu=_cpu_index_select),
     vjp=vjp_index_select,
     attr_names=("dim",),
     doc="`%2 = index_select[dim=0] %x, %i`: rows (slices along dim) picked by a 1-D index.",
@@ -102,7 +138,7 @@ define_op(
     arity=2,
     infer=_infer_index_add,
     reference=_reference_index_add,
-    lowering=Lowering("scatter"),
+    lowering=Lowering("scatter", cpu=_cpu_index_add),
     vjp=vjp_index_add,
     attr_names=("dim", "shape"),
     doc="`%2 = index_add[dim=0, shape=(10,4)] %g, %i`: zeros.index_add_(dim, i, g), in index order.",
@@ -147,7 +183,7 @@ define_op(
     arity=2,
     infer=_infer_gather,
     reference=_reference_gather,
-    lowering=Lowering("gather"),
+    lowering=Lowering("gather", cpu=_cpu_gather),
     vjp=vjp_gather,
     attr_names=("dim",),
     doc="`%2 = gather[dim=1] %x, %i`: out[..., j, ...] = x[..., i[..., j, ...], ...] along dim.",
@@ -184,7 +220,7 @@ define_op(
     arity=2,
     infer=_infer_scatter_add,
     reference=_reference_scatter_add,
-    lowering=Lowering("scatter"),
+    lowering=Lowering("scatter", cpu=_cpu_scatter_add),
     vjp=vjp_scatter_add,
     attr_names=("dim", "shape"),
     doc="`%2 = scatter_add[dim=1, shape=(8,10)] %g, %i`: zeros.scatter_add_(dim, i, g), in index order.",

@@ -33,7 +33,8 @@ define_op(
     arity=1,
     infer=_infer_reshape,
     reference=lambda v, a: np.ascontiguousarray(v[0]).reshape(tuple(a["shape"])),
-    lowering=Lowering("layout"),
+    lowering=Lowering("layout", cpu=lambda attrs, ins, out: (
+        f"def kernel(in0):\n    return in0.reshape({tuple(attrs['shape'])!r})\n")),
     vjp=vjp_reshape,
     attr_names=("shape",),
     doc="`%1 = reshape[shape=(4,8)] %0`: same elements in row-major order.",
@@ -66,7 +67,8 @@ define_op(
     arity=1,
     infer=_infer_permute,
     reference=lambda v, a: np.ascontiguousarray(np.transpose(v[0], tuple(a["perm"]))),
-    lowering=Lowering("layout"),
+    lowering=Lowering("layout", cpu=lambda attrs, ins, out: (
+        f"def kernel(in0):\n    return in0.transpose({tuple(attrs['perm'])!r})\n")),
     vjp=vjp_permute,
     attr_names=("perm",),
     doc="`%1 = permute[perm=(1,0)] %0 : f32[64,16]`: transpose, .T and permute.",
@@ -93,7 +95,8 @@ define_op(
     arity=1,
     infer=_infer_expand,
     reference=lambda v, a: np.ascontiguousarray(np.broadcast_to(v[0], tuple(a["shape"]))),
-    lowering=Lowering("layout"),
+    lowering=Lowering("layout", cpu=lambda attrs, ins, out: (
+        f"def kernel(in0):\n    return np.broadcast_to(in0, {tuple(attrs['shape'])!r})\n")),
     vjp=vjp_expand,
     attr_names=("shape",),
     doc="`%1 = expand[shape=(32,16)] %0`: broadcast to a shape (PyTorch's expand).",
@@ -104,6 +107,14 @@ define_op(
 def index_key(spec) -> tuple:
     """The numpy key for an index spec: ints stay, (start, stop, step) become slices."""
     return tuple(entry if isinstance(entry, int) else slice(*entry) for entry in spec)
+
+
+def index_text(spec) -> str:
+    """Python index text for a spec: ``1, 2:5:1``; ``...`` for an empty spec."""
+    parts = [str(e) if isinstance(e, int) else f"{e[0]}:{e[1]}:{e[2]}" for e in spec]
+    if len(parts) == 1:
+        return parts[0] + ","
+    return ", ".join(parts) if parts else "..."
 
 
 def index_shape(shape, spec) -> tuple[int, ...]:
@@ -140,7 +151,8 @@ define_op(
     arity=1,
     infer=_infer_index,
     reference=lambda v, a: np.array(v[0][index_key(a["spec"])]),
-    lowering=Lowering("layout"),
+    lowering=Lowering("layout", cpu=lambda attrs, ins, out: (
+        f"def kernel(in0):\n    return in0[{index_text(attrs['spec'])}]\n")),
     vjp=vjp_index,
     attr_names=("spec",),
     doc="`%1 = index[spec=(1,(2,5,1))] %0`: basic indexing; ints drop a dim, (start,stop,step) slice it.",
@@ -173,7 +185,10 @@ define_op(
     arity=1,
     infer=_infer_index_scatter,
     reference=_reference_index_scatter,
-    lowering=Lowering("scatter"),
+    lowering=Lowering("scatter", cpu=lambda attrs, ins, out: (
+        "def kernel(in0, out0):\n"
+        "    out0[...] = np.float32(0.0)\n"
+        f"    out0[{index_text(attrs['spec'])}] = in0\n")),
     vjp=vjp_index_scatter,
     attr_names=("spec", "shape"),
     doc="`%1 = index_scatter[shape=(4,8), spec=(1,)] %0`: zeros of shape with %0 written at spec.",

@@ -43,7 +43,8 @@ define_op(
     arity=2,
     infer=_infer_matmul,
     reference=lambda v, a: np.ascontiguousarray(np.matmul(v[0], v[1]), dtype=np.float32),
-    lowering=Lowering("matmul"),
+    lowering=Lowering("matmul", cpu=lambda attrs, ins, out: (
+        "def kernel(in0, in1, out0):\n    np.matmul(in0, in1, out=out0)\n")),
     vjp=vjp_matmul,
     doc="`%2 = matmul %0, %1 : f32[32,16]`: batched matrix product with broadcast batch dims.",
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bendc.ir.types import TensorType
-from bendc.ops.base import InferError, Lowering, define_op, normalize_dims, require_float
+from bendc.ops.base import PARALLEL_CELLS, InferError, Lowering, define_op, normalize_dims, require_float
 
 
 def _keepdim_shape(shape, dims):
@@ -37,12 +37,20 @@ def vjp_sum(b, node, grad, needs):
     return (b.expand(grad, shape),)
 
 
+def _cpu_sum(attrs, ins, out):
+    dims = tuple(attrs["dims"])
+    if not dims:
+        return "def kernel(in0, out0):\n    out0[...] = in0\n"
+    return (f"def kernel(in0, out0):\n"
+            f"    np.sum(in0, axis={dims!r}, keepdims={attrs['keepdim']!r}, out=out0)\n")
+
+
 define_op(
     name="sum",
     arity=1,
     infer=_infer_sum,
     reference=_reference_sum,
-    lowering=Lowering("reduce"),
+    lowering=Lowering("reduce", cpu=_cpu_sum),
     vjp=vjp_sum,
     attr_names=("dims", "keepdim"),
     doc="`%1 = sum[dims=(1,), keepdim=False] %0 : f32[32]`.",
@@ -80,12 +88,22 @@ def vjp_sum_to_size(b, node, grad, needs):
     return (b.expand(grad, b.shape(node.inputs[0])),)
 
 
+def _cpu_sum_to_size(attrs, ins, out):
+    shape = tuple(attrs["shape"])
+    lead, axes = sum_to_size_axes(ins[0].shape, shape)
+    if not axes:
+        return f"def kernel(in0, out0):\n    out0[...] = in0.reshape({shape!r})\n"
+    kept = tuple(1 if axis in axes else d for axis, d in enumerate(ins[0].shape))
+    return (f"def kernel(in0, out0):\n"
+            f"    np.sum(in0, axis={axes!r}, keepdims=True, out=out0.reshape({kept!r}))\n")
+
+
 define_op(
     name="sum_to_size",
     arity=1,
     infer=_infer_sum_to_size,
     reference=_reference_sum_to_size,
-    lowering=Lowering("reduce"),
+    lowering=Lowering("reduce", cpu=_cpu_sum_to_size),
     vjp=vjp_sum_to_size,
     attr_names=("shape",),
     doc="`%1 = sum_to_size[shape=(1,16)] %0`: sums the broadcast dims away (PyTorch's sum_to_size).",
@@ -137,12 +155,53 @@ def vjp_log_softmax(b, node, grad, needs):
     return (b.sub(grad, b.mul(b.exp(y), row)),)
 
 
+def _cpu_row(log: bool):
+    """Rows of the reduced dim: max, sum of exp(x - max), then the result."""
+    def render(attrs, ins, out):
+        shape = ins[0].shape
+        dim = attrs["dim"]
+        columns = shape[dim]
+        rows = ins[0].numel // max(columns, 1)
+        parallel = ins[0].numel >= PARALLEL_CELLS and rows > 1
+        loop = "prange" if parallel else "range"
+        finish = ("            out[r, c] = (x[r, c] - m) - log_total\n" if log else
+                  "            out[r, c] = math.exp(x[r, c] - m) / total\n")
+        moved = dim != len(shape) - 1
+        source = (
+            f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
+            f"def _rows(x, out):\n"
+            f"    for r in {loop}({rows}):\n"
+            f"        m = x[r, 0]\n"
+            f"        for c in range(1, {columns}):\n"
+            f"            if x[r, c] > m:\n"
+            f"                m = x[r, c]\n"
+            f"        total = np.float32(0.0)\n"
+            f"        for c in range({columns}):\n"
+            f"            total += math.exp(x[r, c] - m)\n"
+            + ("        log_total = math.log(total)\n" if log else "")
+            + f"        for c in range({columns}):\n" + finish + "\n\n"
+        )
+        if not moved:
+            return source + (
+                "def kernel(in0, out0):\n"
+                f"    _rows(np.ascontiguousarray(in0).reshape(({rows}, {columns})), "
+                f"out0.reshape(({rows}, {columns})))\n")
+        return source + (
+            "def kernel(in0, out0):\n"
+            f"    moved = np.ascontiguousarray(np.moveaxis(in0, {dim}, -1))\n"
+            "    result = np.empty_like(moved)\n"
+            f"    _rows(moved.reshape(({rows}, {columns})), result.reshape(({rows}, {columns})))\n"
+            f"    out0[...] = np.moveaxis(result, -1, {dim})\n")
+
+    return render
+
+
 define_op(
     name="softmax",
     arity=1,
     infer=_infer_row("softmax"),
     reference=_reference_softmax,
-    lowering=Lowering("row"),
+    lowering=Lowering("row", cpu=_cpu_row(log=False)),
     vjp=vjp_softmax,
     attr_names=("dim",),
     doc="`%1 = softmax[dim=1] %0`: exp(x - max) / sum(exp(x - max)) along dim.",
@@ -153,7 +212,7 @@ define_op(
     arity=1,
     infer=_infer_row("log_softmax"),
     reference=_reference_log_softmax,
-    lowering=Lowering("row"),
+    lowering=Lowering("row", cpu=_cpu_row(log=True)),
     vjp=vjp_log_softmax,
     attr_names=("dim",),
     doc="`%1 = log_softmax[dim=1] %0`: (x - max) - log(sum(exp(x - max))) along dim.",

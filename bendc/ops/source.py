@@ -41,12 +41,16 @@ def _scalar_const(value: float) -> str:
     return f"np.float32({value!r})"
 
 
+def _cpu_const(attrs, ins, out):
+    return f"def kernel():\n    return np.array({_scalar_const(attrs['value'])})\n"
+
+
 define_op(
     name="const",
     arity=0,
     infer=_infer_const,
     reference=_reference_const,
-    lowering=Lowering("source", scalar=lambda *, value: _scalar_const(value)),
+    lowering=Lowering("source", scalar=lambda *, value: _scalar_const(value), cpu=_cpu_const),
     no_vjp="a constant has no gradient",
     attr_names=("value",),
     doc="A float32 scalar: `%3 = const[value=0.5] : f32[]`. Broadcasts like a Python scalar.",

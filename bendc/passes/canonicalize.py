@@ -108,6 +108,22 @@ def fold_reshape_chain(graph: Graph, b: Builder, node: Node) -> int | None:
     return b.reshape(source, node.type.shape)
 
 
+def transpose_matmul_result(graph: Graph, b: Builder, node: Node) -> int | None:
+    """swap(matmul(a, c)) -> matmul(swap(c), swap(a)): write the product in the layout that is used."""
+    if node.op != "permute" or node.type.ndim < 2:
+        return None
+    swap = tuple(range(node.type.ndim - 2)) + (node.type.ndim - 1, node.type.ndim - 2)
+    inner = graph.node(node.inputs[0])
+    if node.attr["perm"] != swap or inner.op != "matmul" or len(graph.users(inner.id)) != 1:
+        return None
+    if inner.id in graph.outputs:
+        return None
+    a, c = inner.inputs
+    if graph.node(a).type.ndim != node.type.ndim or graph.node(c).type.ndim != node.type.ndim:
+        return None  # broadcast batch dims: keep the product as written
+    return b.matmul(b.permute(c, swap), b.permute(a, swap))
+
+
 RULES: tuple[Rule, ...] = (
     fold_constants,
     fold_mul_by_one,
@@ -116,6 +132,7 @@ RULES: tuple[Rule, ...] = (
     fold_identity_layout,
     fold_permute_chain,
     fold_reshape_chain,
+    transpose_matmul_result,
 )
 
 

@@ -49,7 +49,7 @@ def get_pass(name: str) -> Pass:
 
 
 def default_passes() -> list[str]:
-    return ["dce", "cse"]
+    return ["dce", "canonicalize", "cse", "fuse"]
 
 
 StageCallback = Callable[[str, Graph], None]

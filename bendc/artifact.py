@@ -1,0 +1,114 @@
+"""Writing artifacts (the format lives in runtime/artifact.py, which reads them).
+
+Everything is written into a temporary folder beside the destination and
+renamed into place, so an interrupted build leaves nothing behind.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numba
+import numpy as np
+
+import bendc
+from bendc.codegen.plan import KernelPlan
+from runtime.artifact import FORMAT_VERSION, file_hash
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_fingerprint() -> str:
+    """A hash of bendc's own source (compiler and runtime): a changed compiler is a new cache key."""
+    digest = hashlib.sha256()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for package in ("bendc", "runtime"):
+        for folder, _, names in sorted(os.walk(os.path.join(root, package))):
+            for name in sorted(n for n in names if n.endswith(".py")):
+                with open(os.path.join(folder, name), "rb") as stream:
+                    digest.update(name.encode() + stream.read())
+    return digest.hexdigest()[:16]
+
+
+def versions() -> dict[str, str]:
+    return {"bendc": bendc.__version__, "numba": numba.__version__, "numpy": np.__version__}
+
+
+def template_to_json(template: Any) -> Any:
+    kind, body = template
+    if kind in ("out", "static"):
+        return {"kind": kind, "value": body}
+    if kind == "dict":
+        return {"kind": kind, "items": {k: template_to_json(t) for k, t in body.items()}}
+    return {"kind": kind, "items": [template_to_json(t) for t in body]}
+
+
+def template_from_json(data: Any) -> Any:
+    kind = data["kind"]
+    if kind in ("out", "static"):
+        return (kind, data["value"])
+    if kind == "dict":
+        return (kind, {k: template_from_json(t) for k, t in data["items"].items()})
+    items = [template_from_json(t) for t in data["items"]]
+    return (kind, tuple(items) if kind == "tuple" else items)
+
+
+def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict], leaves: list[str],
+                   template: Any, plan: KernelPlan, stages: dict[str, str], report: str, tape: str,
+                   extra: dict[str, Any] | None = None) -> None:
+    """Write a complete artifact to ``folder`` atomically (replacing an old one)."""
+    parent = os.path.dirname(os.path.abspath(folder)) or "."
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.tmp-")
+    try:
+        files: dict[str, str] = {}
+
+        def put(name: str, text: str) -> None:
+            path = os.path.join(staging, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as stream:
+                stream.write(text)
+            files[name] = file_hash(path)
+
+        for step in plan.steps:
+            put(f"kernels/{step.module}.py", step.source)
+        for index, (stage, text) in enumerate(stages.items()):
+            put(f"ir/{index:02d}-{stage}.ir", text)
+        put("plan.json", json.dumps(plan.to_json(), indent=1))
+        put("report.txt", report)
+        put("tape.txt", tape)
+        outputs = [{"dtype": plan.values[o][0], "shape": list(plan.values[o][1])} for o in plan.outputs]
+        manifest = {
+            "kind": "bendc-artifact", "format": FORMAT_VERSION, "versions": versions(), "target": target,
+            "function": function, "inputs": inputs, "leaves": leaves, "outputs": outputs,
+            "template": template_to_json(template), "stages": list(stages), "files": files, **(extra or {}),
+        }
+        with open(os.path.join(staging, "manifest.json"), "w", encoding="utf-8") as stream:
+            json.dump(manifest, stream, indent=1)
+        if os.path.exists(folder):
+            retired = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.old-")
+            os.rename(folder, os.path.join(retired, "old"))
+            os.rename(staging, folder)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.rename(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def read_stages(folder: str, manifest: dict) -> dict[str, str]:
+    stages = {}
+    for index, stage in enumerate(manifest["stages"]):
+        with open(os.path.join(folder, "ir", f"{index:02d}-{stage}.ir"), encoding="utf-8") as stream:
+            stages[stage] = stream.read()
+    return stages
+
+
+def read_text(folder: str, name: str) -> str:
+    with open(os.path.join(folder, name), encoding="utf-8") as stream:
+        return stream.read()

@@ -1,0 +1,1 @@
+"""Code generation: kernel plan -> source text. Only this package writes source."""

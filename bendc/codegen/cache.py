@@ -1,0 +1,73 @@
+"""Generated source on disk: one module per kernel, named by its structural hash.
+
+A module is written to a temporary name and renamed into place, then
+imported from its file, so tracebacks show the generated line and numba's
+``cache=True`` keeps the compiled machine code beside it (second processes
+load it instead of compiling). Kernels that differ only in comments share a
+file.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from types import ModuleType
+
+from bendc.codegen.cpu import strip_comments
+
+_LOADED: dict[str, ModuleType] = {}
+
+
+def default_cache_dir() -> str:
+    configured = os.environ.get("BENDC_CACHE_DIR")
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "bendc")
+
+
+def structural_hash(source: str) -> str:
+    return hashlib.sha256(strip_comments(source).encode()).hexdigest()[:24]
+
+
+def atomic_write(path: str, data: str | bytes) -> None:
+    """Write a file under a temporary name in its folder, then rename it into place."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data.encode() if isinstance(data, str) else data)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def kernel_path(cache_dir: str, module: str) -> str:
+    return os.path.join(cache_dir, "kernels", f"{module}.py")
+
+
+def write_kernel(cache_dir: str, source: str) -> str:
+    """Write the kernel module (once) and return its module name."""
+    module = "k_" + structural_hash(source)
+    path = kernel_path(cache_dir, module)
+    if not os.path.exists(path):
+        atomic_write(path, source)
+    return module
+
+
+def load_module(path: str, module: str) -> ModuleType:
+    """Import a generated module from its file (once per process)."""
+    key = os.path.abspath(path)
+    if key not in _LOADED:
+        name = f"bendc_kernel_{module}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
+        _LOADED[key] = loaded
+    return _LOADED[key]

@@ -1,0 +1,90 @@
+"""The memory plan: buffer liveness over the launch order and reuse of dead
+buffers of the right size.
+
+Values written by kernels into temporaries get a planned buffer; views
+(layout steps) alias their operand's buffer and keep it alive; graph outputs
+get fresh arrays each call (the caller keeps them), and hoisted values live
+for the plan's lifetime. A buffer is free again after the last step that
+reads any value stored in it, and is reused only by a value of exactly its
+size, never by an output of the step that frees it.
+"""
+from __future__ import annotations
+
+from bendc.codegen.plan import KernelPlan
+from bendc.ir.types import DTYPES
+
+
+def nbytes(plan: KernelPlan, value: int) -> int:
+    dtype, shape = plan.values[value]
+    count = 1
+    for d in shape:
+        count *= d
+    return count * DTYPES[dtype].itemsize
+
+
+def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list[str]:
+    """Fill plan.buffers, plan.storage, plan.donations and plan.memory; returns the decisions as text.
+
+    ``donated`` names parameters whose arrays the caller gives up: an
+    elementwise kernel whose output has a donated parameter's type, and that
+    is the parameter's last reader, writes the output over it (an optimizer
+    step updating its parameter in place).
+    """
+    root: dict[int, int] = {}
+    for step in plan.steps:
+        for value in step.outputs:
+            root[value] = root.get(step.inputs[0], step.inputs[0]) if (
+                step.convention == "view" and step.inputs) else value
+    for param in plan.params:
+        root[param] = param
+    end = len(plan.steps)
+    last_use: dict[int, int] = {}
+    for index, step in enumerate(plan.steps):
+        for value in step.inputs:
+            last_use[root[value]] = index
+    for value in plan.outputs:
+        last_use[root[value]] = end  # a view returned to the caller is copied at the end of the call
+    outputs = set(plan.outputs)
+    planned = [v for step in plan.steps if step.convention == "write" and not step.hoisted
+               for v in step.outputs if v not in outputs]
+    free: dict[int, list[int]] = {}  # size -> free buffer indices
+    releases: dict[int, list[int]] = {}  # step index -> buffers freed after it
+    buffers: list[int] = []
+    storage: dict[int, int] = {}
+    decisions = []
+    planned_set = set(planned)
+    for index, step in enumerate(plan.steps):
+        for value in step.outputs:
+            if value not in planned_set:
+                continue
+            size = nbytes(plan, value)
+            if free.get(size):
+                buffer = free[size].pop()
+                decisions.append(f"%{value} ({size} bytes) reuses buffer b{buffer} in {step.name}")
+            else:
+                buffer = len(buffers)
+                buffers.append(size)
+            storage[value] = buffer
+            releases.setdefault(last_use.get(value, index), []).append(buffer)
+        for buffer in releases.pop(index, []):
+            free.setdefault(buffers[buffer], []).append(buffer)
+    donations: dict[int, int] = {}
+    for index, step in enumerate(plan.steps):
+        if step.kind != "elementwise" or step.hoisted:
+            continue
+        for value in step.outputs:
+            if value not in outputs:
+                continue
+            for param in step.inputs:
+                if (param in donated and param not in donations.values() and last_use.get(param) == index
+                        and plan.values[param] == plan.values[value]):
+                    donations[value] = param
+                    decisions.append(f"%{value} is written in place over the donated parameter "
+                                     f"{plan.param_names[plan.params.index(param)]} in {step.name}")
+                    break
+    plan.donations = donations
+    naive = sum(nbytes(plan, v) for v in planned)
+    plan.buffers = buffers
+    plan.storage = storage
+    plan.memory = {"planned_bytes": sum(buffers), "naive_bytes": naive}
+    return decisions

@@ -1,0 +1,184 @@
+"""The kernel plan: the fused graph as an ordered list of launches over cells.
+
+Each step is one kernel: a fused elementwise group (``k3``), or one node of
+another kind (``matmul7``, ``sum16``, ``permute6``). A step reads values and
+writes values; ``view`` steps (layout ops, constants) return a view instead
+of writing a buffer. Steps that depend on constants only are ``hoisted``: the
+runtime runs them once when it binds the plan. The plan is plain data (JSON)
+so that the runtime can run it without the compiler.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import networkx as nx
+
+from bendc.ir.graph import Graph
+from bendc.ops import OPS
+
+
+@dataclass
+class Step:
+    name: str
+    kind: str
+    convention: str  # "write" or "view"
+    nodes: list[int]
+    inputs: list[int]
+    outputs: list[int]
+    cells: int
+    hoisted: bool = False
+    source: str = ""
+    module: str = ""
+    lines: list[str] = field(default_factory=list)  # the user's source lines, for reports
+    op: str = ""  # the op of the step's first node and its user's line (path:line), for errors
+    loc: str = ""
+
+
+@dataclass
+class KernelPlan:
+    name: str
+    params: list[int]
+    param_names: list[str]
+    outputs: list[int]
+    values: dict[int, tuple[str, tuple[int, ...]]]  # id -> (dtype, shape)
+    steps: list[Step]
+    buffers: list[int] = field(default_factory=list)  # planned temporary buffers, bytes each
+    storage: dict[int, int] = field(default_factory=dict)  # value -> buffer index
+    memory: dict[str, int] = field(default_factory=dict)  # peak and naive bytes
+    donations: dict[int, int] = field(default_factory=dict)  # output written over a donated parameter
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["values"] = {str(k): [d, list(s)] for k, (d, s) in self.values.items()}
+        data["storage"] = {str(k): v for k, v in self.storage.items()}
+        data["donations"] = {str(k): v for k, v in self.donations.items()}
+        return data
+
+    @staticmethod
+    def from_json(data: dict) -> "KernelPlan":
+        plan = KernelPlan(**{**data, "steps": [Step(**s) for s in data["steps"]]})
+        plan.values = {int(k): (d, tuple(s)) for k, (d, s) in data["values"].items()}
+        plan.storage = {int(k): v for k, v in data["storage"].items()}
+        plan.donations = {int(k): v for k, v in data.get("donations", {}).items()}
+        return plan
+
+
+def build_plan(graph: Graph) -> KernelPlan:
+    """Contract fusion groups to units and order them topologically."""
+    unit_of: dict[int, tuple] = {}
+    members: dict[tuple, list[int]] = {}
+    order = graph.order()
+    position = {id: index for index, id in enumerate(order)}
+    for id in order:
+        node = graph.node(id)
+        if node.op == "param":
+            continue
+        if node.op == "const" and not _const_needs_step(graph, id):
+            continue
+        unit = ("k", node.kernel) if node.kernel is not None else ("n", id)
+        unit_of[id] = unit
+        members.setdefault(unit, []).append(id)
+    contracted = nx.DiGraph()
+    for unit, ids in members.items():
+        contracted.add_node(unit)
+        for id in ids:
+            for operand in graph.node(id).inputs:
+                source = unit_of.get(operand)
+                if source is not None and source != unit:
+                    contracted.add_edge(source, unit)
+    first = {unit: min(position[i] for i in ids) for unit, ids in members.items()}
+    steps: list[Step] = []
+    hoisted_values: set[int] = set()
+    for unit in nx.lexicographical_topological_sort(contracted, key=lambda u: first[u]):
+        step = _make_step(graph, unit, sorted(members[unit], key=position.get))
+        step.hoisted = all(i in hoisted_values for i in step.inputs)
+        if step.hoisted:
+            hoisted_values.update(step.outputs)
+        steps.append(step)
+    values = {}
+    for id in order:
+        node = graph.node(id)
+        values[id] = (node.type.dtype, node.type.shape)
+    return KernelPlan(graph.name, list(graph.params),
+                      [graph.node(p).attr["name"] for p in graph.params],
+                      list(graph.outputs), values, steps)
+
+
+def _const_needs_step(graph: Graph, id: int) -> bool:
+    """Constants are inlined into fused kernels; others read them from a step."""
+    return id in graph.outputs or any(graph.node(u).kernel is None for u in graph.users(id))
+
+
+def _make_step(graph: Graph, unit: tuple, ids: list[int]) -> Step:
+    step = _make_step_body(graph, unit, ids)
+    first = graph.node(ids[0])
+    step.op = first.op
+    step.loc = str(first.loc) if first.loc is not None else ""
+    return step
+
+
+def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
+    nodes = [graph.node(i) for i in ids]
+    lines = sorted({n.loc.short for n in nodes if n.loc is not None})
+    if unit[0] == "k":
+        member_set = set(ids)
+        inputs: list[int] = []
+        for node in nodes:
+            for operand in node.inputs:
+                if operand not in member_set and graph.node(operand).op != "const" and operand not in inputs:
+                    inputs.append(operand)
+        outputs = [i for i in ids if i in graph.outputs or any(u not in member_set for u in graph.users(i))]
+        domain = elementwise_domain(graph, ids)
+        cells = 1
+        for d in domain:
+            cells *= d
+        return Step(f"k{unit[1]}", "elementwise", "write", ids, inputs, outputs, cells, lines=lines)
+    node = nodes[0]
+    lowering = OPS[node.op].lowering
+    return Step(f"{node.op}{node.id}", lowering.kind, lowering.convention, ids, list(dict.fromkeys(node.inputs)),
+                [node.id], node.type.numel, lines=lines)
+
+
+def elementwise_domain(graph: Graph, ids: list[int]) -> tuple[int, ...]:
+    """The iteration space of a fused group: its members' shape (numel-1 members aside)."""
+    shapes = {graph.node(i).type.shape for i in ids
+              if graph.node(i).type.numel != 1 and graph.node(i).op not in ("sum", "sum_to_size")}
+    assert len(shapes) <= 1, f"group {ids} mixes iteration spaces {shapes}"
+    return shapes.pop() if shapes else ()
+
+
+def step_traffic(plan: KernelPlan, step: Step) -> int:
+    """Bytes a write step reads and writes (views move nothing)."""
+    from bendc.codegen.memory import nbytes
+
+    if step.convention != "write":
+        return 0
+    return sum(nbytes(plan, v) for v in step.inputs + step.outputs)
+
+
+def plan_stats(plan: KernelPlan) -> dict[str, int]:
+    """Kernel launches and bytes moved per call, and temporary memory planned vs naive."""
+    launches = [s for s in plan.steps if s.convention == "write" and not s.hoisted]
+    return {
+        "launches": len(launches),
+        "bytes_moved": sum(step_traffic(plan, s) for s in launches),
+        "planned_bytes": plan.memory.get("planned_bytes", 0),
+        "naive_bytes": plan.memory.get("naive_bytes", 0),
+    }
+
+
+def describe_plan(plan: KernelPlan) -> list[str]:
+    """Report lines: each launch with its nodes, cells and bytes moved, then memory."""
+    lines = []
+    for step in plan.steps:
+        traffic = step_traffic(plan, step)
+        what = "view" if step.convention == "view" else f"{step.cells} cells, {traffic} bytes moved"
+        when = " (hoisted: runs once at bind)" if step.hoisted else ""
+        nodes = " ".join(f"%{n}" for n in step.nodes)
+        lines.append(f"{step.name}: {step.kind}, {what}{when}; nodes {nodes}; lines {', '.join(step.lines)}")
+    stats = plan_stats(plan)
+    lines.append(f"{stats['launches']} kernel launches per call, {stats['bytes_moved']} bytes moved per call")
+    if plan.memory:
+        lines.append(f"temporaries: {plan.memory['planned_bytes']} bytes in {len(plan.buffers)} buffers "
+                     f"(naive plan: {plan.memory['naive_bytes']} bytes, one buffer per value)")
+    return lines

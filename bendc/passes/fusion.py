@@ -1,0 +1,189 @@
+"""Elementwise fusion over forward and VJP nodes alike.
+
+Maximal groups of elementwise ops over one iteration space (the group's
+domain shape) become one kernel with several inputs and outputs. ``expand``
+and size-1 ``reshape`` nodes join a group as broadcast reads of their
+operand. Groups never span a matrix product, reduction, gather or scatter;
+every pair of adjacent nodes that is not fused is recorded with the reason.
+Scalar constants are inlined into the kernels that read them.
+
+The pass only annotates: each grouped node gets ``kernel=k`` (printed
+``# [k3] ...``); the kernel plan reads the groups from the graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bendc.ir.graph import Graph, Node
+from bendc.ops import OPS
+from bendc.passes.manager import PassContext, register
+
+
+def is_unit_reshape(graph: Graph, node: Node) -> bool:
+    """A reshape that only inserts or removes size-1 dimensions."""
+    if node.op != "reshape":
+        return False
+    source = graph.node(node.inputs[0]).type.shape
+    return [d for d in source if d != 1] == [d for d in node.type.shape if d != 1]
+
+
+def is_fusible(graph: Graph, node: Node) -> bool:
+    """Elementwise ops, and broadcast-like layout ops that read their operand per cell."""
+    if node.op == "const":
+        return False
+    if OPS[node.op].lowering.kind == "elementwise":
+        return True
+    return node.op == "expand" or is_unit_reshape(graph, node)
+
+
+@dataclass
+class Group:
+    id: int
+    domain: tuple[int, ...]
+    members: set[int] = field(default_factory=set)
+    epilogues: list[int] = field(default_factory=list)  # sums accumulated while the cells are computed
+
+
+def _merged_domain(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The iteration space of two groups together, or None when they differ."""
+    if a == b or _numel(b) == 1:
+        return a
+    if _numel(a) == 1:
+        return b
+    return None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def _fits(node: Node, domain: tuple[int, ...]) -> bool:
+    """A member is computed per cell: its shape is the domain, or it holds one element."""
+    return node.type.shape == domain or node.type.numel == 1
+
+
+def fusion_groups(graph: Graph, context: PassContext | None = None) -> dict[int, Group]:
+    """Producer-into-consumer grouping, newest node first.
+
+    A fusible node joins the group of one of its consumers when it fits that
+    group's iteration space and no path leaves the group and comes back
+    through the node (which would make the kernel wait for itself). Groups
+    made only of layout ops are dropped: those ops stay zero-copy views.
+    """
+    ancestors = {id: graph.ancestors(id) for id in graph.order()}
+    group_of: dict[int, Group] = {}
+    groups: dict[int, Group] = {}
+
+    def note(text: str) -> None:
+        if context is not None:
+            context.decide("fuse", text)
+
+    def cycle_through(members: set[int]) -> int | None:
+        """An operand outside ``members`` that depends on a member: the kernel would wait for itself."""
+        for member in members:
+            for operand in graph.node(member).inputs:
+                if operand not in members and ancestors[operand] & members:
+                    return operand
+        return None
+
+    for id in reversed(graph.order()):
+        node = graph.node(id)
+        if not is_fusible(graph, node):
+            continue
+        chosen: Group | None = None
+        for user in graph.users(id):
+            group = group_of.get(user)
+            if group is None or group is chosen:
+                continue
+            domain = _merged_domain(chosen.domain, group.domain) if chosen else group.domain
+            if domain is None or not _fits(node, domain):
+                note(f"not fused %{id} -> %{user}: different iteration spaces {node.type} vs "
+                     f"[{','.join(map(str, group.domain))}]")
+                continue
+            proposed = group.members | {id} | (chosen.members if chosen else set())
+            blocker = cycle_through(proposed)
+            if blocker is not None:
+                note(f"not fused %{id} -> %{user}: %{blocker} needs %{id} and feeds the kernel of %{user}")
+                continue
+            if chosen is not None:  # the node feeds two kernels: they become one
+                for member in group.members:
+                    group_of[member] = chosen
+                chosen.members |= group.members
+                chosen.domain = domain
+                del groups[group.id]
+            else:
+                chosen = group
+        if chosen is None:
+            chosen = Group(id, node.type.shape)
+            groups[chosen.id] = chosen
+        chosen.members.add(id)
+        group_of[id] = chosen
+    return {gid: group for gid, group in groups.items()
+            if any(OPS[graph.node(m).op].lowering.kind == "elementwise" for m in group.members)}
+
+
+def reduced_axes(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """Axes of its operand that a sum or sum_to_size reduces, or None for other ops."""
+    if node.op not in ("sum", "sum_to_size"):
+        return None
+    source = graph.node(node.inputs[0]).type.shape
+    if node.op == "sum":
+        return tuple(node.attr["dims"])
+    if node.op == "sum_to_size":
+        lead = len(source) - len(node.type.shape)
+        return tuple(range(lead)) + tuple(lead + axis for axis, d in enumerate(node.type.shape)
+                                          if d == 1 and source[lead + axis] != 1)
+    return None
+
+
+def attach_epilogues(graph: Graph, groups: dict[int, Group], context: PassContext | None) -> None:
+    """A sum over a member of a group's full iteration space joins the group as an epilogue:
+    the kernel accumulates it while it computes the cells, instead of writing the operand
+    for another kernel to read back. Not when the group itself needs the sum."""
+    group_of = {m: g for g in groups.values() for m in g.members}
+    for node in graph.nodes():
+        if reduced_axes(graph, node) is None or node.type.dtype != "f32":
+            continue
+        group = group_of.get(node.inputs[0])
+        if group is None or graph.node(node.inputs[0]).type.shape != group.domain or _numel(group.domain) == 1:
+            continue
+        if graph.descendants(node.id) & group.members:
+            if context is not None:
+                context.decide("fuse", f"not fused %{node.inputs[0]} -> %{node.id}: the kernel of "
+                                       f"%{node.inputs[0]} needs the {node.op}")
+            continue
+        group.members.add(node.id)
+        group.epilogues.append(node.id)
+
+
+@register("fuse", "Group elementwise forward and VJP nodes into kernels over one iteration space.")
+def fuse(graph: Graph, context: PassContext) -> Graph:
+    groups = fusion_groups(graph, context)
+    attach_epilogues(graph, groups, context)
+    # Number kernels by their first member, so the printed IR reads in order.
+    ordered = sorted(groups.values(), key=lambda g: min(g.members))
+    for number, group in enumerate(ordered):
+        for id in group.members:
+            graph.replace(graph.node(id).replace(kernel=number))
+    for number, group in enumerate(ordered):
+        outputs = [m for m in group.members
+                   if m in graph.outputs or any(u not in group.members for u in graph.users(m))]
+        internal = [m for m in sorted(group.members) if m not in outputs]
+        saved = sum(2 * graph.node(m).type.nbytes for m in internal)
+        members = " ".join(f"%{m}" for m in sorted(group.members))
+        lines = sorted({graph.node(m).loc.short for m in group.members if graph.node(m).loc})
+        epilogues = "".join(f", epilogue {graph.node(e).op} %{e}" for e in group.epilogues)
+        context.decide("fuse", f"k{number}: {len(group.members)} nodes ({members}) over "
+                               f"[{','.join(map(str, group.domain))}]{epilogues}, {len(internal)} intermediates "
+                               f"kept in registers, {saved} bytes of memory traffic saved; lines {', '.join(lines)}")
+    for node in graph.nodes():
+        if node.kernel is not None or node.op in ("param", "const"):
+            continue
+        kind = OPS[node.op].lowering.kind
+        for operand in node.inputs:
+            if graph.node(operand).kernel is not None:
+                context.decide("fuse", f"not fused %{operand} -> %{node.id}: {node.op} is a {kind} kernel")
+    return graph

@@ -1,0 +1,136 @@
+"""From the final graph to something that runs, per target, and the on-disk
+cache of compiled cpu programs.
+
+``reference`` interprets the graph with numpy. ``cpu`` builds the kernel
+plan, renders each step to source (codegen), writes and imports the kernel
+modules, plans memory, and binds the plan in the runtime. A compiled cpu
+program is stored as an artifact under ``<cache>/programs/<key>``, keyed by
+the traced IR, the passes, the target and the bendc/numba/numpy versions; a
+second process with the same signature loads it instead of compiling, and a
+corrupt entry is discarded and rebuilt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from bendc.artifact import (compiler_fingerprint, read_stages, read_text, template_from_json, versions,
+                            write_artifact)
+from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
+from bendc.codegen.cpu import render_plan
+from bendc.codegen.memory import plan_memory
+from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
+from bendc.errors import RuntimeCheckError, SourceLoc
+from bendc.ir.graph import Graph
+from bendc.ir.interp import Interpreter
+from runtime.artifact import ArtifactInvalid, load_kernel, load_program
+from runtime.cpu import CpuProgram, KernelError
+
+
+@dataclass
+class Built:
+    """What a target made of a graph."""
+
+    run: Callable[[Sequence[np.ndarray]], list]
+    kernels: dict[str, str] = field(default_factory=dict)
+    report: list[str] = field(default_factory=list)
+    plan: KernelPlan | None = None
+
+
+def build_reference(graph: Graph) -> Built:
+    interpreter = Interpreter(graph)
+    aliases = set(graph.params)
+
+    def run(inputs: Sequence[np.ndarray]) -> list:
+        results = interpreter.run(inputs)
+        # An output that is a parameter (or a view of one) must not alias the caller's array.
+        return [np.array(r) if (o in aliases or r.base is not None) else r
+                for o, r in zip(graph.outputs, results)]
+
+    return Built(run)
+
+
+def cpu_runner(plan: dict, program: CpuProgram) -> Callable[[Sequence[np.ndarray]], list]:
+    """program.run, with a kernel's failed check raised as a BendcError at the user's line."""
+    steps = {step["name"]: step for step in plan["steps"]}
+
+    def run(inputs: Sequence[np.ndarray]) -> list:
+        try:
+            return program.run(inputs)
+        except KernelError as error:
+            step = steps[error.step]
+            path, _, line = step["loc"].rpartition(":")
+            loc = SourceLoc(path, int(line)) if path else None
+            raise RuntimeCheckError(error.message.split(": ", 1)[-1], loc=loc, op=step["op"]) from None
+
+    return run
+
+
+def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> Built:
+    plan = build_plan(graph)
+    render_plan(plan, graph)
+    donated = frozenset(p for p in graph.params if graph.node(p).attr["name"] in donate)
+    decisions = plan_memory(plan, donated)
+    kernels = {}
+    for step in plan.steps:
+        step.module = write_kernel(cache_dir, step.source)
+        kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
+    plan_json = plan.to_json()
+    report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
+    return Built(cpu_runner(plan_json, CpuProgram(plan_json, kernels)),
+                 {s.name: s.source for s in plan.steps}, report, plan)
+
+
+def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str] = ()) -> Built:
+    if target == "reference":
+        return build_reference(graph)
+    if target == "cpu":
+        return build_cpu(graph, cache_dir or default_cache_dir(), donate)
+    raise AssertionError(f"no builder for target {target}")
+
+
+# ------------------------------------------------------------------ on-disk cache
+def program_key(traced_ir: str, passes: list[str], target: str, template: Any, donate: Sequence[str]) -> str:
+    blob = json.dumps([traced_ir, passes, target, repr(template), sorted(donate), versions(),
+                       compiler_fingerprint()], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def program_entry(cache_dir: str | None, key: str) -> str:
+    return os.path.join(cache_dir or default_cache_dir(), "programs", key)
+
+
+@dataclass
+class Cached:
+    stages: dict[str, str]
+    tape: str
+    template: Any
+    report: str
+    run: Callable
+    kernels: dict[str, str]
+    stats: dict[str, int]
+
+
+def load_cached(entry: str, cache_dir: str | None) -> Cached | None:
+    """The cached program at ``entry``, None when absent; a corrupt entry is removed."""
+    if not os.path.exists(entry):
+        return None
+    try:
+        kernel_dir = os.path.dirname(kernel_path(cache_dir or default_cache_dir(), "k"))
+        manifest, plan, program = load_program(entry, kernel_dir)
+        kernels = {step["name"]: read_text(entry, f"kernels/{step['module']}.py") for step in plan["steps"]}
+        stats = plan_stats(KernelPlan.from_json(plan))
+        return Cached(read_stages(entry, manifest), read_text(entry, "tape.txt"),
+                      template_from_json(manifest["template"]),
+                      read_text(entry, "report.txt") + "[cache] loaded from the on-disk cache\n",
+                      cpu_runner(plan, program), kernels, stats)
+    except (ArtifactInvalid, OSError, ValueError, KeyError) as error:
+        shutil.rmtree(entry, ignore_errors=True)
+        print(f"bendc: discarded a corrupt cache entry {entry}: {error}", flush=True)
+        return None
