@@ -1,8 +1,8 @@
 """Op parity with PyTorch eager (CPU, float32): values and gradients.
 
 Every program here is written once against the common API (Tensor methods
-plus an ``F`` namespace) and run twice: through ``bendc.jit(...,
-target="reference")`` and through torch with ``requires_grad`` leaves. The
+plus an ``F`` namespace) and run through ``bendc.jit`` on each target
+(``reference`` and ``cpu``) and through torch with ``requires_grad`` leaves. The
 harness calls ``backward()`` on the result (a seed of ones for a scalar, a
 fixed random seed otherwise, which is exactly ``backward(gradient=seed)`` in
 both systems) and compares the value and every leaf's gradient.
@@ -45,6 +45,18 @@ class _TorchF:
 
 
 TF = _TorchF()
+
+# Every test runs on each of these targets (the cpu target compiles numba kernels).
+TARGET = "reference"
+
+
+@pytest.fixture(params=["reference", "cpu"], autouse=True)
+def target(request):
+    """Run the test with bendc on this target."""
+    global TARGET
+    TARGET = request.param
+    yield request.param
+    TARGET = "reference"
 
 
 # ------------------------------------------------------------------ the harness
@@ -96,7 +108,7 @@ def run_bendc(body: Callable, inputs: dict[str, np.ndarray], leaves: Sequence[st
             out.backward(seed_tensor)
         return out, tuple(bound[name].grad for name in leaves)
 
-    step = bendc.jit(_named_function(names, run), leaves=tuple(leaves), target="reference")
+    step = bendc.jit(_named_function(names, run), leaves=tuple(leaves), target=TARGET)
     arrays = list(inputs.values()) + ([seed] if seed is not None else [])
     value, grads = step(*arrays)
     return Outcome(np.asarray(value), dict(zip(leaves, grads)))
