@@ -82,6 +82,11 @@ class UnsupportedError(BendcError):
     """An op, dtype, argument or target that bendc does not support."""
 
 
+class UnsupportedAttributeError(UnsupportedError, AttributeError):
+    """A Tensor method or attribute that bendc does not have (also an AttributeError,
+    so ``hasattr`` keeps working)."""
+
+
 class GradientError(BendcError):
     """A misuse of backward() or .grad."""
 

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from bendc.builder import Builder
-from bendc.errors import GradientError, ShapeError, UnsupportedError, user_location
+from bendc.errors import GradientError, ShapeError, UnsupportedAttributeError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.ir.types import TensorType
@@ -239,6 +239,16 @@ class Tensor:
         raise UnsupportedError(f"comparing traced tensor {self.type} {symbol} {type_name(other)} is not supported "
                                "(data-dependent control flow is not supported)", loc=user_location(), op=op)
 
+    def __eq__(self, other): self._compare(other, "==", "eq")
+    def __ne__(self, other): self._compare(other, "!=", "ne")
+    __hash__ = object.__hash__  # tensors are hashed by identity
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise UnsupportedAttributeError(f"Tensor.{name} is not supported by bendc (see API.md for the tensor "
+                                        "methods it traces)", loc=user_location(), op=name)
+
     def __lt__(self, other): self._compare(other, "<", "lt")
     def __le__(self, other): self._compare(other, "<=", "le")
     def __gt__(self, other): self._compare(other, ">", "gt")
@@ -266,7 +276,7 @@ class Tensor:
     def __rtruediv__(self, other):
         # PyTorch computes scalar / tensor as tensor.reciprocal() * scalar.
         with self.tracer.at_user_line("div"):
-            reciprocal = self.tracer.emit("div", (self.tracer.const(1.0).id, self.id))
+            reciprocal = self.tracer.emit("reciprocal", (self.id,))
             return reciprocal._binary("mul", other, user_op="div")
 
     def __neg__(self):
@@ -275,6 +285,25 @@ class Tensor:
 
     def __pos__(self):
         return self
+
+    def __pow__(self, exponent):
+        """x ** e for the exponents PyTorch computes without pow(): 2, 3, 0.5, -1, 1."""
+        with self.tracer.at_user_line("pow") as builder:
+            if isinstance(exponent, bool) or not isinstance(exponent, (int, float, np.integer, np.floating)):
+                raise UnsupportedError(f"exponent of type {type_name(exponent)} is not supported (Python "
+                                       "numbers 2, 3, 0.5, -1, 1)", loc=builder.loc, op="pow")
+            if exponent == 2:
+                return self * self
+            if exponent == 3:
+                return self * self * self
+            if exponent == 0.5:
+                return self.sqrt()
+            if exponent == -1:
+                return self.tracer.emit("reciprocal", (self.id,))
+            if exponent == 1:
+                return self
+            raise UnsupportedError(f"x ** {exponent} is not supported (exponents 2, 3, 0.5, -1, 1) for {self.type}",
+                                   loc=builder.loc, op="pow")
 
     def __matmul__(self, other): return matmul(self, other)
     def __rmatmul__(self, other): return matmul(other, self)
@@ -308,7 +337,8 @@ class Tensor:
     def _dims(self, dim, op: str, loc) -> tuple[int, ...]:
         if dim is None:
             return tuple(range(self.ndim))
-        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+        dims = tuple(int(d) if isinstance(d, np.integer) else d for d in dims)
         if not dims:  # PyTorch: an empty dim list (sum(dim=())) reduces every dim
             return tuple(range(self.ndim))
         normalized = [_normalize_dim(d, self.ndim, op, loc) for d in dims]
@@ -422,8 +452,8 @@ def _index_spec(type: TensorType, key, loc) -> tuple:
         key = (key,)
     if sum(1 for k in key if k is Ellipsis) > 1:
         raise ShapeError("an index can hold one ellipsis", loc=loc, op="index")
-    if Ellipsis in key:
-        position = key.index(Ellipsis)
+    position = next((i for i, k in enumerate(key) if k is Ellipsis), None)  # `in` would call Tensor.__eq__
+    if position is not None:
         fill = type.ndim - (len(key) - 1)
         key = key[:position] + (slice(None),) * max(fill, 0) + key[position + 1:]
     if len(key) > type.ndim:

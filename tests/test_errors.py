@@ -555,3 +555,43 @@ def test_messages_are_for_people_not_tracebacks():
     assert first.startswith(f"{error.loc}: sub: ")
     assert second.strip() == _SOURCE[line_of("format") - 1].strip()
     assert os.path.basename(error.loc.path) == THIS_FILE.name
+
+
+def test_tensor_equality_power_and_unknown_methods():
+    def equal(x, y):
+        if x == y:  # @eq
+            return x
+        return y
+
+    with pytest.raises(bendc.UnsupportedError) as info:
+        bendc.jit(equal, target="reference")(np.ones(2, np.float32), np.ones(2, np.float32))
+    expect(info.value, "eq", op="eq", parts=("==",))
+
+    def maximum(x):
+        return x.max()  # @max
+
+    with pytest.raises(bendc.UnsupportedError) as info:
+        bendc.jit(maximum, target="reference")(np.ones(2, np.float32))
+    expect(info.value, "max", op="max", parts=("Tensor.max",))
+    assert isinstance(info.value, AttributeError)
+
+    def power(x):
+        return x ** 1.5  # @pow
+
+    with pytest.raises(bendc.UnsupportedError) as info:
+        bendc.jit(power, target="reference")(np.ones(2, np.float32))
+    expect(info.value, "pow", op="pow", parts=("1.5", "f32[2]"))
+
+
+def test_supported_powers_match_torch():
+    import torch
+
+    x = np.array([0.5, 1.5, 2.25, 3.0], np.float32)
+
+    def powers(x):
+        return x ** 2, x ** 3, x ** 0.5, x ** -1, x ** 1, x.sum(np.int64(0))
+
+    got = bendc.jit(powers, target="reference")(x)
+    t = torch.tensor(x)
+    for mine, theirs in zip(got, (t ** 2, t ** 3, t ** 0.5, t ** -1, t ** 1, t.sum(0))):
+        np.testing.assert_array_equal(mine, theirs.numpy())

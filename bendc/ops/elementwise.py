@@ -62,15 +62,7 @@ def vjp_div(b, node, grad, needs):
     """d(a/b) = (g/b, -g*((a/b)/b)): PyTorch's div_tensor_self/other_backward."""
     x, y = node.inputs
     grad_x = b.div(grad, y) if needs[0] else None
-    grad_y = None
-    if needs[1]:
-        numerator = b.graph.node(x)
-        if numerator.op == "const" and numerator.attr["value"] == 1.0:
-            # 1 / a is torch's reciprocal (the tracer's `s / a`): its backward is
-            # -g * (y * y), which rounds differently from -g * ((1/a)/a).
-            grad_y = b.mul(b.neg(grad), b.mul(node.id, node.id))
-        else:
-            grad_y = b.mul(b.neg(grad), b.div(b.div(x, y), y))
+    grad_y = b.mul(b.neg(grad), b.div(b.div(x, y), y)) if needs[1] else None
     return (grad_x, grad_y)
 
 
@@ -135,6 +127,17 @@ def vjp_relu(b, node, grad, needs):
     return (b.where(b.le(node.id, zero), zero, grad),)
 
 
+def vjp_reciprocal(b, node, grad, needs):
+    """d (1/a) = -g * (y * y): PyTorch's reciprocal backward."""
+    y = node.id
+    return (b.mul(b.neg(grad), b.mul(y, y)),)
+
+
+def _reference_reciprocal(values, attrs):
+    with np.errstate(divide="ignore"):
+        return _f32(np.divide(F32(1.0), values[0]))
+
+
 def _reference_relu(values, attrs):
     x = values[0]
     # PyTorch keeps -0.0 and NaN: relu(x) = 0 only where x < 0.
@@ -169,6 +172,8 @@ _unary("tanh", lambda v, a: _f32(np.tanh(v[0])), lambda a: f"math.tanh({a})", vj
 _unary("sigmoid", _reference_sigmoid,
        lambda a: f"(np.float32(1.0) / (np.float32(1.0) + math.exp(-{a})))", vjp_sigmoid,
        "`%1 = sigmoid %0`: 1 / (1 + exp(-x)).")
+_unary("reciprocal", _reference_reciprocal, lambda a: f"(np.float32(1.0) / {a})", vjp_reciprocal,
+       "`%1 = reciprocal %0`: 1 / x; `s / x` traces as reciprocal(x) * s, as PyTorch computes it.")
 _unary("sqrt", _reference_sqrt, lambda a: f"math.sqrt({a})", vjp_sqrt, "`%1 = sqrt %0`.")
 _unary("relu", _reference_relu, lambda a: f"(np.float32(0.0) if {a} < np.float32(0.0) else {a})",
        vjp_relu, "`%1 = relu %0`: 0 where x < 0, else x (keeps -0.0 and NaN as PyTorch does).")

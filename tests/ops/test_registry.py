@@ -60,6 +60,7 @@ SAMPLES: dict[str, Sample] = {
     "tanh": Sample((T("f32[2,3]"),)),
     "sigmoid": Sample((T("f32[2,3]"),)),
     "sqrt": Sample((T("f32[2,3]"),), positive=(0,)),
+    "reciprocal": Sample((T("f32[2,3]"),), positive=(0,)),
     "relu": Sample((T("f32[2,3]"),)),
     "gelu": Sample((T("f32[2,3]"),), {"approximate": "tanh"}),
     "gelu_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"approximate": "none"}),
