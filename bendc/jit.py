@@ -42,7 +42,7 @@ def resolve_target(target: str) -> str:
             if candidate in IMPLEMENTED_TARGETS:
                 return candidate
     if target not in IMPLEMENTED_TARGETS:
-        raise UnsupportedError(f"target {target!r} is not built yet; use target='reference'",
+        raise UnsupportedError(f"target {target!r} is not built yet; use target='cpu' or target='reference'",
                                loc=user_location(), op="jit")
     return target
 
