@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -332,36 +333,55 @@ def edit_manifest(folder: Path, change, sign: bool = True) -> None:
     path.write_text(json.dumps(manifest, indent=1))
 
 
+def setting(path: tuple, value) -> Callable[[dict], None]:
+    """A manifest change: manifest[path[0]][path[1]]... = value."""
+    def change(manifest: dict) -> None:
+        holder = manifest
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = value
+
+    return change
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
 def add_listed_kernel(folder: Path) -> None:
-    (folder / "kernels" / "k_extra.py").write_text("def kernel():\n    pass\n")
-    digest = hashlib.sha256((folder / "kernels" / "k_extra.py").read_bytes()).hexdigest()
-    edit_manifest(folder, lambda m: m["files"].__setitem__("kernels/k_extra.py", digest))
+    """A kernel module that the (re-signed) manifest lists but the plan does not run."""
+    path = folder / "kernels" / "k_extra.py"
+    path.write_text("def kernel():\n    pass\n")
+    edit_manifest(folder, setting(("files", "kernels/k_extra.py"), hashlib.sha256(path.read_bytes()).hexdigest()))
 
 
+def drop_content_hash(manifest: dict) -> None:
+    del manifest["content_hash"]
+
+
+# name -> (damage done to an artifact folder, what the error says)
 DAMAGE = {
     "kernel byte": (lambda a: change_byte(first_kernel(a)), "was changed since it was built"),
     "plan byte": (lambda a: change_byte(a / "plan.json", 20), "plan.json was changed since it was built"),
     "deleted file": (lambda a: (a / "report.txt").unlink(), "report.txt is missing (truncated artifact)"),
     "deleted kernel": (lambda a: first_kernel(a).unlink(), "is missing (truncated artifact)"),
-    "truncated file": (lambda a: first_kernel(a).write_bytes(first_kernel(a).read_bytes()[:100]),
-                       "was changed since it was built"),
-    "truncated manifest": (lambda a: (a / "manifest.json").write_text('{"kind": "bendc-artif'),
-                           "manifest.json is not readable JSON"),
-    "format version": (lambda a: edit_manifest(a, lambda m: m.__setitem__("format", 1), sign=False),
+    "truncated file": (lambda a: truncate(first_kernel(a)), "was changed since it was built"),
+    "truncated manifest": (lambda a: truncate(a / "manifest.json"), "manifest.json is not readable JSON"),
+    "format version": (lambda a: edit_manifest(a, setting(("format",), 1), sign=False),
                        f"has artifact format 1; this runtime reads format {FORMAT_VERSION}"),
-    "edited manifest": (lambda a: edit_manifest(a, lambda m: m["inputs"][0].__setitem__("shape", [64, 65]),
-                                                sign=False), "manifest.json was changed since it was built"),
-    "unsigned manifest": (lambda a: edit_manifest(a, lambda m: m.pop("content_hash"), sign=False),
+    "edited manifest": (lambda a: edit_manifest(a, setting(("inputs", 0, "shape"), [64, 65]), sign=False),
+                        "manifest.json was changed since it was built"),
+    "unsigned manifest": (lambda a: edit_manifest(a, drop_content_hash, sign=False),
                           "manifest.json lacks content_hash"),
     "foreign folder": (lambda a: (a / "manifest.json").unlink(), "is not a bendc artifact (no manifest.json)"),
-    "another kind": (lambda a: edit_manifest(a, lambda m: m.__setitem__("kind", "web-app")),
+    "another kind": (lambda a: edit_manifest(a, setting(("kind",), "web-app")),
                      "is not a bendc artifact (manifest.json is of another kind)"),
     "unknown file": (lambda a: (a / "kernels" / "notes.txt").write_text("hello"),
                      "kernels/notes.txt is not in the manifest (foreign file)"),
     "extra kernel": (add_listed_kernel, "kernels/k_extra.py is not a kernel of plan.json"),
-    "file outside": (lambda a: edit_manifest(a, lambda m: m["files"].__setitem__("../x", "0")),
+    "file outside": (lambda a: edit_manifest(a, setting(("files", "../x"), "0")),
                      "lists a file outside the artifact"),
-    "wrong target": (lambda a: edit_manifest(a, lambda m: m.__setitem__("target", "cuda")),
+    "wrong target": (lambda a: edit_manifest(a, setting(("target",), "cuda")),
                      "was built for target 'cuda'; this runtime runs cpu"),
 }
 
@@ -431,16 +451,32 @@ def test_unreadable_input_files_are_refused(artifact, tmp_path, capsys) -> None:
 
 
 # ------------------------------------------------------------------ the command line
-@pytest.mark.parametrize("command", [[], ["compile"], ["run"], ["ir"], ["report"]])
+def exit_code(argv: list[str]) -> int:
+    """The exit code of the ``bendc`` command, whether main returns it or argparse exits."""
+    try:
+        return runtime_cli.main(argv)
+    except SystemExit as exit:
+        return exit.code
+
+
+# command -> words its --help must show
+HELP_WORDS = {
+    "": ["compile", "run", "ir", "report", "--verbose"],
+    "compile": ["--target", "--shapes", "--static", "-o OUT", "--arch"],
+    "run": ["--inputs", "--random-inputs", "--seed", "--outputs"],
+    "ir": ["--stage", "--dot", "--shapes"],
+    "report": ["--shapes"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(HELP_WORDS))
 def test_every_command_has_help(command, capsys) -> None:
-    with pytest.raises(SystemExit) as exit:
-        runtime_cli.main([*command, "--help"])
-    assert exit.value.code == 0
+    argv = [command, "--help"] if command else ["--help"]
+    assert exit_code(argv) == 0
     text = capsys.readouterr().out
-    assert text.startswith(f"usage: bendc {command[0]}" if command else "usage: bendc")
-    for word in {"compile": ["--target", "--static", "-o OUT"], "run": ["--inputs", "--random-inputs", "--seed"],
-                 "ir": ["--stage", "--dot"], "report": ["--shapes"]}.get(command[0] if command else "", []):
-        assert word in text
+    assert text.startswith(f"usage: bendc {command}".rstrip())
+    for word in HELP_WORDS[command]:
+        assert word in text, (command, word)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -459,9 +495,7 @@ def test_every_command_has_help(command, capsys) -> None:
 ])
 def test_user_errors_exit_1_with_one_line(argv, message, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exit:
-        raise SystemExit(runtime_cli.main(argv))
-    assert exit.value.code == 1
+    assert exit_code(argv) == 1
     assert message in error_line(capsys)
     assert not (tmp_path / "x").exists()
 
