@@ -18,7 +18,13 @@ import numpy as np
 
 import bendc
 from bendc.codegen.plan import KernelPlan
-from runtime.artifact import FORMAT_VERSION, file_hash
+from bendc.ir.graph import Graph, Node
+from runtime.artifact import FORMAT_VERSION, KIND, MANIFEST, content_hash, file_hash
+
+# Ops that read an integer operand as indices into a dimension: op -> operand position of the index.
+INDEX_OPERANDS = {"index_select": 1, "gather": 1, "index_add": 1, "scatter_add": 1}
+# Ops whose result holds the same integer values as their first operand (index views).
+VALUE_VIEWS = ("reshape", "permute", "expand", "index")
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,11 +89,13 @@ def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict
         put("tape.txt", tape)
         outputs = [{"dtype": plan.values[o][0], "shape": list(plan.values[o][1])} for o in plan.outputs]
         manifest = {
-            "kind": "bendc-artifact", "format": FORMAT_VERSION, "versions": versions(), "target": target,
+            "kind": KIND, "format": FORMAT_VERSION, "versions": versions(), "target": target,
             "function": function, "inputs": inputs, "leaves": leaves, "outputs": outputs,
             "template": template_to_json(template), "stages": list(stages), "files": files, **(extra or {}),
         }
-        with open(os.path.join(staging, "manifest.json"), "w", encoding="utf-8") as stream:
+        manifest = json.loads(json.dumps(manifest))  # as a reader will see it (e.g. dict keys as strings)
+        manifest["content_hash"] = content_hash(manifest)
+        with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as stream:
             json.dump(manifest, stream, indent=1)
         if os.path.exists(folder):
             retired = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.old-")
@@ -99,6 +107,44 @@ def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def index_bounds(graph: Graph) -> dict[str, int]:
+    """For each integer parameter used as indices, the size its values must stay below.
+
+    An index read by gather/index_select (or scattered by scatter_add/index_add) must lie in
+    [0, size of the indexed dimension); through reshapes, permutes and expands the values are
+    the parameter's own. Where several ops use one parameter, the smallest size holds.
+    """
+    bounds: dict[str, int] = {}
+    for id in graph.params:
+        param = graph.node(id)
+        if not param.type.is_index:
+            continue
+        sizes = _indexed_sizes(graph, id)
+        if sizes:
+            bounds[param.attr["name"]] = min(sizes)
+    return bounds
+
+
+def _indexed_sizes(graph: Graph, value: int) -> list[int]:
+    """Sizes of the dimensions that ``value`` (or a view of it) indexes."""
+    sizes = []
+    for user in graph.users(value):
+        node = graph.node(user)
+        if node.op in VALUE_VIEWS and node.inputs[0] == value:
+            sizes.extend(_indexed_sizes(graph, user))
+        elif node.op in INDEX_OPERANDS and node.inputs[INDEX_OPERANDS[node.op]] == value:
+            sizes.append(_indexed_dimension(graph, node))
+    return sizes
+
+
+def _indexed_dimension(graph: Graph, node: Node) -> int:
+    """The size of the dimension an index op reads from (gathers) or writes into (scatters)."""
+    dim = node.attr["dim"]
+    if node.op in ("index_add", "scatter_add"):
+        return node.type.shape[dim]
+    return graph.node(node.inputs[0]).type.shape[dim]
 
 
 def read_stages(folder: str, manifest: dict) -> dict[str, str]:

@@ -1,4 +1,13 @@
-"""The ``bendc`` command line: ``bendc ir`` and ``bendc report``.
+"""The ``bendc`` command line: ``compile``, ``run``, ``ir`` and ``report``.
+
+    bendc compile MODULE.py:FUNCTION [--shapes SPEC] --target cpu -o OUT [--static name=value ...]
+    bendc run OUT (--inputs FILE.npz | --random-inputs [--seed N]) [--outputs FILE.npz]
+    bendc ir MODULE.py:FUNCTION [--shapes SPEC] [--stage NAME] [--dot FILE]
+    bendc report MODULE.py:FUNCTION [--shapes SPEC]
+
+The console script enters at :func:`runtime.cli.main`, which runs ``bendc
+run`` with the minimal runtime alone and passes every other command here
+(this module imports the compiler). ``python -m bendc`` enters here.
 
 Exit code 0 on success, 1 on a user error (one clear line; the traceback
 only with --verbose).
@@ -6,14 +15,23 @@ only with --verbose).
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import os
 import sys
-from typing import Sequence
+import time
+from typing import Any, Sequence, TextIO
 
-from bendc.errors import BendcError
+from bendc.errors import BendcError, SignatureError, UnsupportedError
+from bendc.ir.dot import format_dot
+from bendc.ir.parser import parse_graph
 from bendc.jit import JitFunction, jit
 from bendc.spec import parse_spec
+from runtime.artifact import is_artifact, read_manifest, type_text
+from runtime.cli import Parser, add_run_arguments, describe_template, run_command
+
+COMPILE_TARGETS = ("cpu", "cuda")
+SPEC_EXAMPLE = "e.g. 'x=f32[64,784] y=i64[64] w=f32[10,784]:leaf' (default: the module's EXAMPLE_SHAPES)"
 
 
 def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str]:
@@ -44,13 +62,140 @@ def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str]:
     return function, shapes
 
 
+def parse_static(entries: Sequence[str]) -> dict[str, Any]:
+    """``--static lr=0.05 --static steps=3`` -> {"lr": 0.05, "steps": 3} (ints, floats, bools)."""
+    static: dict[str, Any] = {}
+    for entry in entries:
+        name, equals, text = entry.partition("=")
+        if not equals or not name.isidentifier():
+            raise SignatureError(f"--static {entry!r}: write name=value, e.g. --static lr=0.05", op="compile")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = None
+        if not isinstance(value, (bool, int, float)):
+            raise SignatureError(f"--static {entry!r}: the value must be a Python int, float or bool",
+                                 op="compile")
+        static[name] = value
+    return static
+
+
+def check_static(function: JitFunction, shapes: str | dict, static: dict[str, Any]) -> None:
+    """Each --static names a parameter of the function that the SPEC gives no shape."""
+    shaped = parse_spec(shapes) if isinstance(shapes, str) else shapes
+    for name in static:
+        if name not in function.signature.parameters:
+            raise SignatureError(f"--static {name}: {function.__name__}{function.signature} has no parameter "
+                                 f"{name!r}", op="compile")
+        if name in shaped:
+            raise SignatureError(f"--static {name}: {name!r} is an array with a shape in the SPEC; --static "
+                                 "sets Python scalar parameters", op="compile")
+
+
+# ------------------------------------------------------------------ compile
+class Progress:
+    """``compiling kernel 3/19 k2 ...`` on a stream: one line redrawn in place on a terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.interactive = stream.isatty()
+        self.drawn = False
+
+    def kernel(self, number: int, count: int, name: str) -> None:
+        text = f"compiling kernel {number}/{count} {name} ..."
+        if self.interactive:
+            self.stream.write("\r" + text + "\x1b[K")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        if self.interactive and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def check_replaceable(folder: str) -> None:
+    """OUT may be new, an empty folder, or an artifact (replaced whole); nothing else is overwritten."""
+    if not os.path.exists(folder):
+        return
+    if not os.path.isdir(folder):
+        raise BendcError(f"{folder} exists and is not a folder; choose another -o", op="compile")
+    if os.listdir(folder) and not is_artifact(folder):
+        raise BendcError(f"{folder} exists and is not a bendc artifact; refusing to replace it "
+                         "(choose another -o or remove it)", op="compile")
+
+
+def _compile(args: argparse.Namespace) -> int:
+    if args.target == "cuda":
+        raise UnsupportedError("target cuda is not built yet")
+    if args.arch is not None:
+        raise UnsupportedError(f"--arch applies to --target cuda only (got --target {args.target})")
+    static = parse_static(args.static)
+    check_replaceable(args.output)
+    function, shapes = load_function(args.function, args.shapes)
+    check_static(function, shapes, static)
+    function = jit(function.fn, leaves=function.leaves, target=args.target, cache_dir=function.cache_dir,
+                   passes=function.passes, donate=function.donate)
+    progress = Progress(sys.stderr)
+    start = time.perf_counter()
+    try:
+        executable = function.export(args.output, shapes, static, progress.kernel)
+    except OSError as error:
+        raise BendcError(f"cannot write {args.output}: {error.strerror or error}", op="compile") from None
+    finally:
+        progress.finish()
+    elapsed = time.perf_counter() - start
+    for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed):
+        print(line)
+    return 0
+
+
+def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed: float) -> list[str]:
+    """What ``bendc compile`` wrote, and how to run it."""
+    inputs = []
+    for spec in manifest["inputs"]:
+        text = f"{spec['name']}={type_text(spec)}" + (":leaf" if spec["leaf"] else "")
+        if "index_bound" in spec:
+            text += f" (indices < {spec['index_bound']})"
+        inputs.append(text)
+    kernels = sorted(name for name in manifest["files"] if name.startswith("kernels/"))
+    static = ", ".join(f"{name}={value!r}" for name, value in manifest.get("static", {}).items())
+    lines = [
+        f"compiled {manifest['function']} for {manifest['target']} into {folder} in {elapsed:.2f} s",
+        f"  inputs   {' '.join(inputs)}",
+        f"  static   {static or '(none)'}",
+        f"  returns  {describe_template(manifest['template'])}: "
+        + ", ".join(f"out{index} {type_text(spec)}" for index, spec in enumerate(manifest["outputs"])),
+        f"  kernels  {len(kernels)} modules, {stats.get('launches', 0)} launches per call; temporaries "
+        f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
+        f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
+        "report.txt, tape.txt",
+        f"run it with: bendc run {folder} --random-inputs",
+    ]
+    return lines
+
+
+# ------------------------------------------------------------------ ir and report
 def _ir(args: argparse.Namespace) -> int:
     function, shapes = load_function(args.function, args.shapes)
     function.lower(shapes)
     if args.stage not in function.stages():
         raise BendcError(f"no stage {args.stage!r}; stages are {', '.join(function.stages())}", op="ir")
-    print(function.ir(args.stage), end="")
+    text = function.ir(args.stage)
+    if args.dot is not None:
+        write_text(args.dot, format_dot(parse_graph(text)))
+    print(text, end="")
     return 0
+
+
+def write_text(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+    except OSError as error:
+        raise BendcError(f"cannot write {path}: {error.strerror or error}", op="ir") from None
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -60,21 +205,49 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bendc", description="Compile PyTorch-style training steps.")
+    parser = Parser(prog="bendc", description="Compile PyTorch-style training steps ahead of time, run them, "
+                                              "and look inside.")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks for errors")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    ir = commands.add_parser("ir", help="print the IR of a function after a stage")
+    build = commands.add_parser("compile", help="build an artifact folder ahead of time",
+                                  description="Trace, optimize and generate the kernels of a function, and write "
+                                              "them with the IR of every stage, the plan and the report to OUT.")
+    build.add_argument("function", metavar="MODULE.py:FUNCTION")
+    build.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
+    build.add_argument("--target", required=True, choices=COMPILE_TARGETS, help="cpu (cuda: not built yet)")
+    build.add_argument("--arch", metavar="SM", help="GPU architecture for --target cuda, e.g. sm_90")
+    build.add_argument("-o", "--output", metavar="OUT", required=True,
+                         help="the artifact folder to write (replaced whole if it is an artifact)")
+    build.add_argument("--static", metavar="NAME=VALUE", action="append", default=[],
+                         help="a Python scalar parameter's value, e.g. lr=0.05 (repeatable; default: the "
+                              "function's default)")
+    build.set_defaults(handler=_compile)
+
+    run = commands.add_parser("run", help="run an artifact with the minimal runtime alone",
+                              description="Run a compiled artifact with the minimal runtime alone (no tracer, "
+                                          "passes or networkx).")
+    add_run_arguments(run)
+    run.set_defaults(handler=run_command)
+
+    ir = commands.add_parser("ir", help="print the IR of a function after a stage",
+                             description="Print the IR of a function after a stage.")
     ir.add_argument("function", metavar="MODULE.py:FUNCTION")
-    ir.add_argument("--shapes", metavar="SPEC", help="e.g. 'x=f32[64,784] y=i64[64] w=f32[10,784]:leaf'")
-    ir.add_argument("--stage", default="final", help="traced, autodiff, a pass name, or final")
-    ir.set_defaults(run=_ir)
+    ir.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
+    ir.add_argument("--stage", default="final", help="traced, autodiff, a pass name, or final (default)")
+    ir.add_argument("--dot", metavar="FILE", help="also write the stage's graph to FILE in Graphviz dot format")
+    ir.set_defaults(handler=_ir)
 
-    report = commands.add_parser("report", help="print the compile report of a function")
+    report = commands.add_parser("report", help="print the compile report of a function",
+                                 description="Print the fusion, schedule and memory decisions with their reasons.")
     report.add_argument("function", metavar="MODULE.py:FUNCTION")
-    report.add_argument("--shapes", metavar="SPEC")
-    report.set_defaults(run=_report)
+    report.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
+    report.set_defaults(handler=_report)
+    for command in (build, ir, report):
+        command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="show tracebacks for errors")
     return parser
 
 
@@ -82,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        return args.handler(args)
     except BendcError as error:
         if args.verbose:
             raise

@@ -17,10 +17,10 @@ import numpy as np
 from bendc.autodiff import differentiate
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
-from bendc.artifact import write_artifact
+from bendc.artifact import index_bounds, write_artifact
 from bendc.codegen.plan import plan_stats
 from bendc.ir.parser import parse_graph
-from bendc.targets import build, load_cached, program_entry, program_key
+from bendc.targets import Progress, build, load_cached, program_entry, program_key
 from bendc.ir.printer import format_graph
 from bendc.ir.types import TensorType, dtype_name
 from bendc.ir.verify import verify
@@ -181,6 +181,28 @@ class JitFunction:
         dict of name -> TensorType or SPEC type text; Python scalars go in
         ``static`` (defaults apply). Introspection then shows this signature.
         """
+        types, static = self._lowering_signature(shapes, static)
+        self._last = self._compile(types, static)
+        return self._last
+
+    def export(self, folder: str, shapes: str | dict[str, Any], static: dict[str, Any] | None = None,
+               progress: Progress | None = None) -> Executable:
+        """Compile for a SPEC (as :meth:`lower`) and write the artifact folder (``bendc compile``).
+
+        The build is always fresh: the on-disk program cache is neither read
+        nor written. ``folder`` appears complete or not at all (an old one is
+        replaced). ``progress(number, count, kernel)`` is called per kernel.
+        """
+        if self.resolved_target == "reference":
+            raise UnsupportedError("target 'reference' interprets the IR and has no artifact; use target='cpu'",
+                                   loc=user_location(), op="compile")
+        types, static = self._lowering_signature(shapes, static or {})
+        self._last = self._compile(types, static, artifact=folder, progress=progress)
+        return self._last
+
+    def _lowering_signature(self, shapes: str | dict[str, Any],
+                            static: dict[str, Any]) -> tuple[list[tuple[str, TensorType]], dict[str, Any]]:
+        """(parameter types in order, static values) of a SPEC and the given static values."""
         from bendc.spec import parse_spec
 
         specs = parse_spec(shapes) if isinstance(shapes, str) else {
@@ -193,6 +215,10 @@ class JitFunction:
             if leaf and name not in self.leaves:
                 raise SignatureError(f"{name!r} is marked :leaf but the function's leaves are {self.leaves}",
                                      loc=user_location(), op="lower")
+        for name in static:
+            if name not in self.signature.parameters or name in specs:
+                raise SignatureError(f"static value {name!r} is not a scalar parameter of "
+                                     f"{self.fn.__name__}{self.signature}", loc=user_location(), op="lower")
         defaults = {name: p.default for name, p in self.signature.parameters.items()
                     if p.default is not inspect.Parameter.empty and name not in specs}
         static = {**defaults, **static}
@@ -200,10 +226,11 @@ class JitFunction:
         if missing:
             raise SignatureError(f"no shape or value given for {missing}", loc=user_location(), op="lower")
         types = [(name, specs[name][0]) for name in self.signature.parameters if name in specs]
-        self._last = self._compile(types, {k: v for k, v in static.items() if k not in specs})
-        return self._last
+        return types, {k: v for k, v in static.items() if k not in specs}
 
-    def _compile(self, types: list[tuple[str, TensorType]], static: dict[str, Any]) -> Executable:
+    def _compile(self, types: list[tuple[str, TensorType]], static: dict[str, Any], artifact: str | None = None,
+                 progress: Progress | None = None) -> Executable:
+        """Trace, differentiate, run the passes and build; ``artifact``: write it there, cache unused."""
         tracer = Tracer(self.fn.__name__)
         tensors: dict[str, Tensor] = {}
         for name, type in types:
@@ -227,7 +254,7 @@ class JitFunction:
 
         on_stage("traced", traced)
         entry = None
-        if self.resolved_target == "cpu" and all(isinstance(p, str) for p in self.passes):
+        if artifact is None and self.resolved_target == "cpu" and all(isinstance(p, str) for p in self.passes):
             key = program_key(stages["traced"], list(self.passes), self.resolved_target, template, self.donate)
             entry = program_entry(self.cache_dir, key)
             cached = load_cached(entry, self.cache_dir)
@@ -240,17 +267,28 @@ class JitFunction:
         context = PassContext()
         graph = Pipeline(self.passes).run(graph, context, on_stage)
         on_stage("final", graph)
-        built = build(self.resolved_target, graph, self.cache_dir, self.donate)
+        built = build(self.resolved_target, graph, self.cache_dir, self.donate, progress)
         report = _report(self.fn.__name__, self.resolved_target, context, graph, built.report)
         tape = tracer.tape()
-        if entry is not None:
-            inputs = [{"name": name, "dtype": type.dtype, "shape": list(type.shape), "leaf": name in self.leaves}
-                      for name, type in types]
-            write_artifact(entry, function=self.fn.__name__, target=self.resolved_target, inputs=inputs,
-                           leaves=list(self.leaves), template=template, plan=built.plan, stages=stages,
-                           report=report, tape=tape)
+        destination = artifact if artifact is not None else entry
+        if destination is not None:
+            write_artifact(destination, function=self.fn.__name__, target=self.resolved_target,
+                           inputs=self._input_specs(types, graph), leaves=list(self.leaves), template=template,
+                           plan=built.plan, stages=stages, report=report, tape=tape,
+                           extra={"static": _json_static(static), "donate": list(self.donate)})
         stats = plan_stats(built.plan) if built.plan is not None else {}
         return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
+
+    def _input_specs(self, types: list[tuple[str, TensorType]], graph: Graph) -> list[dict[str, Any]]:
+        """The manifest's inputs: name, dtype, shape, leaf, and index_bound for index parameters."""
+        bounds = index_bounds(graph)
+        specs = []
+        for name, type in types:
+            spec = {"name": name, "dtype": type.dtype, "shape": list(type.shape), "leaf": name in self.leaves}
+            if name in bounds:
+                spec["index_bound"] = bounds[name]
+            specs.append(spec)
+        return specs
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -314,6 +352,12 @@ class _Dumper:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
         os.replace(temporary, path)
+
+
+def _json_static(static: dict[str, Any]) -> dict[str, Any]:
+    """Static values for the manifest (JSON scalars; anything else as its repr)."""
+    plain = (bool, int, float, str, type(None))
+    return {name: value if isinstance(value, plain) else repr(value) for name, value in static.items()}
 
 
 # ------------------------------------------------------------------ outputs

@@ -72,13 +72,18 @@ def cpu_runner(plan: dict, program: CpuProgram) -> Callable[[Sequence[np.ndarray
     return run
 
 
-def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> Built:
+Progress = Callable[[int, int, str], None]  # (kernel number from 1, kernel count, kernel name)
+
+
+def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress: Progress | None = None) -> Built:
     plan = build_plan(graph)
     render_plan(plan, graph)
     donated = frozenset(p for p in graph.params if graph.node(p).attr["name"] in donate)
     decisions = plan_memory(plan, donated)
     kernels = {}
-    for step in plan.steps:
+    for number, step in enumerate(plan.steps, start=1):
+        if progress is not None:
+            progress(number, len(plan.steps), step.name)
         step.module = write_kernel(cache_dir, step.source)
         kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
     plan_json = plan.to_json()
@@ -87,11 +92,12 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> Built
                  {s.name: s.source for s in plan.steps}, report, plan)
 
 
-def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str] = ()) -> Built:
+def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str] = (),
+          progress: Progress | None = None) -> Built:
     if target == "reference":
         return build_reference(graph)
     if target == "cpu":
-        return build_cpu(graph, cache_dir or default_cache_dir(), donate)
+        return build_cpu(graph, cache_dir or default_cache_dir(), donate, progress)
     raise AssertionError(f"no builder for target {target}")
 
 

@@ -3,9 +3,15 @@
 A folder with ``manifest.json`` (format version, versions, target, input and
 output specs, the output structure, and the sha256 of every file),
 ``plan.json`` (launch list and buffer plan), ``kernels/<module>.py``, the IR
-after every stage under ``ir/``, and ``report.txt``. Loading checks the
-format version and every content hash first and refuses a changed,
+after every stage under ``ir/``, ``report.txt`` and ``tape.txt``. The
+manifest's ``content_hash`` is the sha256 of the rest of the manifest, so it
+covers every file too. Loading checks the format version, the content hash,
+every file's hash and that the folder holds nothing else (numba's
+``__pycache__`` aside) before anything runs, and refuses a changed,
 truncated or foreign artifact.
+
+Format 2 added ``content_hash`` and, on integer inputs used as indices,
+``index_bound`` (values must lie in [0, index_bound)).
 """
 from __future__ import annotations
 
@@ -14,18 +20,29 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from runtime.cpu import CpuProgram
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+KIND = "bendc-artifact"
+MANIFEST = "manifest.json"
+# Fields every manifest has; a manifest without one is foreign or damaged.
+REQUIRED_FIELDS = ("target", "function", "inputs", "outputs", "template", "stages", "files", "content_hash")
+# Folders the runtime itself may add (numba's cache of the compiled kernels).
+IGNORED_FOLDERS = ("__pycache__",)
+NUMPY_DTYPES = {"f32": np.float32, "i64": np.int64, "i32": np.int32, "bool": np.bool_}
 _LOADED: dict[str, Any] = {}
 
 
 class ArtifactInvalid(Exception):
     """The artifact cannot be trusted or run; the message says why."""
+
+
+class InputsInvalid(ArtifactInvalid):
+    """Inputs that do not match the parameters the artifact was built for."""
 
 
 def file_hash(path: str) -> str:
@@ -36,30 +53,82 @@ def file_hash(path: str) -> str:
     return digest.hexdigest()
 
 
+def content_hash(manifest: dict) -> str:
+    """The sha256 of the manifest without its own ``content_hash`` (it lists every file's hash)."""
+    body = {key: value for key, value in manifest.items() if key != "content_hash"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def read_manifest(folder: str) -> dict:
-    """The manifest after checking the format and every file's hash."""
-    path = os.path.join(folder, "manifest.json")
+    """The manifest after checking its kind, format, content hash and every file."""
+    manifest = _read_manifest_json(folder)
+    _check_header(folder, manifest)
+    _check_files(folder, manifest["files"])
+    _check_no_unknown_files(folder, manifest["files"])
+    if "plan.json" not in manifest["files"]:
+        raise ArtifactInvalid(f"{folder}: the manifest lists no plan.json")
+    return manifest
+
+
+def _read_manifest_json(folder: str) -> dict:
+    if not os.path.isdir(folder):
+        raise ArtifactInvalid(f"{folder} is not a bendc artifact (no such folder)")
+    path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
-        raise ArtifactInvalid(f"{folder} is not a bendc artifact (no manifest.json)")
+        raise ArtifactInvalid(f"{folder} is not a bendc artifact (no {MANIFEST})")
     try:
         with open(path, encoding="utf-8") as stream:
             manifest = json.load(stream)
     except (OSError, ValueError) as error:
         raise ArtifactInvalid(f"{path} is not readable JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != "bendc-artifact":
-        raise ArtifactInvalid(f"{folder} is not a bendc artifact")
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        raise ArtifactInvalid(f"{folder} is not a bendc artifact ({MANIFEST} is of another kind)")
+    return manifest
+
+
+def is_artifact(folder: str) -> bool:
+    """Whether ``folder`` holds a bendc manifest (valid or not): what `bendc compile` may replace."""
+    try:
+        _read_manifest_json(folder)
+    except ArtifactInvalid:
+        return False
+    return True
+
+
+def _check_header(folder: str, manifest: dict) -> None:
+    """Format version, required fields and the manifest's own content hash."""
     if manifest.get("format") != FORMAT_VERSION:
         raise ArtifactInvalid(f"{folder} has artifact format {manifest.get('format')!r}; this runtime reads "
                               f"format {FORMAT_VERSION}: rebuild it with this bendc")
-    for name, expected in manifest.get("files", {}).items():
+    missing = [name for name in REQUIRED_FIELDS if name not in manifest]
+    if missing:
+        raise ArtifactInvalid(f"{folder}: {MANIFEST} lacks {', '.join(missing)} (damaged or foreign artifact)")
+    if not isinstance(manifest["files"], dict):
+        raise ArtifactInvalid(f"{folder}: {MANIFEST} has no file list (damaged or foreign artifact)")
+    if content_hash(manifest) != manifest["content_hash"]:
+        raise ArtifactInvalid(f"{folder}: {MANIFEST} was changed since it was built (content hash differs)")
+
+
+def _check_files(folder: str, files: dict[str, str]) -> None:
+    """Every listed file is inside the folder, present, and has its recorded sha256."""
+    for name, expected in files.items():
+        if os.path.isabs(name) or ".." in name.split("/") or name == MANIFEST:
+            raise ArtifactInvalid(f"{folder}: the manifest lists a file outside the artifact: {name!r}")
         file = os.path.join(folder, name)
         if not os.path.isfile(file):
             raise ArtifactInvalid(f"{folder}: {name} is missing (truncated artifact)")
         if file_hash(file) != expected:
             raise ArtifactInvalid(f"{folder}: {name} was changed since it was built (content hash differs)")
-    if "plan.json" not in manifest.get("files", {}):
-        raise ArtifactInvalid(f"{folder}: the manifest lists no plan.json")
-    return manifest
+
+
+def _check_no_unknown_files(folder: str, files: dict[str, str]) -> None:
+    """Nothing but the listed files (and numba's caches) lies in the folder."""
+    for root, folders, names in os.walk(folder):
+        folders[:] = sorted(f for f in folders if f not in IGNORED_FOLDERS)
+        for name in sorted(names):
+            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if relative != MANIFEST and relative not in files:
+                raise ArtifactInvalid(f"{folder}: {relative} is not in the manifest (foreign file)")
 
 
 def load_kernel(path: str, module: str) -> Callable:
@@ -75,6 +144,24 @@ def load_kernel(path: str, module: str) -> Callable:
     return _LOADED[key].kernel
 
 
+def read_plan(folder: str, manifest: dict) -> dict:
+    """plan.json of a verified artifact, after checking that its kernels are the listed ones."""
+    try:
+        with open(os.path.join(folder, "plan.json"), encoding="utf-8") as stream:
+            plan = json.load(stream)
+        used = {f"kernels/{step['module']}.py" for step in plan["steps"]}
+    except (ValueError, KeyError, TypeError):
+        raise ArtifactInvalid(f"{folder}: plan.json is not a kernel plan (foreign artifact)") from None
+    listed = {name for name in manifest["files"] if name.startswith("kernels/")}
+    unlisted = sorted(used - listed)
+    if unlisted:
+        raise ArtifactInvalid(f"{folder}: plan.json runs {unlisted[0]}, which the manifest does not list")
+    unused = sorted(listed - used)
+    if unused:
+        raise ArtifactInvalid(f"{folder}: {unused[0]} is not a kernel of plan.json (foreign file)")
+    return plan
+
+
 def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict, CpuProgram]:
     """(manifest, plan, bound program) of a verified cpu artifact.
 
@@ -82,10 +169,9 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
     structural hash) whose compiled code numba has already cached.
     """
     manifest = read_manifest(folder)
-    if manifest.get("target") != "cpu":
-        raise ArtifactInvalid(f"{folder} was built for target {manifest.get('target')!r}; this runtime runs cpu")
-    with open(os.path.join(folder, "plan.json"), encoding="utf-8") as stream:
-        plan = json.load(stream)
+    if manifest["target"] != "cpu":
+        raise ArtifactInvalid(f"{folder} was built for target {manifest['target']!r}; this runtime runs cpu")
+    plan = read_plan(folder, manifest)
     kernels = {}
     for step in plan["steps"]:
         path = os.path.join(folder, "kernels", f"{step['module']}.py")
@@ -95,18 +181,37 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
     return manifest, plan, CpuProgram(plan, kernels)
 
 
+def type_text(spec: dict) -> str:
+    """``f32[64,784]`` for an input or output spec of the manifest."""
+    return f"{spec['dtype']}[{','.join(map(str, spec['shape']))}]"
+
+
 def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Inputs in parameter order, each of the recorded dtype and shape, or ArtifactInvalid."""
+    """Inputs in parameter order, each of the recorded dtype and shape, or InputsInvalid."""
     specs = manifest["inputs"]
     if len(inputs) != len(specs):
-        raise ArtifactInvalid(f"expected {len(specs)} inputs ({', '.join(s['name'] for s in specs)}), "
-                              f"got {len(inputs)}")
+        raise InputsInvalid(f"expected {len(specs)} inputs ({', '.join(s['name'] for s in specs)}), "
+                            f"got {len(inputs)}")
     checked = []
     for spec, array in zip(specs, inputs):
         array = np.ascontiguousarray(array)
-        want = np.dtype({"f32": np.float32, "i64": np.int64, "i32": np.int32}[spec["dtype"]])
+        want = np.dtype(NUMPY_DTYPES[spec["dtype"]])
         if array.dtype != want or tuple(array.shape) != tuple(spec["shape"]):
-            raise ArtifactInvalid(f"input {spec['name']!r} must be {spec['dtype']}[{','.join(map(str, spec['shape']))}]"
-                                  f", got {array.dtype}{list(array.shape)}")
+            raise InputsInvalid(f"input {spec['name']!r} must be {type_text(spec)}, "
+                                f"got {array.dtype}{list(array.shape)}")
         checked.append(array)
     return checked
+
+
+def inputs_by_name(manifest: dict, arrays: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Inputs named by parameter (e.g. from an .npz) in parameter order, checked."""
+    names = [spec["name"] for spec in manifest["inputs"]]
+    missing = [name for name in names if name not in arrays]
+    if missing:
+        raise InputsInvalid(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                            f"the artifact takes {', '.join(names)}")
+    unknown = sorted(name for name in arrays if name not in names)
+    if unknown:
+        raise InputsInvalid(f"unknown input{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                            f"the artifact takes {', '.join(names)}")
+    return check_inputs(manifest, [arrays[name] for name in names])
