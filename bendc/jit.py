@@ -119,19 +119,50 @@ class JitFunction:
         self.passes = list(passes) if passes is not None else default_passes()
         Pipeline(self.passes)  # unknown pass names fail here, at decoration
         self._cache: dict[tuple, Executable] = {}
+        self._fast: dict[tuple, tuple[Executable, list[int]]] = {}
+        plain = all(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                    for p in self.signature.parameters.values())
+        self._positional = len(self.signature.parameters) if plain else -1
         self._last: Executable | None = None
 
     # ------------------------------------------------------------- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fast = self._fast_key(args, kwargs)
+        hit = self._fast.get(fast) if fast is not None else None
+        if hit is not None:  # the hot path: positional numpy arrays and scalars of a known signature
+            executable, positions = hit
+            self._last = executable
+            return _unflatten(executable.template, executable.run([args[i] for i in positions]))
         arrays, key, static = self._bind(args, kwargs)
         executable = self._cache.get(key)
         if executable is None:
             types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in arrays]
             executable = self._compile(types, static)
             self._cache[key] = executable
+        if fast is not None:
+            names = list(self.signature.parameters)
+            self._fast[fast] = (executable, [names.index(name) for name, _ in arrays])
         self._last = executable
         results = executable.run([value for _, value in arrays])
         return _unflatten(executable.template, results)
+
+    def _fast_key(self, args: tuple, kwargs: dict) -> tuple | None:
+        """A signature key computed without binding, for calls with every parameter given
+        positionally as a C-contiguous numpy array or a Python scalar; None otherwise."""
+        if kwargs or len(args) != self._positional:
+            return None
+        key = []
+        for value in args:
+            kind = type(value)
+            if kind is np.ndarray:
+                if not value.flags.c_contiguous:
+                    return None
+                key.append((value.dtype.char, value.shape))
+            elif kind is int or kind is float or kind is bool:
+                key.append((kind, value))
+            else:
+                return None
+        return tuple(key)
 
     def _bind(self, args, kwargs):
         try:
