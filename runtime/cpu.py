@@ -75,6 +75,49 @@ class CpuProgram:
         self.program = program
         # Outputs that a step wrote into a fresh array are the caller's; views and parameters are copied.
         self.output_slots = [(slot[o], o in written_outputs) for o in plan["outputs"]]
+        self.source, self.run = self._driver(plan["name"])
+
+    def _driver(self, name: str) -> tuple[str, Callable]:
+        """The launch list as one straight-line Python function: a call costs a function
+        call per kernel, with no loop, list building or lookups by name."""
+        namespace: dict[str, Any] = {"empty": np.empty, "array": np.array, "KernelError": KernelError}
+        bound = {index for index, value in enumerate(self.values) if value is not None}
+
+        def ref(index: int) -> str:
+            if index in bound:
+                namespace[f"g{index}"] = self.values[index]
+                return f"g{index}"
+            return f"v{index}"
+
+        lines = [f"def run(inputs):"]
+        if self.param_slots:
+            lines.append(f"    {', '.join(f'v{i}' for i in self.param_slots)}, = inputs")
+        lines.append("    step = -1")
+        lines.append("    try:")
+        names = []
+        for number, (step, kernel, ins, outs, view, fresh) in enumerate(self.program):
+            names.append(step)
+            namespace[f"k{number}"] = kernel
+            lines.append(f"        step = {number}  # {step}")
+            for index, shape, dtype in fresh:
+                if dtype is None:
+                    lines.append(f"        v{index} = v{shape}  # written in place over a donated input")
+                else:
+                    namespace[f"t{index}"] = dtype
+                    lines.append(f"        v{index} = empty({tuple(shape)!r}, t{index})")
+            args = ", ".join(ref(i) for i in ins)
+            if view:
+                lines.append(f"        {ref(outs[0])} = k{number}({args})")
+            else:
+                lines.append(f"        k{number}({', '.join([args] * bool(args) + [ref(o) for o in outs])})")
+        lines.append("    except IndexError as error:")
+        lines.append("        raise KernelError(NAMES[step] if step >= 0 else '?', str(error)) from None")
+        results = [ref(index) if owned else f"array({ref(index)})" for index, owned in self.output_slots]
+        lines.append(f"    return [{', '.join(results)}]")
+        namespace["NAMES"] = names
+        source = "\n".join(lines) + "\n"
+        exec(compile(source, f"<bendc launch list of {name}>", "exec"), namespace)  # noqa: S102
+        return source, namespace["run"]
 
     def _run_step(self, entry) -> None:
         name, kernel, ins, outs, view, fresh = entry
@@ -85,21 +128,3 @@ class CpuProgram:
             values[outs[0]] = kernel(*[values[i] for i in ins])
         else:
             kernel(*[values[i] for i in ins], *[values[o] for o in outs])
-
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        values = self.values
-        for index, array in zip(self.param_slots, inputs):
-            values[index] = array
-        step = None
-        try:
-            for step in self.program:
-                _, kernel, ins, outs, view, fresh = step
-                for index, shape, dtype in fresh:
-                    values[index] = np.empty(shape, dtype) if dtype is not None else values[shape]
-                if view:
-                    values[outs[0]] = kernel(*[values[i] for i in ins])
-                else:
-                    kernel(*[values[i] for i in ins], *[values[o] for o in outs])
-        except IndexError as error:
-            raise KernelError(step[0] if step else "?", str(error)) from None
-        return [values[index] if owned else np.array(values[index]) for index, owned in self.output_slots]
