@@ -99,20 +99,8 @@ class JitFunction:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.signature = inspect.signature(fn)
-        if isinstance(leaves, str):
-            leaves = (leaves,)
-        self.leaves = tuple(leaves)
-        unknown = [leaf for leaf in self.leaves if leaf not in self.signature.parameters]
-        if unknown:
-            raise SignatureError(f"leaves {unknown} are not parameters of {fn.__name__}"
-                                 f"{self.signature}", loc=user_location(), op="jit")
-        if isinstance(donate, str):
-            donate = (donate,)
-        self.donate = tuple(donate)
-        unknown = [name for name in self.donate if name not in self.signature.parameters]
-        if unknown:
-            raise SignatureError(f"donate names {unknown}, which are not parameters of {fn.__name__}"
-                                 f"{self.signature}", loc=user_location(), op="jit")
+        self.leaves = self._parameter_names(leaves, "leaves")
+        self.donate = self._parameter_names(donate, "donate")
         self.target = target
         self.resolved_target = resolve_target(target)
         self.cache_dir = cache_dir
@@ -124,6 +112,15 @@ class JitFunction:
                     for p in self.signature.parameters.values())
         self._positional = len(self.signature.parameters) if plain else -1
         self._last: Executable | None = None
+
+    def _parameter_names(self, names: Sequence[str] | str, option: str) -> tuple[str, ...]:
+        """``names`` as a tuple, each a parameter of the function, or a SignatureError."""
+        names = (names,) if isinstance(names, str) else tuple(names)
+        unknown = [name for name in names if name not in self.signature.parameters]
+        if unknown:
+            raise SignatureError(f"{option} {unknown} are not parameters of {self.fn.__name__}"
+                                 f"{self.signature}", loc=user_location(), op="jit")
+        return names
 
     # ------------------------------------------------------------- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

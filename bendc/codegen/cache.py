@@ -1,23 +1,18 @@
 """Generated source on disk: one module per kernel, named by its structural hash.
 
 A module is written to a temporary name and renamed into place, then
-imported from its file, so tracebacks show the generated line and numba's
-``cache=True`` keeps the compiled machine code beside it (second processes
-load it instead of compiling). Kernels that differ only in comments share a
+imported from its file (runtime.artifact.load_kernel), so tracebacks show
+the generated line and numba's ``cache=True`` keeps the compiled machine code
+beside it (second processes load it instead of compiling). Kernels that differ only in comments share a
 file.
 """
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
-import sys
 import tempfile
-from types import ModuleType
 
 from bendc.codegen.cpu import strip_comments
-
-_LOADED: dict[str, ModuleType] = {}
 
 
 def default_cache_dir() -> str:
@@ -58,16 +53,3 @@ def write_kernel(cache_dir: str, source: str) -> str:
     if not os.path.exists(path):
         atomic_write(path, source)
     return module
-
-
-def load_module(path: str, module: str) -> ModuleType:
-    """Import a generated module from its file (once per process)."""
-    key = os.path.abspath(path)
-    if key not in _LOADED:
-        name = f"bendc_kernel_{module}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[name] = loaded
-        spec.loader.exec_module(loaded)
-        _LOADED[key] = loaded
-    return _LOADED[key]
