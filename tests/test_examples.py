@@ -29,10 +29,11 @@ def torch_mlp_step(x, y, params, lr):
     return loss.detach().numpy(), [p.detach().numpy() for p in leaves]
 
 
-def test_mlp_train_step_matches_torch() -> None:
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+def test_mlp_train_step_matches_torch(target: str) -> None:
     x, y = mlp.make_data(mlp.BATCH)
     params = mlp.init_params()
-    step = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="reference")
+    step = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target=target)
     for _ in range(3):  # a few steps, so that updated parameters are compared too
         loss, *new_params = step(x, y, *params, lr=0.1)
         torch_loss, torch_params = torch_mlp_step(x, y, params, 0.1)
@@ -42,8 +43,19 @@ def test_mlp_train_step_matches_torch() -> None:
         params = torch_params
 
 
-def test_mlp_loss_falls() -> None:
-    assert mlp.main(["--steps", "80", "--target", "reference"]) == 0
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+def test_mlp_loss_falls(target: str) -> None:
+    assert mlp.main(["--steps", "80", "--target", target]) == 0
+
+
+def test_mlp_cpu_equals_reference() -> None:
+    """The generated kernels against the spec (exp/log and sums: within the stated tolerances)."""
+    x, y = mlp.make_data(mlp.BATCH)
+    params = mlp.init_params()
+    cpu = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu")(x, y, *params)
+    reference = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="reference")(x, y, *params)
+    for mine, spec in zip(cpu, reference):
+        assert_close(mine, spec, "loss and parameters")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
