@@ -155,18 +155,24 @@ def sgd_step(param: Tensor, grad: Tensor, lr: float, momentum: float = 0.0, buf:
         return param - lr * new_buf, new_buf
 
 
-def adam_step(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: int, lr: float,
+def adam_step(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: int | Tensor, lr: float,
               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
     """One torch.optim.AdamW update (weight_decay=0 is Adam); returns (param, m, v).
 
     ``step`` is the 1-based count of this update (PyTorch's state step after
-    its increment), a static Python int: bias corrections are computed in
-    float64 at trace time, as PyTorch computes them in Python.
+    its increment): a static Python int (each value is a new trace), or a
+    0-d array parameter (one trace for the whole training loop). Either way
+    the bias corrections are computed in float64, as PyTorch computes them in
+    Python, and used as float32 scalars.
     """
     tracer = _tracer("adam_step", param, grad)
     with tracer.at_user_line("adam_step") as builder:
-        if isinstance(step, Tensor) or not isinstance(step, int) or step < 1:
-            raise UnsupportedError(f"step must be a static Python int >= 1, got {step!r}",
+        traced_step = isinstance(step, Tensor)
+        if traced_step and (step.shape != () or step.requires_grad):
+            raise UnsupportedError(f"a traced step must be a 0-d constant, got {step.type}",
+                                   loc=builder.loc, op="adam_step")
+        if not traced_step and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
+            raise UnsupportedError(f"step must be a Python int >= 1 or a 0-d array, got {step!r}",
                                    loc=builder.loc, op="adam_step")
         lr = _static_float(lr, "lr", "adam_step", tracer)
         beta1, beta2 = (_static_float(b, "betas", "adam_step", tracer) for b in betas)
@@ -182,9 +188,12 @@ def adam_step(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: int, lr: 
             param = param * (1.0 - lr * weight_decay)
         new_m = m + (1.0 - beta1) * (grad - m)          # m.lerp_(grad, 1 - beta1)
         new_v = v * beta2 + (1.0 - beta2) * grad * grad  # v.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-        bias_correction1 = 1.0 - beta1 ** step
-        bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
-        step_size = lr / bias_correction1
+        if traced_step:
+            step_size = tracer.emit("adam_step_size", (step.id,), lr=lr, beta1=beta1)
+            bias_correction2_sqrt = tracer.emit("adam_bias_root", (step.id,), beta2=beta2)
+        else:
+            step_size = lr / (1.0 - beta1 ** step)
+            bias_correction2_sqrt = math.sqrt(1.0 - beta2 ** step)
         denom = new_v.sqrt() / bias_correction2_sqrt + eps
         new_param = param + (-step_size) * (new_m / denom)
         return new_param, new_m, new_v

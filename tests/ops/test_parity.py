@@ -788,3 +788,26 @@ def test_adam_step(weight_decay):
         assert_close(v, state["exp_avg_sq"].numpy(), f"v at step {t}", rtol=1e-5, atol=1e-9)
         assert_close(w, w_torch.detach().numpy(), f"param at step {t}", rtol=1e-5, atol=1e-6)
     assert len(step._cache) == 3, "each static step value is a new signature"
+
+
+def test_adam_with_a_traced_step_count_matches_adamw():
+    """One trace for the whole loop: the step count is a 0-d array, bias corrections in float64."""
+    rng = np.random.default_rng(5)
+    p, g = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+
+    def update(p, g, m, v, step):
+        return BF.adam_step(p, g, m, v, step, 1e-2, weight_decay=0.01)
+
+    step_fn = bendc.jit(update, target=TARGET)
+    tp = torch.tensor(p, requires_grad=True)
+    optimizer = torch.optim.AdamW([tp], lr=1e-2, weight_decay=0.01)
+    param, m, v = p.copy(), np.zeros_like(p), np.zeros_like(p)
+    for count in range(1, 6):
+        tp.grad = torch.tensor(g)
+        optimizer.step()
+        param, m, v = step_fn(param, g, m, v, np.array(count, np.int64))
+    state = optimizer.state[tp]
+    assert_close(param, tp.detach().numpy(), "param", rtol=1e-6, atol=1e-7)
+    assert_close(m, state["exp_avg"].numpy(), "m", rtol=1e-6, atol=1e-9)  # torch's lerp_ may fuse (FMA)
+    assert_close(v, state["exp_avg_sq"].numpy(), "v", rtol=1e-6, atol=1e-9)
+    assert len(step_fn._cache) == 1  # no retrace per step
