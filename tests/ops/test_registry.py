@@ -301,13 +301,14 @@ def layout(x, index, pick, w, v):
     return loss, w.grad
 
 
-def optimizers(p, g, m, v, buf, w):
+def optimizers(p, g, m, v, buf, w, step):
     loss = (p * w).sum()
     loss.backward()
     grad = w.grad + g
     sgd, new_buf = F.sgd_step(w, grad, 0.1, momentum=0.9, buf=buf)
     adam, new_m, new_v = F.adam_step(w, grad, m, v, 3, 1e-3, weight_decay=0.01)
-    return sgd, new_buf, adam, new_m, new_v
+    traced, _, _ = F.adam_step(w, grad, m, v, step, 1e-3)
+    return sgd, new_buf, adam, new_m, new_v, traced
 
 
 def _rng(shape, seed, low=-1.0, high=1.0):
@@ -323,7 +324,7 @@ COVERAGE_PROGRAMS: dict[str, tuple[Callable, tuple[str, ...], Callable[[], tuple
         _rng((2, 4, 5), 2))),
     "optimizers": (optimizers, ("w",), lambda: (
         _rng((2, 3), 0), _rng((2, 3), 1), _rng((2, 3), 2), _rng((2, 3), 3, 0.1, 1.0), _rng((2, 3), 4),
-        _rng((2, 3), 5))),
+        _rng((2, 3), 5), np.array(4, np.int64))),
 }
 
 # Functional features the API promises; a program uses each one that exists, so
