@@ -62,8 +62,8 @@ def read_manifest(folder: str) -> dict:
     return manifest
 
 
-def load_kernel(path: str, module: str) -> Callable:
-    """Import ``kernel`` from a generated module file (once per process and path)."""
+def load_module(path: str, module: str) -> Any:
+    """Import a generated module from its file (once per process and path)."""
     key = os.path.abspath(path)
     if key not in _LOADED:
         name = f"bendc_kernel_{module}"
@@ -72,7 +72,12 @@ def load_kernel(path: str, module: str) -> Callable:
         sys.modules[name] = loaded
         spec.loader.exec_module(loaded)
         _LOADED[key] = loaded
-    return _LOADED[key].kernel
+    return _LOADED[key]
+
+
+def load_kernel(path: str, module: str) -> Callable:
+    """Import ``kernel`` from a generated module file (once per process and path)."""
+    return load_module(path, module).kernel
 
 
 def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict, CpuProgram]:

@@ -32,6 +32,10 @@ class Step:
     lines: list[str] = field(default_factory=list)  # the user's source lines, for reports
     op: str = ""  # the op of the step's first node and its user's line (path:line), for errors
     loc: str = ""
+    # Target-specific, optional (empty on cpu): the cuda kernels' launch configurations
+    # ({kernel, grid, block, shared_bytes}, in launch order) and an index check's error message.
+    launches: list[dict] = field(default_factory=list)
+    check: str = ""
 
 
 @dataclass
