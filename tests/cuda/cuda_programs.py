@@ -100,6 +100,13 @@ def layouts(x, w):
     return y, t, w.grad, x.grad, s
 
 
+def hoisted(a, b):
+    """b.grad sums an expanded constant seed: a step that depends on constants only (run once, at bind)."""
+    y = a * 2.0 + b
+    y.sum().backward()
+    return y, b.grad
+
+
 def mlp_program():
     """examples/mlp.py's train_step (the caller picks tiny shapes)."""
     sys.path.insert(0, str(ROOT / "examples"))
@@ -143,19 +150,36 @@ PROGRAMS: list[Program] = [
     Program("cross_entropy", cross_entropy, ("logits",),
             lambda rng: (normal(rng, 4, 3), np.array([2, 0, 1, 2], np.int64)),
             frozenset({"row", "gather", "scatter"})),
+    Program("hoisted", hoisted, ("b",), lambda rng: (normal(rng, 3, 4), normal(rng, 4)),
+            frozenset({"elementwise", "reduce"})),
     Program("layouts", layouts, ("w", "x"),
             lambda rng: (normal(rng, 2, 3, 4), normal(rng, 6)), frozenset({"layout", "copy"})),
 ]
 
 
+MLP_KINDS = frozenset({"matmul", "row", "gather", "scatter", "reduce", "elementwise"})
+
+
 def mlp_tiny() -> Program:
+    """examples/mlp.py at batch 4, features 8, hidden 8, classes 3 (for the simulator)."""
     fn, leaves = mlp_program()
-    return Program("mlp", fn, leaves, _mlp_inputs, frozenset({"matmul", "row", "gather", "scatter", "reduce"}),
-                   static={"lr": 0.1})
+    return Program("mlp", fn, leaves, _mlp_inputs, MLP_KINDS, static={"lr": 0.1})
+
+
+def mlp_example() -> Program:
+    """examples/mlp.py at its EXAMPLE_SHAPES (batch 64, 64 features, 128 hidden, 10 classes)."""
+    fn, leaves = mlp_program()
+    import mlp
+
+    def inputs(rng: np.random.Generator) -> tuple:
+        return _mlp_inputs(rng, mlp.BATCH, mlp.FEATURES, mlp.HIDDEN, mlp.CLASSES)
+
+    return Program("mlp_example", fn, leaves, inputs, MLP_KINDS, static={"lr": 0.1})
 
 
 def all_programs() -> list[Program]:
-    return PROGRAMS + [mlp_tiny()]
+    """Every kind-covering program and the mlp example at tiny and at its own shapes."""
+    return PROGRAMS + [mlp_tiny(), mlp_example()]
 
 
 def plan_kinds(plan) -> set[str]:

@@ -123,6 +123,15 @@ def test_grid_stride_and_block_loops_cover_every_cell(cache_dir: str, monkeypatc
         assert grids and all(grid == ("1", "1", "1") for grid in grids), step.report()
 
 
+def test_steps_on_constants_run_once_at_bind(cache_dir: str) -> None:
+    (program,) = [p for p in PROGRAMS if p.name == "hoisted"]
+    step = check_program(program, cache_dir)
+    assert "reduce, 4 cells, 64 bytes moved (hoisted: runs once at bind)" in step.report(), step.report()
+    first, second = step(*program.make_inputs(np.random.default_rng(0)))[1], step(
+        *program.make_inputs(np.random.default_rng(0)))[1]
+    assert first is not second and host(first).tolist() == host(second).tolist() == [3.0] * 4
+
+
 def test_launches_are_recorded_in_the_plan_and_report(cache_dir: str) -> None:
     program = mlp_tiny()
     inputs = program.make_inputs(np.random.default_rng(0))
