@@ -436,7 +436,13 @@ def matmul_tile(rows: int, columns: int) -> int:
 
 
 def _render_matmul(step: Step, graph: Graph, access: dict[int, Access], node: Node) -> Kernels:
-    """Tiled product: each block computes a TILE x TILE tile of one batch entry's output."""
+    """Tiled product: each block computes a TILE x TILE tile of one batch entry's output.
+
+    Operands are read through their strides (a transposed operand is a permute
+    view, never copied). Each tile is loaded with consecutive threads on the
+    operand's contiguous axis, so global reads coalesce for either layout; the
+    shared tiles have one padding column against bank conflicts.
+    """
     a_id, b_id = node.inputs
     a_shape, b_shape, out_shape = graph.node(a_id).type.shape, graph.node(b_id).type.shape, node.type.shape
     m, k_size, n = a_shape[-2], a_shape[-1], b_shape[-1]
@@ -452,7 +458,11 @@ def _render_matmul(step: Step, graph: Graph, access: dict[int, Access], node: No
     a_access, b_access = access[a_id], access[b_id]
     a_row, a_k = a_access.strides[-2], a_access.strides[-1]
     b_k, b_col = b_access.strides[-2], b_access.strides[-1]
-    a_in, b_in = _argument_names(step)[a_id], _argument_names(step)[b_id]
+    names = _argument_names(step)
+    a_swap = a_row == 1 and a_k != 1  # a is stored column-major (e.g. a transposed view)
+    b_swap = b_k == 1 and b_col != 1
+    load_a = _tile_load("tile_a", names[a_id], "a_base", ("row0", a_row, m), ("k0", a_k, k_size), a_swap)
+    load_b = _tile_load("tile_b", names[b_id], "b_base", ("k0", b_k, k_size), ("col0", b_col, n), b_swap)
     tiles = _ceil_div(k_size, tile)
     inner = (split
              + [f"a_base = {a_access.flat(operand_base(a_shape))}",
@@ -460,36 +470,48 @@ def _render_matmul(step: Step, graph: Graph, access: dict[int, Access], node: No
                 f"out_base = z * {m * n}" if batches > 1 else "out_base = 0",
                 "acc = np.float32(0.0)",
                 f"for tile in range({tiles}):",
-                "    k = tile * TILE + tx",
-                f"    if row < {m} and k < {k_size}:",
-                f"        tile_a[ty, tx] = {a_in}[{_element('a_base', ('row', a_row), ('k', a_k))}]",
-                "    else:",
-                "        tile_a[ty, tx] = np.float32(0.0)",
-                "    k = tile * TILE + ty",
-                f"    if k < {k_size} and col < {n}:",
-                f"        tile_b[ty, tx] = {b_in}[{_element('b_base', ('k', b_k), ('col', b_col))}]",
-                "    else:",
-                "        tile_b[ty, tx] = np.float32(0.0)",
-                "    cuda.syncthreads()",
+                "    k0 = tile * TILE"]
+             + ["    " + line for line in load_a + load_b]
+             + ["    cuda.syncthreads()",
                 "    for kk in range(TILE):",
                 "        acc += tile_a[ty, kk] * tile_b[kk, tx]",
                 "    cuda.syncthreads()",
                 f"if row < {m} and col < {n}:",
                 f"    out0[out_base + row * {n} + col] = acc"])
-    body = (["tile_a = cuda.shared.array((TILE, TILE), numba.float32)",
-             "tile_b = cuda.shared.array((TILE, TILE), numba.float32)",
+    body = (["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
+             "tile_b = cuda.shared.array((TILE, PADDED), numba.float32)",
              "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
-             "row = cuda.blockIdx.y * TILE + ty", "col = cuda.blockIdx.x * TILE + tx",
+             "row0 = cuda.blockIdx.y * TILE", "col0 = cuda.blockIdx.x * TILE",
+             "row = row0 + ty", "col = col0 + tx",
              "z = cuda.blockIdx.z", f"while z < {batches}:"]
             + ["    " + line for line in inner] + ["    z += cuda.gridDim.z"])
-    source = f"\nTILE = {tile}\n" + _kernel("kernel", _arguments(step), body,
+    constants = f"\nTILE = {tile}\nPADDED = {tile + 1}  # a padding column against shared-memory bank conflicts\n"
+    source = constants + _kernel("kernel", _arguments(step), body,
                                              "One output element per thread, TILE x TILE tiles in shared memory.")
     grid = (_ceil_div(n, tile) or 1, _ceil_div(m, tile) or 1, max(1, min(batches, MAX_ROWS)))
-    launch = Launch("kernel", grid, (tile, tile, 1), 2 * tile * tile * 4)
-    layout = ", ".join(f"{name} strides {tuple(a.strides[-2:])}" for name, a in (("a", a_access), ("b", b_access)))
+    launch = Launch("kernel", grid, (tile, tile, 1), 2 * tile * (tile + 1) * 4)
+    layout = ", ".join(f"{name} strides {tuple(a.strides[-2:])}{' (column-major loads)' if swap else ''}"
+                       for name, a, swap in (("a", a_access, a_swap), ("b", b_access, b_swap)))
     batch_text = f"{batches} x " if batch else ""
     return Kernels(f"matmul {batch_text}[{m},{k_size}] @ [{k_size},{n}], {tile}x{tile} tiles; {layout}",
                    source, [launch])
+
+
+def _tile_load(tile: str, array: str, base: str, first: tuple[str, int, int], second: tuple[str, int, int],
+               swap: bool) -> list[str]:
+    """Load ``tile[i, j] = operand[first + i, second + j]`` (zero outside the operand).
+
+    ``first`` and ``second`` are (start, stride, size) of the tile's two axes. Thread x
+    walks the second axis, or the first when ``swap`` (that axis is the contiguous one).
+    """
+    (start0, stride0, size0), (start1, stride1, size1) = first, second
+    i, j = ("tx", "ty") if swap else ("ty", "tx")
+    return [f"p = {start0} + {i}",
+            f"q = {start1} + {j}",
+            f"if p < {size0} and q < {size1}:",
+            f"    {tile}[{i}, {j}] = {array}[{_element(base, ('p', stride0), ('q', stride1))}]",
+            "else:",
+            f"    {tile}[{i}, {j}] = np.float32(0.0)"]
 
 
 def _element(base: str, *terms: tuple[str, int]) -> str:
