@@ -39,7 +39,8 @@ There is no fastmath and the runtime turns NVVM's FMA contraction off, so
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import asdict, dataclass
 
 from bendc.codegen.cpu import _broadcast_index, _reduction_index, _unit_reshape_index
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
@@ -239,6 +240,22 @@ def unflatten(flat: str, shape, prefix: str) -> tuple[list[str], list[str]]:
     return lines, names
 
 
+def used(split: list[str], rest: list[str]) -> list[str]:
+    """The statements of ``split`` (``name = expression`` lines) that ``rest`` needs, in order."""
+    kept = list(split)
+    changed = True
+    while changed:
+        changed = False
+        for position, line in enumerate(kept):
+            name = line.split(" = ", 1)[0]
+            later = "\n".join(kept[position + 1:] + rest)
+            if not re.search(rf"\b{re.escape(name)}\b", later):
+                del kept[position]
+                changed = True
+                break
+    return kept
+
+
 def _grid_stride(cells: int, body: list[str], variable: str = "cell") -> list[str]:
     """A grid-stride loop over ``cells`` around ``body`` (kernel-level indentation)."""
     return ([f"{variable} = cuda.grid(1)", "stride = cuda.gridsize(1)", f"while {variable} < {cells}:"]
@@ -332,7 +349,7 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
             body.append(f"{out_of[id]}[cell] = {local[id]}")
     body = [line for text in body for line in text.split("\n")]
     cells = _numel(domain)
-    source = _kernel("kernel", _arguments(step), _grid_stride(cells, prelude + body))
+    source = _kernel("kernel", _arguments(step), _grid_stride(cells, used(prelude, body) + body))
     launches = [grid_stride_launch("kernel", cells)]
     summary = f"{len(step.nodes)} fused elementwise ops over [{','.join(map(str, domain))}]"
     if epilogues:
@@ -373,8 +390,7 @@ def _render_row(step: Step, graph: Graph, access: dict[int, Access], node: Node)
     def columns_loop(body: list[str]) -> list[str]:
         return ["c = t", f"while c < {columns}:"] + ["    " + line for line in body] + ["    c += BLOCK"]
 
-    row_body = (split
-                + ["# the row's maximum"] + ["m = np.float32(-math.inf)"]
+    row_body = (["# the row's maximum"] + ["m = np.float32(-math.inf)"]
                 + columns_loop([f"x = {x}", "if x > m:", "    m = x"])
                 + ["partial[t] = m"] + _tree("max") + ["m = partial[0]", "cuda.syncthreads()"]
                 + ["# the sum of exp(x - max)", "total = np.float32(0.0)"]
@@ -382,6 +398,7 @@ def _render_row(step: Step, graph: Graph, access: dict[int, Access], node: Node)
                 + ["partial[t] = total"] + _tree("sum") + ["total = partial[0]"] + finish[0]
                 + [f"# the row of {node.op}"] + columns_loop([finish[1]])
                 + ["cuda.syncthreads()  # partial is reused by the block's next row"])
+    row_body = used(split, row_body) + row_body
     body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
              "row = cuda.blockIdx.x", f"while row < {rows}:"]
             + ["    " + line for line in row_body] + ["    row += cuda.gridDim.x"])
@@ -464,8 +481,7 @@ def _render_matmul(step: Step, graph: Graph, access: dict[int, Access], node: No
     load_a = _tile_load("tile_a", names[a_id], "a_base", ("row0", a_row, m), ("k0", a_k, k_size), a_swap)
     load_b = _tile_load("tile_b", names[b_id], "b_base", ("k0", b_k, k_size), ("col0", b_col, n), b_swap)
     tiles = _ceil_div(k_size, tile)
-    inner = (split
-             + [f"a_base = {a_access.flat(operand_base(a_shape))}",
+    inner = ([f"a_base = {a_access.flat(operand_base(a_shape))}",
                 f"b_base = {b_access.flat(operand_base(b_shape))}",
                 f"out_base = z * {m * n}" if batches > 1 else "out_base = 0",
                 "acc = np.float32(0.0)",
@@ -478,6 +494,7 @@ def _render_matmul(step: Step, graph: Graph, access: dict[int, Access], node: No
                 "    cuda.syncthreads()",
                 f"if row < {m} and col < {n}:",
                 f"    out0[out_base + row * {n} + col] = acc"])
+    inner = used(split, inner) + inner
     body = (["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
              "tile_b = cuda.shared.array((TILE, PADDED), numba.float32)",
              "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
@@ -546,8 +563,9 @@ def _render_gather(step: Step, graph: Graph, access: dict[int, Access], node: No
     source_index = list(names)
     source_index[dim] = "j"
     x_in, i_in = _argument_names(step)[x_id], _argument_names(step)[index_id]
-    body = split + _checked_read(f"{i_in}[{index_read}]", size, ["out0[cell] = np.float32(0.0)"],
-                                 [f"out0[cell] = {x_in}[{access[x_id].flat(source_index)}]"])
+    body = _checked_read(f"{i_in}[{index_read}]", size, ["out0[cell] = np.float32(0.0)"],
+                         [f"out0[cell] = {x_in}[{access[x_id].flat(source_index)}]"])
+    body = used(split, body) + body
     cells = _numel(shape)
     source = _kernel("kernel", _arguments(step, checked=True), _grid_stride(cells, body),
                      f"{node.op} along dim {dim}; a bad index sets err.")
@@ -566,7 +584,7 @@ def _render_scatter(step: Step, graph: Graph, access: dict[int, Access], node: N
     checked = node.op != "index_scatter"
     check = ""
     if node.op == "index_scatter":
-        body = split + [f"out0[{indexed(out_dense, node.attr['spec']).flat(names)}] = {value}"]
+        body = [f"out0[{indexed(out_dense, node.attr['spec']).flat(names)}] = {value}"]
     else:
         dim = node.attr["dim"]
         index_id = node.inputs[1]
@@ -577,10 +595,10 @@ def _render_scatter(step: Step, graph: Graph, access: dict[int, Access], node: N
             index_read = access[index_id].flat(names)
         target = list(names)
         target[dim] = "j"
-        body = split + _checked_read(f"in1[{index_read}]", shape[dim], [],
-                                     [f"cuda.atomic.add(out0, {out_dense.flat(target)}, {value})"])
-        body = [line for line in body if line.strip()]
+        body = _checked_read(f"in1[{index_read}]", shape[dim], [],
+                             [f"cuda.atomic.add(out0, {out_dense.flat(target)}, {value})"])
         check = _range_check(node.op, shape[dim])
+    body = used(split, body) + body
     cells = _numel(source_shape)
     zero, zero_launch = _zero_kernel(step, {"out0": _numel(shape)}, f"the output of {node.op}", checked)
     what = "atomic adds" if checked else "stores"
@@ -601,7 +619,8 @@ def _render_copy(step: Step, graph: Graph, access: dict[int, Access], node: Node
     else:  # a reshape keeps row-major order: the cell-th element of the operand
         split, names = unflatten("cell", graph.node(operand).type.shape, "o")
         read = access[operand].flat(names)
-    body = split + [f"out0[cell] = in0[{read}]"]
+    body = [f"out0[cell] = in0[{read}]"]
+    body = used(split, body) + body
     cells = node.type.numel
     source = _kernel("kernel", _arguments(step), _grid_stride(cells, body), f"Copy of {node.op} %{node.id}.")
     return Kernels(f"{node.op} copied into its own buffer", source, [grid_stride_launch("kernel", cells)])
