@@ -42,9 +42,10 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+# The CPU renderer's index helpers: the same broadcast and reduction index rules, one definition.
 from bendc.codegen.cpu import _broadcast_index, _reduction_index, _unit_reshape_index
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
-from bendc.codegen.strides import Access, _view_access, dense, indexed, resolve_accesses
+from bendc.codegen.strides import Access, dense, indexed, resolve_accesses, view_access
 from bendc.ir.graph import Graph, Node
 from bendc.ir.printer import format_node
 from bendc.ops import OPS
@@ -612,7 +613,7 @@ def _render_scatter(step: Step, graph: Graph, access: dict[int, Access], node: N
 def _render_copy(step: Step, graph: Graph, access: dict[int, Access], node: Node) -> Kernels:
     """A layout op copied into its own buffer: output element ``cell`` in row-major order."""
     operand = node.inputs[0]
-    view = _view_access(graph, node.id, access[operand])
+    view = view_access(graph, node.id, access[operand])
     if view is not None:
         split, names = unflatten("cell", node.type.shape, "o")
         read = view.flat(names)

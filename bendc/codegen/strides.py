@@ -138,7 +138,7 @@ def resolve_accesses(plan: KernelPlan, graph: Graph) -> tuple[dict[int, Access],
         if step.kind == "source":
             access[value] = dense(value, node.type.shape)
             continue
-        view = _view_access(graph, value, access[node.inputs[0]])
+        view = view_access(graph, value, access[node.inputs[0]])
         if view is not None and value not in outputs:
             access[value] = view
             continue
@@ -149,7 +149,7 @@ def resolve_accesses(plan: KernelPlan, graph: Graph) -> tuple[dict[int, Access],
     return access, decisions
 
 
-def _view_access(graph: Graph, value: int, operand: Access) -> Access | None:
+def view_access(graph: Graph, value: int, operand: Access) -> Access | None:
     """The access of a layout node's result given its operand's, or None when it needs a copy."""
     node = graph.node(value)
     source = graph.node(node.inputs[0]).type.shape
