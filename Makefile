@@ -12,14 +12,16 @@ $(VENV)/.installed-core: pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-core
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,cuda]"
 	touch $@
 
 train: $(VENV)/.installed-core
 	$(PY) examples/mlp.py
 
+# The simulator tests need their own process: numba reads NUMBA_ENABLE_CUDASIM at import.
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
+	PYTHON=$(PY) tests/cuda/run_simulator.sh
 
 clean:
 	rm -rf $(VENV)

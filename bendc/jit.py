@@ -20,27 +20,31 @@ from bendc.ir.graph import Graph
 from bendc.artifact import index_bounds, write_artifact
 from bendc.codegen.plan import plan_stats
 from bendc.ir.parser import parse_graph
-from bendc.targets import Progress, build, load_cached, program_entry, program_key
+from bendc.targets import Progress, build, cuda_status, load_cached, program_entry, program_key
 from bendc.ir.printer import format_graph
 from bendc.ir.types import TensorType, dtype_name
 from bendc.ir.verify import verify
 from bendc.passes import PassContext, Pipeline, default_passes
 from bendc.trace import Tensor, Tracer
+from runtime.cuda import as_device_array, is_device_array
 
 TARGETS = ("auto", "cpu", "cuda", "reference")
-IMPLEMENTED_TARGETS = ("reference", "cpu")
+# cuda where numba-cuda imports and a GPU is usable, or under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
+IMPLEMENTED_TARGETS = ("reference", "cpu") + (("cuda",) if cuda_status() else ())
 STATIC_TYPES = (bool, int, float)
 
 
 def resolve_target(target: str) -> str:
-    """'auto' is the best target built so far: cuda, then cpu, then reference."""
+    """'auto' is cuda where a GPU is usable (not the simulator), else cpu."""
     if target not in TARGETS:
         raise UnsupportedError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}",
                                loc=user_location(), op="jit")
     if target == "auto":
-        for candidate in ("cuda", "cpu", "reference"):
-            if candidate in IMPLEMENTED_TARGETS:
-                return candidate
+        return "cuda" if "cuda" in IMPLEMENTED_TARGETS and cuda_status() == "gpu" else "cpu"
+    if target == "cuda" and target not in IMPLEMENTED_TARGETS:
+        raise UnsupportedError("target 'cuda' needs the numba-cuda package (pip install 'bendc[cuda]') and a "
+                               "usable GPU, or NUMBA_ENABLE_CUDASIM=1 for numba's CUDA simulator; "
+                               "use target='cpu'", loc=user_location(), op="jit")
     if target not in IMPLEMENTED_TARGETS:
         raise UnsupportedError(f"target {target!r} is not built yet; use target='cpu' or target='reference'",
                                loc=user_location(), op="jit")
@@ -177,7 +181,10 @@ class JitFunction:
                 raise SignatureError(f"*args and **kwargs parameters ({name}) are not supported",
                                      loc=user_location(), op="call")
             if is_array_like(value) and not isinstance(value, np.generic):
-                array = to_array(value, name)
+                if self.resolved_target == "cuda" and is_device_array(value):
+                    array = as_device_array(value)  # stays on the device: no copy
+                else:
+                    array = to_array(value, name)
                 dtype = dtype_name(array.dtype)
                 if dtype not in ("f32", "i64", "i32"):
                     hint = " (use .astype(np.float32))" if array.dtype.kind == "f" else ""

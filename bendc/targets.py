@@ -3,7 +3,9 @@ cache of compiled cpu programs.
 
 ``reference`` interprets the graph with numpy. ``cpu`` builds the kernel
 plan, renders each step to source (codegen), writes and imports the kernel
-modules, plans memory, and binds the plan in the runtime. A compiled cpu
+modules, plans memory, and binds the plan in the runtime. ``cuda`` does the
+same with numba.cuda kernels (codegen/cuda.py, runtime/cuda.py); it is not
+cached on disk as a program yet (its kernel modules are, by hash). A compiled cpu
 program is stored as an artifact under ``<cache>/programs/<key>``, keyed by
 the traced IR, the passes, the target and the bendc/numba/numpy versions; a
 second process with the same signature loads it instead of compiling, and a
@@ -11,7 +13,10 @@ corrupt entry is discarded and rebuilt.
 """
 from __future__ import annotations
 
+import ctypes.util
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -29,8 +34,29 @@ from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
 from bendc.errors import RuntimeCheckError, SourceLoc
 from bendc.ir.graph import Graph
 from bendc.ir.interp import Interpreter
-from runtime.artifact import ArtifactInvalid, load_kernel, load_program
+from runtime.artifact import ArtifactInvalid, load_kernel, load_module, load_program
 from runtime.cpu import CpuProgram, KernelError
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_status() -> str | None:
+    """"gpu" where numba-cuda imports and a GPU is usable, "simulator" under NUMBA_ENABLE_CUDASIM=1
+    (numba's CUDA simulator, read when numba.cuda is imported), else None.
+
+    Cheap where there is no GPU: numba.cuda is imported only when a CUDA driver is present.
+    """
+    if importlib.util.find_spec("numba_cuda") is None:
+        return None
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "simulator"
+    if not (os.path.exists("/dev/nvidiactl") or ctypes.util.find_library("cuda")):
+        return None
+    try:
+        from numba import cuda
+
+        return "gpu" if cuda.is_available() else None
+    except Exception:  # a broken driver or toolkit: no cuda target
+        return None
 
 
 @dataclass
@@ -56,8 +82,8 @@ def build_reference(graph: Graph) -> Built:
     return Built(run)
 
 
-def cpu_runner(plan: dict, program: CpuProgram) -> Callable[[Sequence[np.ndarray]], list]:
-    """program.run, with a kernel's failed check raised as a BendcError at the user's line."""
+def cpu_runner(plan: dict, program: Any) -> Callable[[Sequence[np.ndarray]], list]:
+    """program.run (cpu or cuda), with a kernel's failed check raised as a BendcError at the user's line."""
     steps = {step["name"]: step for step in plan["steps"]}
 
     def run(inputs: Sequence[np.ndarray]) -> list:
@@ -92,12 +118,53 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
                  {s.name: s.source for s in plan.steps}, report, plan)
 
 
+@dataclass
+class CudaKernels:
+    """The cuda kernels of a graph, rendered and imported but not bound to a device."""
+
+    plan: KernelPlan
+    modules: dict[str, Any]  # step name -> imported kernel module
+    report: list[str]
+
+
+def render_cuda(graph: Graph, cache_dir: str) -> CudaKernels:
+    """Plan, render numba.cuda kernels (strided views resolved first), plan memory, import the modules.
+
+    Needs numba-cuda but no GPU: the PTX tests and ``bendc compile`` use it too.
+    Parameters are never donated on cuda: the caller's device arrays are only read.
+    """
+    from bendc.codegen.cuda import describe_launches, render_cuda_plan
+
+    plan = build_plan(graph)
+    layout = render_cuda_plan(plan, graph)
+    decisions = plan_memory(plan)
+    modules = {}
+    for step in plan.steps:
+        step.module = write_kernel(cache_dir, step.source)
+        modules[step.name] = load_module(kernel_path(cache_dir, step.module), step.module)
+    report = (describe_plan(plan) + [f"layout: {d}" for d in layout] + [f"memory: {d}" for d in decisions]
+              + [f"launch: {line}" for line in describe_launches(plan)])
+    return CudaKernels(plan, modules, report)
+
+
+def build_cuda(graph: Graph, cache_dir: str) -> Built:
+    """The cuda kernels bound on the GPU (or numba's simulator)."""
+    from runtime.cuda import CudaProgram
+
+    kernels = render_cuda(graph, cache_dir)
+    plan_json = kernels.plan.to_json()
+    return Built(cpu_runner(plan_json, CudaProgram(plan_json, kernels.modules)),
+                 {s.name: s.source for s in kernels.plan.steps}, kernels.report, kernels.plan)
+
+
 def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str] = (),
           progress: Progress | None = None) -> Built:
     if target == "reference":
         return build_reference(graph)
     if target == "cpu":
         return build_cpu(graph, cache_dir or default_cache_dir(), donate, progress)
+    if target == "cuda":
+        return build_cuda(graph, cache_dir or default_cache_dir())
     raise AssertionError(f"no builder for target {target}")
 
 

@@ -67,7 +67,7 @@ def init_params(seed: int = 1) -> list[np.ndarray]:
 
 
 def accuracy(params: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> float:
-    w1, b1, w2, b2 = params
+    w1, b1, w2, b2 = (np.asarray(p) for p in params)  # device arrays (target cuda) come to the host
     logits = np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
     return float((logits.argmax(axis=1) == y).mean())
 

@@ -131,8 +131,8 @@ def _check_no_unknown_files(folder: str, files: dict[str, str]) -> None:
                 raise ArtifactInvalid(f"{folder}: {relative} is not in the manifest (foreign file)")
 
 
-def load_kernel(path: str, module: str) -> Callable:
-    """Import ``kernel`` from a generated module file (once per process and path)."""
+def load_module(path: str, module: str) -> Any:
+    """Import a generated module from its file (once per process and path)."""
     key = os.path.abspath(path)
     if key not in _LOADED:
         name = f"bendc_kernel_{module}"
@@ -141,7 +141,12 @@ def load_kernel(path: str, module: str) -> Callable:
         sys.modules[name] = loaded
         spec.loader.exec_module(loaded)
         _LOADED[key] = loaded
-    return _LOADED[key].kernel
+    return _LOADED[key]
+
+
+def load_kernel(path: str, module: str) -> Callable:
+    """Import ``kernel`` from a generated module file (once per process and path)."""
+    return load_module(path, module).kernel
 
 
 def read_plan(folder: str, manifest: dict) -> dict:

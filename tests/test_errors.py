@@ -375,7 +375,9 @@ def test_target_not_built_yet(target):
 
     with pytest.raises(bendc.UnsupportedError) as info:
         bendc.jit(program, target=target)  # @target-unbuilt
-    expect(info.value, "target-unbuilt", op="jit", parts=(repr(target), "reference"))
+    # cuda needs numba-cuda and a GPU (or the simulator): the message says what to install.
+    expect(info.value, "target-unbuilt", op="jit",
+           parts=(repr(target), "numba-cuda" if target == "cuda" else "reference"))
 
 
 # ------------------------------------------------------------------ outside a trace, host conversions

@@ -32,6 +32,10 @@ class Step:
     lines: list[str] = field(default_factory=list)  # the user's source lines, for reports
     op: str = ""  # the op of the step's first node and its user's line (path:line), for errors
     loc: str = ""
+    # Target-specific, optional (empty on cpu): the cuda kernels' launch configurations
+    # ({kernel, grid, block, shared_bytes}, in launch order) and an index check's error message.
+    launches: list[dict] = field(default_factory=list)
+    check: str = ""
 
 
 @dataclass
@@ -160,7 +164,7 @@ def plan_stats(plan: KernelPlan) -> dict[str, int]:
     """Kernel launches and bytes moved per call, and temporary memory planned vs naive."""
     launches = [s for s in plan.steps if s.convention == "write" and not s.hoisted]
     return {
-        "launches": len(launches),
+        "launches": sum(max(1, len(s.launches)) for s in launches),  # cuda steps may launch two kernels
         "bytes_moved": sum(step_traffic(plan, s) for s in launches),
         "planned_bytes": plan.memory.get("planned_bytes", 0),
         "naive_bytes": plan.memory.get("naive_bytes", 0),

@@ -1,0 +1,103 @@
+"""Ahead-of-time compilation of the cuda kernels, with no GPU needed: NVVM
+to PTX for an architecture (``cuda.compile_ptx`` with a fixed compute
+capability), then nvJitLink to cubin through ``cuda.core``'s Linker (the
+PTX's ISA version is newer than the toolkit's ptxas accepts). The linker's
+info log gives each kernel's registers, spills and shared memory.
+
+NVVM is told not to contract a*b+c into fma (runtime.cuda.install_nvvm_options)
+unless a kernel asks for fastmath. Not usable in a process running numba's
+CUDA simulator (NUMBA_ENABLE_CUDASIM=1), which replaces numba.cuda.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from bendc.codegen.plan import KernelPlan
+from runtime.cuda import install_nvvm_options
+
+
+@dataclass
+class CompiledKernel:
+    """One kernel of one step, compiled for ``arch``."""
+
+    step: str
+    kernel: str
+    arch: str
+    ptx: str
+    cubin: bytes
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    shared_bytes: int
+    info_log: str
+    seconds: float  # NVVM and nvJitLink together
+
+    def describe(self) -> str:
+        return (f"{self.step}.{self.kernel} ({self.arch}): {self.registers} registers, "
+                f"{self.spill_stores} bytes spill stores, {self.spill_loads} bytes spill loads, "
+                f"{self.shared_bytes} bytes shared memory; compiled in {self.seconds * 1000:.0f} ms")
+
+
+class CompileError(Exception):
+    """A kernel that NVVM or nvJitLink refused; the message names the step and kernel."""
+
+
+def compute_capability(arch: str) -> tuple[int, int]:
+    """``sm_90`` -> (9, 0)."""
+    match = re.fullmatch(r"sm_(\d+)(\d)[a-z]?", arch)
+    if match is None:
+        raise ValueError(f"not a CUDA architecture: {arch!r} (expected e.g. sm_90)")
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_resources(log: str) -> dict[str, int]:
+    """Registers, spill stores and loads (bytes) and static shared memory (bytes) from ptxas/nvJitLink output."""
+    def largest(pattern: str) -> int:
+        return max((int(m) for m in re.findall(pattern, log)), default=0)
+
+    return {
+        "registers": largest(r"[Uu]sed (\d+) registers"),
+        "spill_stores": largest(r"(\d+) bytes spill stores"),
+        "spill_loads": largest(r"(\d+) bytes spill loads"),
+        "shared_bytes": largest(r"(\d+) bytes smem"),
+    }
+
+
+def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", fastmath: bool = False,
+                   step: str = "", kernel: str = "") -> CompiledKernel:
+    """NVVM -> PTX -> cubin for one Python kernel function and its numba signature."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+    from numba import cuda
+
+    if not hasattr(cuda, "compile_ptx"):
+        raise CompileError("numba's CUDA simulator is on in this process (NUMBA_ENABLE_CUDASIM=1): "
+                           "compile PTX in another process")
+    install_nvvm_options()
+    start = time.perf_counter()
+    try:
+        ptx, _ = cuda.compile_ptx(function, signature, cc=compute_capability(arch), fastmath=fastmath)
+        linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, verbose=True))
+        cubin = linker.link("cubin")
+    except Exception as error:
+        raise CompileError(f"{step}.{kernel}: {type(error).__name__}: {error}") from error
+    seconds = time.perf_counter() - start
+    log = linker.get_info_log() or ""
+    code = cubin.code if hasattr(cubin, "code") else bytes(cubin)
+    return CompiledKernel(step, kernel, arch, ptx, bytes(code), seconds=seconds, info_log=log,
+                          **parse_resources(log))
+
+
+def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90") -> list[CompiledKernel]:
+    """Every kernel every step launches, in launch order."""
+    compiled = []
+    for step in plan.steps:
+        module = modules[step.name]
+        for launch in step.launches:
+            dispatcher = getattr(module, launch["kernel"])
+            fastmath = bool(getattr(dispatcher, "targetoptions", {}).get("fastmath"))
+            compiled.append(compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, fastmath=fastmath,
+                                           step=step.name, kernel=launch["kernel"]))
+    return compiled

@@ -1,0 +1,225 @@
+"""Small programs that together produce every kind of CUDA kernel, with tiny
+inputs (the simulator costs ~170 us per thread) and the kinds each must make.
+
+Shared by the simulator tests (run them, compare with the reference
+interpreter) and the PTX tests (compile every kernel for sm_90).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import bendc
+import bendc.functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    fn: Callable
+    leaves: tuple[str, ...]
+    make_inputs: Callable[[np.random.Generator], tuple]
+    kinds: frozenset[str]  # step kinds (with "copy" for a materialized view) the plan must contain
+    bitwise: tuple[int, ...] = ()  # outputs that must match the reference bit for bit
+    static: dict = field(default_factory=dict)
+
+
+def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# ------------------------------------------------------------------ elementwise and epilogues
+def elementwise_chain(x, w, b):
+    y = ((x * w + b) * x - b) / (w * w + 1.0)
+    (y * x).sum().backward()
+    return y, w.grad, b.grad
+
+
+def activations(x, g):
+    y = F.gelu(x) + F.gelu(x, approximate="tanh") + F.sigmoid(x) * F.tanh(x) + x.exp().sqrt()
+    z = (F.relu(x) + 1.0).log()
+    return y * g, z
+
+
+def adam(p, g, m, v):
+    return F.adam_step(p, g, m, v, 3, 1e-2, weight_decay=0.01)
+
+
+# ------------------------------------------------------------------ rows and reductions
+def softmax_rows(x, w):
+    a = F.softmax(x * w, 1)
+    b = F.log_softmax(x * w, 0)
+    ((a * b).sum() + (a * x).sum()).backward()
+    return a, b, w.grad
+
+
+def sums(x, t):
+    return x.sum(1), x.sum(0, keepdim=True), x.sum(), t.sum((0, 2)), t.mean(1)
+
+
+# ------------------------------------------------------------------ matrix products
+def linear_layer(x, w, b):
+    loss = F.mse_loss(F.linear(x, w, b), x[:, :3] * 2.0)
+    loss.backward()
+    return loss, w.grad, b.grad
+
+
+def batched(a, b, c):
+    y = (a @ b).tanh() @ c.transpose(0, 1)
+    y.sum().backward()
+    return y, a.grad, b.grad
+
+
+# ------------------------------------------------------------------ gathers and scatters
+def indexing(x, i, j):
+    picked = F.index_select(x, 0, i) * 2.0
+    taken = F.gather(x, 1, j)
+    (picked.sum() + (taken * taken).sum()).backward()
+    return picked, taken, x.grad
+
+
+def cross_entropy(logits, y):
+    loss = F.cross_entropy(logits, y)
+    loss.backward()
+    return loss, logits.grad
+
+
+# ------------------------------------------------------------------ layout
+def layouts(x, w):
+    t = x.permute(1, 0, 2)                       # returned to the caller: a copy
+    r = x.permute(2, 1, 0).reshape(4, 6)         # no strides describe the reshape: a copy
+    s = x[1, :, 1:4:2]                           # basic indexing: offset and strides
+    y = (r * 2.0).sum(0) + s.reshape(6)[:4].sum() + t[0, 1, 2]
+    (y * w).sum().backward()
+    return y, t, w.grad, x.grad, s
+
+
+def hoisted(a, b):
+    """b.grad sums an expanded constant seed: a step that depends on constants only (run once, at bind)."""
+    y = a * 2.0 + b
+    y.sum().backward()
+    return y, b.grad
+
+
+def mlp_program():
+    """examples/mlp.py's train_step (the caller picks tiny shapes)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import mlp
+
+    return mlp.train_step.fn, mlp.LEAVES
+
+
+def _mlp_inputs(rng: np.random.Generator, batch: int = 4, features: int = 8, hidden: int = 8,
+                classes: int = 3) -> tuple:
+    return (normal(rng, batch, features), rng.integers(0, classes, size=batch).astype(np.int64),
+            normal(rng, hidden, features) * 0.3, normal(rng, hidden) * 0.1,
+            normal(rng, classes, hidden) * 0.3, normal(rng, classes) * 0.1)
+
+
+def _indexing_inputs(rng: np.random.Generator) -> tuple:
+    return (normal(rng, 5, 4), np.array([4, 0, 4, 2], np.int64), rng.integers(0, 4, size=(5, 3)).astype(np.int32))
+
+
+PROGRAMS: list[Program] = [
+    Program("elementwise_chain", elementwise_chain, ("w", "b"),
+            lambda rng: (normal(rng, 4, 5), normal(rng, 4, 5), normal(rng, 5)),
+            frozenset({"elementwise"}), bitwise=(0, 1)),
+    Program("activations", activations, (),
+            lambda rng: (normal(rng, 3, 5), normal(rng, 3, 5)), frozenset({"elementwise"})),
+    Program("adam", adam, (),
+            lambda rng: (normal(rng, 4, 6), normal(rng, 4, 6), normal(rng, 4, 6), np.abs(normal(rng, 4, 6))),
+            frozenset({"elementwise"})),
+    Program("softmax_rows", softmax_rows, ("w",),
+            lambda rng: (normal(rng, 3, 5), normal(rng, 3, 5)), frozenset({"row", "elementwise"})),
+    Program("sums", sums, (),
+            lambda rng: (normal(rng, 3, 70), normal(rng, 2, 3, 4)), frozenset({"reduce"})),
+    Program("linear_layer", linear_layer, ("w", "b"),
+            lambda rng: (normal(rng, 4, 5), normal(rng, 3, 5), normal(rng, 3)),
+            frozenset({"matmul", "elementwise"})),
+    Program("batched_matmul", batched, ("a", "b"),
+            lambda rng: (normal(rng, 2, 1, 3, 4), normal(rng, 2, 4, 5) * 0.5, normal(rng, 2, 5)),
+            frozenset({"matmul", "reduce"})),
+    Program("indexing", indexing, ("x",), _indexing_inputs,
+            frozenset({"gather", "scatter"})),
+    Program("cross_entropy", cross_entropy, ("logits",),
+            lambda rng: (normal(rng, 4, 3), np.array([2, 0, 1, 2], np.int64)),
+            frozenset({"row", "gather", "scatter"})),
+    Program("hoisted", hoisted, ("b",), lambda rng: (normal(rng, 3, 4), normal(rng, 4)),
+            frozenset({"elementwise", "reduce"})),
+    Program("layouts", layouts, ("w", "x"),
+            lambda rng: (normal(rng, 2, 3, 4), normal(rng, 6)), frozenset({"layout", "copy"})),
+]
+
+
+MLP_KINDS = frozenset({"matmul", "row", "gather", "scatter", "reduce", "elementwise"})
+
+
+def mlp_tiny() -> Program:
+    """examples/mlp.py at batch 4, features 8, hidden 8, classes 3 (for the simulator)."""
+    fn, leaves = mlp_program()
+    return Program("mlp", fn, leaves, _mlp_inputs, MLP_KINDS, static={"lr": 0.1})
+
+
+def mlp_example() -> Program:
+    """examples/mlp.py at its EXAMPLE_SHAPES (batch 64, 64 features, 128 hidden, 10 classes)."""
+    fn, leaves = mlp_program()
+    import mlp
+
+    def inputs(rng: np.random.Generator) -> tuple:
+        return _mlp_inputs(rng, mlp.BATCH, mlp.FEATURES, mlp.HIDDEN, mlp.CLASSES)
+
+    return Program("mlp_example", fn, leaves, inputs, MLP_KINDS, static={"lr": 0.1})
+
+
+def all_programs() -> list[Program]:
+    """Every kind-covering program and the mlp example at tiny and at its own shapes."""
+    return PROGRAMS + [mlp_tiny(), mlp_example()]
+
+
+def plan_kinds(plan) -> set[str]:
+    """The step kinds of a plan that launch kernels; a materialized view counts as "copy"."""
+    kinds = set()
+    for step in plan.steps:
+        if step.kind == "layout":
+            kinds.add("copy" if step.convention == "write" else "layout")
+        else:
+            kinds.add(step.kind)
+    return kinds
+
+
+def report_kinds(report: str) -> set[str]:
+    """The same kinds, read from a compile report's plan lines (``k0: elementwise, 20 cells, ...``)."""
+    kinds = set()
+    for line in report.splitlines():
+        if not line.startswith("[cuda] ") or ": " not in line[7:]:
+            continue
+        body = line[7:].split(": ", 1)[1]
+        kind, _, rest = body.partition(", ")
+        if rest.startswith("view"):
+            kinds.add("layout" if kind == "layout" else kind)
+        elif " cells" in rest.split(",")[0]:
+            kinds.add("copy" if kind == "layout" else kind)
+    return kinds
+
+
+def spec_of(program: Program, inputs: tuple) -> str:
+    """The SPEC string of a program's inputs (for ``lower``)."""
+    import inspect
+
+    names = [n for n in inspect.signature(program.fn).parameters if n not in program.static]
+    parts = []
+    for name, array in zip(names, inputs):
+        dtype = {np.float32: "f32", np.int64: "i64", np.int32: "i32"}[array.dtype.type]
+        leaf = ":leaf" if name in program.leaves else ""
+        parts.append(f"{name}=f32[{','.join(map(str, array.shape))}]{leaf}".replace("f32", dtype, 1))
+    return " ".join(parts)
+
+
+def jitted(program: Program, target: str, cache_dir: str | None = None):
+    return bendc.jit(program.fn, leaves=program.leaves, target=target, cache_dir=cache_dir)
