@@ -65,19 +65,20 @@ def template_from_json(data: Any) -> Any:
 
 def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict], leaves: list[str],
                    template: Any, plan: KernelPlan, stages: dict[str, str], report: str, tape: str,
-                   extra: dict[str, Any] | None = None) -> None:
+                   extra: dict[str, Any] | None = None, files: dict[str, str | bytes] | None = None) -> None:
     """Write a complete artifact to ``folder`` atomically (replacing an old one)."""
     parent = os.path.dirname(os.path.abspath(folder)) or "."
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.tmp-")
     try:
-        files: dict[str, str] = {}
+        extra_files = files or {}
+        files = {}
 
-        def put(name: str, text: str) -> None:
+        def put(name: str, data: str | bytes) -> None:
             path = os.path.join(staging, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as stream:
-                stream.write(text)
+            with open(path, "wb") as stream:
+                stream.write(data.encode() if isinstance(data, str) else data)
             files[name] = file_hash(path)
 
         for step in plan.steps:
@@ -87,6 +88,8 @@ def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict
         put("plan.json", json.dumps(plan.to_json(), indent=1))
         put("report.txt", report)
         put("tape.txt", tape)
+        for name, data in extra_files.items():  # e.g. PTX and cubin per cuda kernel
+            put(name, data)
         outputs = [{"dtype": plan.values[o][0], "shape": list(plan.values[o][1])} for o in plan.outputs]
         manifest = {
             "kind": KIND, "format": FORMAT_VERSION, "versions": versions(), "target": target,

@@ -129,19 +129,24 @@ def check_replaceable(folder: str) -> None:
 
 def _compile(args: argparse.Namespace) -> int:
     if args.target == "cuda":
-        raise UnsupportedError("target cuda is not built yet")
-    if args.arch is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("numba_cuda") is None:
+            raise UnsupportedError("--target cuda needs the numba-cuda package: pip install 'bendc[cuda]'")
+    elif args.arch is not None:
         raise UnsupportedError(f"--arch applies to --target cuda only (got --target {args.target})")
     static = parse_static(args.static)
     check_replaceable(args.output)
     function, shapes = load_function(args.function, args.shapes)
     check_static(function, shapes, static)
-    function = jit(function.fn, leaves=function.leaves, target=args.target, cache_dir=function.cache_dir,
-                   passes=function.passes, donate=function.donate)
+    # Tracing and the passes run as for cpu; --target cuda then renders and compiles cuda kernels.
+    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
+                   passes=function.passes, donate=function.donate if args.target == "cpu" else ())
     progress = Progress(sys.stderr)
     start = time.perf_counter()
     try:
-        executable = function.export(args.output, shapes, static, progress.kernel)
+        executable = function.export(args.output, shapes, static, progress.kernel,
+                                     target=args.target, arch=args.arch or "sm_90")
     except OSError as error:
         raise BendcError(f"cannot write {args.output}: {error.strerror or error}", op="compile") from None
     finally:
@@ -171,10 +176,17 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
         f"  kernels  {len(kernels)} modules, {stats.get('launches', 0)} launches per call; temporaries "
         f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
         f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
-        "report.txt, tape.txt",
+        "report.txt, tape.txt" + _binary_files(manifest),
         f"run it with: bendc run {folder} --random-inputs",
     ]
     return lines
+
+
+def _binary_files(manifest: dict) -> str:
+    """``, 22 ptx/*.ptx, 22 cubin/*.cubin`` for a cuda artifact."""
+    counts = [(folder, sum(1 for name in manifest["files"] if name.startswith(folder + "/")))
+              for folder in ("ptx", "cubin")]
+    return "".join(f", {count} {folder}/*.{folder}" for folder, count in counts if count)
 
 
 # ------------------------------------------------------------------ ir and report
@@ -217,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                                               "them with the IR of every stage, the plan and the report to OUT.")
     build.add_argument("function", metavar="MODULE.py:FUNCTION")
     build.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
-    build.add_argument("--target", required=True, choices=COMPILE_TARGETS, help="cpu (cuda: not built yet)")
+    build.add_argument("--target", required=True, choices=COMPILE_TARGETS, help="cpu, or cuda (PTX and cubin per kernel; no GPU needed)")
     build.add_argument("--arch", metavar="SM", help="GPU architecture for --target cuda, e.g. sm_90")
     build.add_argument("-o", "--output", metavar="OUT", required=True,
                          help="the artifact folder to write (replaced whole if it is an artifact)")

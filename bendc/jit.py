@@ -20,7 +20,9 @@ from bendc.ir.graph import Graph
 from bendc.artifact import index_bounds, write_artifact
 from bendc.codegen.plan import plan_stats
 from bendc.ir.parser import parse_graph
-from bendc.targets import Progress, build, cuda_status, load_cached, program_entry, program_key
+from bendc.codegen.cache import default_cache_dir
+from bendc.targets import (Progress, build, build_cuda_artifact, cuda_status, load_cached, program_entry,
+                           program_key)
 from bendc.ir.printer import format_graph
 from bendc.ir.types import TensorType, dtype_name
 from bendc.ir.verify import verify
@@ -221,13 +223,18 @@ class JitFunction:
         return self._last
 
     def export(self, folder: str, shapes: str | dict[str, Any], static: dict[str, Any] | None = None,
-               progress: Progress | None = None) -> Executable:
+               progress: Progress | None = None, *, target: str | None = None, arch: str = "sm_90") -> Executable:
         """Compile for a SPEC (as :meth:`lower`) and write the artifact folder (``bendc compile``).
 
         The build is always fresh: the on-disk program cache is neither read
         nor written. ``folder`` appears complete or not at all (an old one is
         replaced). ``progress(number, count, kernel)`` is called per kernel.
+        ``target="cuda"`` builds PTX and cubin for ``arch`` (numba-cuda, no GPU needed).
         """
+        if target == "cuda":
+            types, static = self._lowering_signature(shapes, static or {})
+            self._last = self._compile(types, static, artifact=folder, progress=progress, cuda_arch=arch)
+            return self._last
         if self.resolved_target == "reference":
             raise UnsupportedError("target 'reference' interprets the IR and has no artifact; use target='cpu'",
                                    loc=user_location(), op="compile")
@@ -264,7 +271,7 @@ class JitFunction:
         return types, {k: v for k, v in static.items() if k not in specs}
 
     def _compile(self, types: list[tuple[str, TensorType]], static: dict[str, Any], artifact: str | None = None,
-                 progress: Progress | None = None) -> Executable:
+                 progress: Progress | None = None, cuda_arch: str | None = None) -> Executable:
         """Trace, differentiate, run the passes and build; ``artifact``: write it there, cache unused."""
         tracer = Tracer(self.fn.__name__)
         tensors: dict[str, Tensor] = {}
@@ -302,15 +309,20 @@ class JitFunction:
         context = PassContext()
         graph = Pipeline(self.passes).run(graph, context, on_stage)
         on_stage("final", graph)
-        built = build(self.resolved_target, graph, self.cache_dir, self.donate, progress)
-        report = _report(self.fn.__name__, self.resolved_target, context, graph, built.report)
+        target = "cuda" if cuda_arch is not None else self.resolved_target
+        if cuda_arch is not None:
+            built = build_cuda_artifact(graph, self.cache_dir or default_cache_dir(), cuda_arch, progress)
+        else:
+            built = build(target, graph, self.cache_dir, self.donate, progress)
+        report = _report(self.fn.__name__, target, context, graph, built.report)
         tape = tracer.tape()
         destination = artifact if artifact is not None else entry
         if destination is not None:
-            write_artifact(destination, function=self.fn.__name__, target=self.resolved_target,
+            write_artifact(destination, function=self.fn.__name__, target=target,
                            inputs=self._input_specs(types, graph), leaves=list(self.leaves), template=template,
                            plan=built.plan, stages=stages, report=report, tape=tape,
-                           extra={"static": _json_static(static), "donate": list(self.donate)})
+                           extra={"static": _json_static(static), "donate": list(self.donate),
+                                  **({"arch": cuda_arch} if cuda_arch else {})}, files=built.files)
         stats = plan_stats(built.plan) if built.plan is not None else {}
         return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
 

@@ -67,6 +67,7 @@ class Built:
     kernels: dict[str, str] = field(default_factory=dict)
     report: list[str] = field(default_factory=list)
     plan: KernelPlan | None = None
+    files: dict[str, str | bytes] = field(default_factory=dict)  # extra artifact files (PTX, cubin)
 
 
 def build_reference(graph: Graph) -> Built:
@@ -155,6 +156,33 @@ def build_cuda(graph: Graph, cache_dir: str) -> Built:
     plan_json = kernels.plan.to_json()
     return Built(cpu_runner(plan_json, CudaProgram(plan_json, kernels.modules)),
                  {s.name: s.source for s in kernels.plan.steps}, kernels.report, kernels.plan)
+
+
+def build_cuda_artifact(graph: Graph, cache_dir: str, arch: str, progress: Progress | None = None) -> Built:
+    """The cuda kernels compiled ahead of time for ``arch``: PTX (NVVM) and cubin (nvJitLink) per
+    kernel, with registers, spills and shared memory in the report. Needs numba-cuda, not a GPU."""
+    from bendc.codegen.ptx import compile_plan
+
+    kernels = render_cuda(graph, cache_dir)
+    count = sum(len(step.launches) for step in kernels.plan.steps)
+    compiled = []
+    for step in kernels.plan.steps:
+        if progress is not None:
+            progress(len(compiled) + 1, count, step.name)
+        single = KernelPlan(kernels.plan.name, [], [], [], kernels.plan.values, [step])
+        compiled.extend(compile_plan(single, {step.name: kernels.modules[step.name]}, arch))
+    files: dict[str, str | bytes] = {}
+    for kernel in compiled:
+        files[f"ptx/{kernel.step}.{kernel.kernel}.ptx"] = kernel.ptx
+        files[f"cubin/{kernel.step}.{kernel.kernel}.{arch}.cubin"] = kernel.cubin
+    report = kernels.report + [f"compiled: {kernel.describe()}" for kernel in compiled]
+
+    def run(inputs: Sequence[np.ndarray]) -> list:
+        raise RuntimeError("an ahead-of-time cuda build runs on a GPU: bendc run OUT there")
+
+    built = Built(run, {s.name: s.source for s in kernels.plan.steps}, report, kernels.plan)
+    built.files = files
+    return built
 
 
 def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str] = (),

@@ -174,6 +174,8 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
     structural hash) whose compiled code numba has already cached.
     """
     manifest = read_manifest(folder)
+    if manifest["target"] == "cuda":
+        return manifest, *_load_cuda_program(folder, manifest)
     if manifest["target"] != "cpu":
         raise ArtifactInvalid(f"{folder} was built for target {manifest['target']!r}; this runtime runs cpu")
     plan = read_plan(folder, manifest)
@@ -184,6 +186,24 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
             path = os.path.join(kernel_dir, f"{step['module']}.py")
         kernels[step["name"]] = load_kernel(path, step["module"])
     return manifest, plan, CpuProgram(plan, kernels)
+
+
+def _load_cuda_program(folder: str, manifest: dict) -> tuple[dict, Any]:
+    """(plan, bound program) of a cuda artifact: needs numba-cuda and a GPU (or the simulator)."""
+    plan = read_plan(folder, manifest)
+    if importlib.util.find_spec("numba_cuda") is None:
+        raise ArtifactInvalid(f"{folder} was built for cuda: running it needs numba-cuda (pip install "
+                              "'numba-cuda[cu13]') and an NVIDIA GPU")
+    try:
+        from runtime.cuda import CudaProgram
+
+        modules = {step["name"]: load_module(os.path.join(folder, "kernels", f"{step['module']}.py"),
+                                             step["module"]) for step in plan["steps"]}
+        return plan, CudaProgram(plan, modules)
+    except Exception as error:  # no driver or no device
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ArtifactInvalid(f"{folder} was built for cuda ({manifest.get('arch', 'sm_90')}) and needs a "
+                              f"usable NVIDIA GPU: {first}") from None
 
 
 def type_text(spec: dict) -> str:

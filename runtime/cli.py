@@ -121,6 +121,7 @@ def run_artifact(args: argparse.Namespace) -> int:
         source = f"random (seed {seed})"
     start = time.perf_counter()
     outputs = run_program(program, plan, inputs)
+    outputs = [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in outputs]  # cuda: device arrays
     elapsed = time.perf_counter() - start
     print(f"ran {manifest['function']} ({manifest['target']}) from {args.artifact} in {elapsed:.3f} s; "
           f"inputs {source}")
