@@ -128,10 +128,10 @@ def test_compile_ir_files_equal_the_stages_of_bendc_ir(compiled, capsys) -> None
         assert (out / "ir" / f"{index:02d}-{stage}.ir").read_text() == printed, stage
 
 
-def test_cuda_is_refused_until_it_is_built(tmp_path, capsys) -> None:
+def test_arch_applies_to_cuda_only(tmp_path, capsys) -> None:
     out = tmp_path / "gpu"
-    assert cli.main(["compile", f"{MLP}:train_step", "--target", "cuda", "--arch", "sm_90", "-o", str(out)]) == 1
-    assert error_line(capsys) == "bendc: error: target cuda is not built yet"
+    assert cli.main(["compile", f"{MLP}:train_step", "--target", "cpu", "--arch", "sm_90", "-o", str(out)]) == 1
+    assert error_line(capsys) == "bendc: error: --arch applies to --target cuda only (got --target cpu)"
     assert not out.exists()
 
 
@@ -381,8 +381,8 @@ DAMAGE = {
     "extra kernel": (add_listed_kernel, "kernels/k_extra.py is not a kernel of plan.json"),
     "file outside": (lambda a: edit_manifest(a, setting(("files", "../x"), "0")),
                      "lists a file outside the artifact"),
-    "wrong target": (lambda a: edit_manifest(a, setting(("target",), "cuda")),
-                     "was built for target 'cuda'; this runtime runs cpu"),
+    "wrong target": (lambda a: edit_manifest(a, setting(("target",), "tpu")),
+                     "was built for target 'tpu'; this runtime runs cpu"),
 }
 
 
@@ -501,8 +501,9 @@ def test_user_errors_exit_1_with_one_line(argv, message, tmp_path, monkeypatch, 
 
 
 def test_verbose_shows_the_traceback(tmp_path) -> None:
-    with pytest.raises(bendc.UnsupportedError, match="target cuda is not built yet"):
-        runtime_cli.main(["--verbose", "compile", f"{MLP}:train_step", "--target", "cuda", "-o", str(tmp_path)])
+    with pytest.raises(bendc.UnsupportedError, match="--arch applies to --target cuda only"):
+        runtime_cli.main(["--verbose", "compile", f"{MLP}:train_step", "--target", "cpu", "--arch", "sm_90",
+                          "-o", str(tmp_path)])
     with pytest.raises(ArtifactInvalid):
         runtime_cli.main(["run", str(tmp_path), "--random-inputs", "--verbose"])
 
