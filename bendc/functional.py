@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from bendc.errors import ShapeError, UnsupportedError
 from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
 
@@ -82,6 +84,102 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         if b is not None:
             out = out + b
         return out
+
+
+# ------------------------------------------------------------------ normalization
+def _affine_operand(value: Any, name: str, shape: tuple[int, ...], op: str, tracer: Tracer) -> Tensor | None:
+    """weight or bias: None, or a tensor of exactly ``shape``."""
+    if value is None:
+        return None
+    value = tracer.value(_tensor(value, op), op)
+    if value.shape != shape:
+        raise ShapeError(f"{name} {value.type} must have shape [{','.join(map(str, shape))}]",
+                         loc=tracer.builder.loc, op=op)
+    return value
+
+
+def _normalize(x: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
+    """(x - mean) * rstd over the trailing ``dims``; the statistics are row kernels (bendc.ops.norm)."""
+    tracer = x.tracer
+    mean = tracer.emit("norm_mean", (x.id,), dims=dims)
+    rstd = tracer.emit("norm_rstd", (x.id,), dims=dims, eps=eps)
+    return (x - mean) * rstd
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """torch's layer_norm: normalize over the trailing ``normalized_shape`` dims (biased variance),
+    then ``* weight + bias`` (each optional, of shape ``normalized_shape``)."""
+    tracer = _tracer("layer_norm", x, weight, bias)
+    with tracer.at_user_line("layer_norm") as builder:
+        x = tracer.value(_tensor(x, "layer_norm"), "layer_norm")
+        eps = _static_float(eps, "eps", "layer_norm", tracer)
+        if not isinstance(normalized_shape, (tuple, list)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in normalized_shape):
+            # torch.nn.functional.layer_norm takes no bare int either (nn.LayerNorm does).
+            raise UnsupportedError(f"normalized_shape must be a tuple of ints, got {normalized_shape!r}",
+                                   loc=builder.loc, op="layer_norm")
+        shape = tuple(int(d) for d in normalized_shape)
+        if not shape:
+            raise ShapeError(f"normalized_shape must be non-empty (input {x.type})", loc=builder.loc,
+                             op="layer_norm")
+        if len(shape) > x.ndim or x.shape[x.ndim - len(shape):] != shape:
+            raise ShapeError(f"input {x.type} does not end in normalized_shape [{','.join(map(str, shape))}]",
+                             loc=builder.loc, op="layer_norm")
+        weight = _affine_operand(weight, "weight", shape, "layer_norm", tracer)
+        bias = _affine_operand(bias, "bias", shape, "layer_norm", tracer)
+        out = _normalize(x, tuple(range(x.ndim - len(shape), x.ndim)), eps)
+        if weight is not None:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
+        return out
+
+
+def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """torch's group_norm: x (N, C, *) normalized per (sample, group of C / num_groups channels),
+    then ``* weight + bias`` per channel (each optional, of shape (C,)).
+
+    Traced as x.reshape(N, G, C/G, S) (a view), the statistics over the last two
+    dims, and the affine read as (G, C/G, 1): one kernel over (N, G, C/G, S).
+    """
+    tracer = _tracer("group_norm", x, weight, bias)
+    with tracer.at_user_line("group_norm") as builder:
+        x = tracer.value(_tensor(x, "group_norm"), "group_norm")
+        eps = _static_float(eps, "eps", "group_norm", tracer)
+        if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)):
+            raise UnsupportedError(f"num_groups must be a Python int, got {num_groups!r}",
+                                   loc=builder.loc, op="group_norm")
+        groups = int(num_groups)
+        if x.ndim < 2:
+            raise ShapeError(f"input {x.type} must be (N, C, *) with at least 2 dimensions",
+                             loc=builder.loc, op="group_norm")
+        batch, channels = x.shape[:2]
+        if groups <= 0 or channels % groups:
+            raise ShapeError(f"num_groups {groups} must divide the {channels} channels of {x.type}",
+                             loc=builder.loc, op="group_norm")
+        weight = _affine_operand(weight, "weight", (channels,), "group_norm", tracer)
+        bias = _affine_operand(bias, "bias", (channels,), "group_norm", tracer)
+        spatial = math.prod(x.shape[2:])
+        grouped = x.reshape(batch, groups, channels // groups, spatial)
+        out = _normalize(grouped, (2, 3), eps)
+        per_channel = (groups, channels // groups, 1)
+        if weight is not None:
+            out = out * weight.reshape(per_channel)
+        if bias is not None:
+            out = out + bias.reshape(per_channel)
+        return out.reshape(x.shape)
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding: x (..., t, 2*half), cos and sin (t, half); with x1, x2 the halves of
+    the last dim, cat(x1*cos - x2*sin, x2*cos + x1*sin). Gradients reach x, and cos and sin
+    where they are leaves."""
+    tracer = _tracer("rope", x, cos, sin)
+    with tracer.at_user_line("rope"):
+        x, cos, sin = (tracer.value(_tensor(v, "rope"), "rope") for v in (x, cos, sin))
+        return tracer.emit("rope", (x.id, cos.id, sin.id), inverse=False)
 
 
 # ------------------------------------------------------------------ losses

@@ -82,6 +82,9 @@ SAMPLES: dict[str, Sample] = {
     "sum_to_size": Sample((T("f32[2,3,4]"),), {"shape": (3, 1)}),
     "softmax": Sample((T("f32[2,3]"),), {"dim": 1}),
     "log_softmax": Sample((T("f32[2,3]"),), {"dim": 0}),
+    "norm_mean": Sample((T("f32[2,3,4]"),), {"dims": (1, 2)}),
+    "norm_rstd": Sample((T("f32[3,5]"),), {"dims": (1,), "eps": 1e-5}),
+    "rope": Sample((T("f32[2,3,4]"), T("f32[3,2]"), T("f32[3,2]")), {"inverse": False}),
 }
 
 

@@ -1,0 +1,292 @@
+"""Normalization statistics (norm_mean, norm_rstd) and the rotary embedding (rope).
+
+How F.layer_norm and F.group_norm use them: the statistics are IR values
+computed by row kernels, and the normalization and the affine are ordinary
+elementwise ops::
+
+    %1 = norm_mean[dims=(1,)] %x                   : f32[64,1]     row kernel
+    %2 = norm_rstd[dims=(1,), eps=1e-05] %x        : f32[64,1]     row kernel
+    %3 = sub %x, %1                                : f32[64,128]   \\
+    %4 = mul %3, %2                                : f32[64,128]    | one fused kernel
+    %5 = mul %4, %w                                : f32[64,128]    |
+    %6 = add %5, %b                                : f32[64,128]   /
+
+Why this shape of IR rather than one ``layer_norm`` row op with a ``layer_norm_vjp``:
+
+- The fusion pass fuses the normalization with the affine and with whatever
+  elementwise work surrounds the layer (a residual add, an activation, the
+  loss), forward and backward alike; a monolithic row op would be a fusion
+  barrier on both sides.
+- The backward is autodiff of these ops, nothing layer-specific: dweight and
+  dbias come out as ``sum_to_size`` of ``g * xhat`` and of ``g``, and the two
+  row sums that dx needs (``sum(g' * (x - mean))`` for rstd's VJP,
+  ``sum(-g' * rstd)`` for the mean's) as ``sum_to_size`` too, so the fusion pass
+  takes all four as epilogue sums of one backward kernel; dx is one more
+  elementwise kernel. Layer norm forward and backward on (64, 128) is 4
+  launches: the two statistics, one fused kernel, dx.
+- Each statistic is its own op because a kernel step has one output: packing
+  mean and rstd into one ``[2, ...]`` value would need two ``index`` views in
+  the forward and, in the backward, two ``index_scatter`` kernels and an add
+  to rebuild the packed gradient. ``norm_rstd`` recomputes the row mean in its
+  own kernel (in the same order as ``norm_mean``, so the two agree bit for bit).
+
+Group norm reshapes x (N, C, *) to (N, G, C/G, S) (a view), takes the same
+statistics over the last two dims and reads the per-channel affine as
+(G, C/G, 1), so its normalization and affine are one kernel over
+(N, G, C/G, S) too.
+
+The statistics accumulate in float64, sequentially along each row (the mean,
+then the biased variance around it), and round once to float32: within an ulp
+of PyTorch's float Welford moments. The reference interpreter sums in the
+same order (``cumsum``), so the cpu kernels match it bit for bit.
+
+rope is a row op, not an elementwise one: the elementwise renderer reads each
+operand at the cell's own (broadcast) index, and a rotary output reads its
+partner half a row away. Its CPU kernel is one cell per row of the last dim;
+its VJP is the inverse rotation, ``rope[inverse=True]``, and gradients for cos
+and sin (when they are leaves) are elementwise products of ``index`` views of
+the halves, summed over the leading dims by autodiff's ``sum_to_size``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bendc.ops.base import PARALLEL_CELLS, InferError, Lowering, define_op, require_float
+
+
+# ------------------------------------------------------------------ statistics
+def _stat_geometry(shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, columns): the reduced trailing dims are one row each."""
+    columns = 1
+    for axis in dims:
+        columns *= shape[axis]
+    leading = 1
+    for axis in range(len(shape) - len(dims)):
+        leading *= shape[axis]
+    return leading, columns
+
+
+def _infer_stat(name: str):
+    def infer(types, attrs):
+        (x,) = types
+        require_float(types, name)
+        dims = tuple(attrs["dims"])
+        if not dims or dims != tuple(range(x.ndim - len(dims), x.ndim)):
+            raise InferError(f"{name} dims {dims} must be the trailing dims of {x}")
+        if name == "norm_rstd" and not isinstance(attrs["eps"], float):
+            raise InferError(f"norm_rstd eps must be a float, got {attrs['eps']!r}")
+        return x.with_shape(tuple(1 if axis in dims else d for axis, d in enumerate(x.shape)))
+
+    return infer
+
+
+def _row_moments(x: np.ndarray, dims: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per row (float64, sequential sums): the mean and the sum of squared deviations."""
+    rows, columns = _stat_geometry(x.shape, dims)
+    flat = np.ascontiguousarray(x, dtype=np.float64).reshape(rows, columns)
+    if columns == 0:
+        nan = np.full(rows, np.nan)
+        return nan, nan, columns
+    mean = np.cumsum(flat, axis=1)[:, -1] / columns
+    deviation = flat - mean[:, None]
+    squares = np.cumsum(deviation * deviation, axis=1)[:, -1]
+    return mean, squares, columns
+
+
+def _stat_shape(x: np.ndarray, dims) -> tuple[int, ...]:
+    return tuple(1 if axis in dims else d for axis, d in enumerate(x.shape))
+
+
+def _reference_norm_mean(values, attrs):
+    (x,) = values
+    dims = tuple(attrs["dims"])
+    mean, _, _ = _row_moments(x, dims)
+    return mean.astype(np.float32).reshape(_stat_shape(x, dims))
+
+
+def _reference_norm_rstd(values, attrs):
+    (x,) = values
+    dims = tuple(attrs["dims"])
+    _, squares, columns = _row_moments(x, dims)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rstd = 1.0 / np.sqrt(squares / columns + attrs["eps"])
+    return rstd.astype(np.float32).reshape(_stat_shape(x, dims))
+
+
+def vjp_norm_mean(b, node, grad, needs):
+    """d mean(x) = expand(g) / n, broadcast first so the division fuses with x's other terms."""
+    x = node.inputs[0]
+    _, columns = _stat_geometry(b.shape(x), tuple(node.attr["dims"]))
+    return (b.div(b.expand(grad, b.shape(x)), b.const(float(columns))),)
+
+
+def vjp_norm_rstd(b, node, grad, needs):
+    """d rstd(x) = -(g * ((x - mean) * rstd * rstd * rstd)) / n (PyTorch's formula, by rows).
+
+    The mean's own dependence on x contributes nothing: the deviations sum to
+    zero. ``(x - mean) * rstd`` is the forward's xhat, which CSE shares.
+    """
+    x = node.inputs[0]
+    dims = tuple(node.attr["dims"])
+    _, columns = _stat_geometry(b.shape(x), dims)
+    mean = b.emit("norm_mean", (x,), dims=dims)
+    rstd = node.id
+    cubed = b.mul(b.mul(b.mul(b.sub(x, mean), rstd), rstd), rstd)
+    return (b.div(b.neg(b.mul(grad, cubed)), b.const(float(columns))),)
+
+
+def _cpu_stat(rstd: bool):
+    """A row kernel: float64 sequential mean (and squared deviations), rounded once to float32."""
+    def render(attrs, ins, out):
+        x = ins[0]
+        dims = tuple(attrs["dims"])
+        rows, columns = _stat_geometry(x.shape, dims)
+        parallel = x.numel >= PARALLEL_CELLS and rows > 1
+        loop = "prange" if parallel else "range"
+        if rstd:
+            finish = (
+                "        squares = 0.0\n"
+                f"        for c in range({columns}):\n"
+                "            deviation = np.float64(x[r, c]) - mean\n"
+                "            squares += deviation * deviation\n"
+                f"        out[r] = np.float32(1.0 / math.sqrt(squares / {columns} + {float(attrs['eps'])!r}))\n")
+        else:
+            finish = "        out[r] = np.float32(mean)\n"
+        return (
+            f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
+            f"def _rows(x, out):\n"
+            f"    for r in {loop}({rows}):\n"
+            f"        total = 0.0\n"
+            f"        for c in range({columns}):\n"
+            f"            total += np.float64(x[r, c])\n"
+            f"        mean = total / {columns}\n"
+            + finish + "\n\n"
+            "def kernel(in0, out0):\n"
+            f"    _rows(np.ascontiguousarray(in0).reshape(({rows}, {columns})), out0.reshape({rows}))\n"
+        )
+
+    return render
+
+
+define_op(
+    name="norm_mean",
+    arity=1,
+    infer=_infer_stat("norm_mean"),
+    reference=_reference_norm_mean,
+    lowering=Lowering("row", cpu=_cpu_stat(rstd=False)),
+    vjp=vjp_norm_mean,
+    attr_names=("dims",),
+    doc="`%1 = norm_mean[dims=(1,)] %0 : f32[64,1]`: the mean over the trailing dims (kept as size 1), "
+        "accumulated in float64: layer_norm's and group_norm's saved mean.",
+)
+
+define_op(
+    name="norm_rstd",
+    arity=1,
+    infer=_infer_stat("norm_rstd"),
+    reference=_reference_norm_rstd,
+    lowering=Lowering("row", cpu=_cpu_stat(rstd=True)),
+    vjp=vjp_norm_rstd,
+    attr_names=("dims", "eps"),
+    doc="`%2 = norm_rstd[dims=(1,), eps=1e-05] %0 : f32[64,1]`: 1 / sqrt(biased variance + eps) over the "
+        "trailing dims (kept as size 1): layer_norm's and group_norm's saved rstd.",
+)
+
+
+# ------------------------------------------------------------------ rope
+def _infer_rope(types, attrs):
+    x, cos, sin = types
+    require_float(types, "rope")
+    if not isinstance(attrs["inverse"], bool):
+        raise InferError(f"rope inverse must be True or False, got {attrs['inverse']!r}")
+    if x.ndim < 2 or x.shape[-1] % 2:
+        raise InferError(f"rope needs x of shape (..., t, 2*half), got {x}")
+    table = (x.shape[-2], x.shape[-1] // 2)
+    if cos.shape != table or sin.shape != table:
+        raise InferError(f"rope needs cos and sin of shape [{table[0]},{table[1]}] (t, half) for x {x}, "
+                         f"got {cos} and {sin}")
+    return x
+
+
+def _reference_rope(values, attrs):
+    x, cos, sin = values
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    if attrs["inverse"]:
+        zero = np.float32(0.0)
+        first, second = (x1 * cos + x2 * sin) + zero, (x2 * cos - x1 * sin) + zero
+    else:
+        first, second = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    return np.concatenate([first, second], axis=-1).astype(np.float32)
+
+
+def _halves(b, value: int) -> tuple[int, int]:
+    """Views of the first and second half of the last dim."""
+    shape = b.shape(value)
+    half = shape[-1] // 2
+    lead = tuple((0, d, 1) for d in shape[:-1])
+    return (b.emit("index", (value,), spec=lead + ((0, half, 1),)),
+            b.emit("index", (value,), spec=lead + ((half, 2 * half, 1),)))
+
+
+def vjp_rope(b, node, grad, needs):
+    """d rope(x) = the inverse rotation of g; d cos = g1*x1 + g2*x2; d sin = g2*x1 - g1*x2 (negated
+    for the inverse), summed over the leading dims by autodiff's sum_to_size."""
+    x, cos, sin = node.inputs
+    inverse = node.attr["inverse"]
+    grad_x = b.emit("rope", (grad, cos, sin), inverse=not inverse) if needs[0] else None
+    grad_cos = grad_sin = None
+    if needs[1] or needs[2]:
+        g1, g2 = _halves(b, grad)
+        x1, x2 = _halves(b, x)
+        if needs[1]:
+            grad_cos = b.add(b.mul(g1, x1), b.mul(g2, x2))
+        if needs[2]:
+            grad_sin = b.sub(b.mul(g1, x2), b.mul(g2, x1)) if inverse else b.sub(b.mul(g2, x1), b.mul(g1, x2))
+    return (grad_x, grad_cos, grad_sin)
+
+
+def _cpu_rope(attrs, ins, out):
+    """One cell per row of the last dim: each output pair reads its partner element."""
+    x = ins[0]
+    table_rows, half = x.shape[-2], x.shape[-1] // 2
+    rows = x.numel // max(x.shape[-1], 1)
+    parallel = x.numel >= PARALLEL_CELLS and rows > 1
+    loop = "prange" if parallel else "range"
+    if attrs["inverse"]:
+        # PyTorch's slice backward accumulates each half into +0.0 words: -0.0 becomes +0.0.
+        first = "(a * c + p * s) + np.float32(0.0)"
+        second = "(p * c - a * s) + np.float32(0.0)"
+    else:
+        first, second = "a * c - p * s", "p * c + a * s"
+    return (
+        f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
+        "def _rows(x, cos, sin, out):\n"
+        f"    for r in {loop}({rows}):\n"
+        f"        t = r % {table_rows}\n"
+        f"        for j in range({half}):\n"
+        "            a = x[r, j]\n"
+        f"            p = x[r, j + {half}]\n"
+        "            c = cos[t, j]\n"
+        "            s = sin[t, j]\n"
+        f"            out[r, j] = {first}\n"
+        f"            out[r, j + {half}] = {second}\n"
+        "\n\n"
+        "def kernel(in0, in1, in2, out0):\n"
+        f"    _rows(np.ascontiguousarray(in0).reshape(({rows}, {2 * half})), np.ascontiguousarray(in1),\n"
+        f"          np.ascontiguousarray(in2), out0.reshape(({rows}, {2 * half})))\n"
+    )
+
+
+define_op(
+    name="rope",
+    arity=3,
+    infer=_infer_rope,
+    reference=_reference_rope,
+    lowering=Lowering("row", cpu=_cpu_rope),
+    vjp=vjp_rope,
+    attr_names=("inverse",),
+    doc="`%3 = rope[inverse=False] %x, %cos, %sin : f32[2,8,16]`: x (..., t, 2*half) rotated by the (t, half) "
+        "tables: cat(x1*cos - x2*sin, x2*cos + x1*sin); inverse=True rotates back "
+        "(cat(x1*cos + x2*sin, x2*cos - x1*sin)), as rope's VJP.",
+)
