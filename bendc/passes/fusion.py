@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bendc.errors import InternalError
 from bendc.ir.graph import Graph, Node
 from bendc.ops import OPS
 from bendc.passes.manager import PassContext, register
@@ -159,10 +160,78 @@ def attach_epilogues(graph: Graph, groups: dict[int, Group], context: PassContex
         group.epilogues.append(node.id)
 
 
+def kernel_cycle(graph: Graph, groups: dict[int, Group]) -> list[int] | None:
+    """Group ids on a cycle of the graph of kernels, or None when kernels can be ordered.
+
+    Each group is convex on its own, but two groups can still need each other: a member
+    of A feeds B while another member of B feeds A, through nodes that are independent.
+    """
+    unit_of: dict[int, tuple] = {m: ("k", g.id) for g in groups.values() for m in g.members}
+    edges: dict[tuple, set[tuple]] = {}
+    for node in graph.nodes():
+        unit = unit_of.get(node.id, ("n", node.id))
+        for operand in node.inputs:
+            source = unit_of.get(operand, ("n", operand))
+            if source != unit:
+                edges.setdefault(source, set()).add(unit)
+    state: dict[tuple, int] = {}  # 1: on the current path, 2: done
+    for start in list(edges):
+        if state.get(start):
+            continue
+        path, stack = [], [(start, iter(sorted(edges.get(start, ()))))]
+        state[start] = 1
+        path.append(start)
+        while stack:
+            unit, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                state[unit] = 2
+            elif state.get(child) == 1:
+                cycle = path[path.index(child):]
+                return [u[1] for u in cycle if u[0] == "k"]
+            elif not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(edges.get(child, ())))))
+    return None
+
+
+def break_cycles(graph: Graph, groups: dict[int, Group], context: PassContext | None) -> None:
+    """Split groups until the kernels can be ordered: first drop a group's epilogue sums,
+    then dissolve a group into one kernel per node. Bounded: each round removes a group
+    or its epilogues."""
+    next_id = max(groups, default=-1) + 1
+    for _ in range(2 * len(groups) + 1):
+        cycle = kernel_cycle(graph, groups)
+        if cycle is None:
+            return
+        with_epilogues = [g for g in cycle if groups[g].epilogues]
+        if with_epilogues:
+            group = groups[with_epilogues[0]]
+            for epilogue in group.epilogues:
+                group.members.discard(epilogue)
+            note = f"epilogue sums {' '.join(f'%{e}' for e in group.epilogues)} left their kernel"
+            group.epilogues = []
+        else:
+            group = groups.pop(min(cycle, key=lambda g: len(groups[g].members)))
+            for member in sorted(group.members):
+                node = graph.node(member)
+                if OPS[node.op].lowering.kind == "elementwise":  # layout members go back to being views
+                    groups[next_id] = Group(next_id, node.type.shape, {member})
+                    next_id += 1
+            note = f"the kernel of {' '.join(f'%{m}' for m in sorted(group.members))} was split node by node"
+        if context is not None:
+            context.decide("fuse", f"{note}: the kernels of {len(cycle)} groups needed each other")
+    raise InternalError("fuse: kernels still need each other after splitting every group")
+
+
 @register("fuse", "Group elementwise forward and VJP nodes into kernels over one iteration space.")
 def fuse(graph: Graph, context: PassContext) -> Graph:
     groups = fusion_groups(graph, context)
     attach_epilogues(graph, groups, context)
+    break_cycles(graph, groups, context)
     # Number kernels by their first member, so the printed IR reads in order.
     ordered = sorted(groups.values(), key=lambda g: min(g.members))
     for number, group in enumerate(ordered):

@@ -88,15 +88,9 @@ def test_layer_norm_scalar_loss_and_constant_input():
 
 def test_layer_norm_output_times_input(target, request):
     """(layer_norm(x) * x).sum(): x's gradient reads the forward output directly."""
-    if target == "cpu":
-        # A fusion-pass bug, not one of layer_norm's: the pass checks that each group is convex
-        # but not that the groups together are acyclic. Here the dx kernel holds xhat and reads
-        # a row sum that the backward's epilogue kernel computes from xhat: the kernel plan has a
-        # cycle (NetworkXUnfeasible). The same graph written with sum in place of the two
-        # statistics fails the same way.
-        import networkx
-        request.applymarker(pytest.mark.xfail(raises=networkx.NetworkXUnfeasible, strict=True,
-                                              reason="fusion: groups are convex but their graph is cyclic"))
+    # On cpu the dx kernel holds xhat and reads a row sum that the backward's epilogue kernel
+    # computes from xhat: two convex groups that need each other. The fusion pass splits them
+    # (break_cycles); this program caught the bug.
     inputs = {"x": normal((3, 16), 212), "w": normal((16,), 213), "b": normal((16,), 214)}
     norm_parity(lambda F, x, w, b: (F.layer_norm(x, (16,), w, b) * x).sum(), inputs, ("x", "w", "b"))
 

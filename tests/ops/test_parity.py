@@ -639,7 +639,7 @@ def test_adam_step(weight_decay):
     assert len(step._cache) == 3, "each static step value is a new signature"
 
 
-def test_adam_with_a_traced_step_count_matches_adamw():
+def test_adam_with_a_traced_step_count_matches_adamw(target):
     """One trace for the whole loop: the step count is a 0-d array, bias corrections in float64."""
     rng = np.random.default_rng(5)
     p, g = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
@@ -647,7 +647,7 @@ def test_adam_with_a_traced_step_count_matches_adamw():
     def update(p, g, m, v, step):
         return BF.adam_step(p, g, m, v, step, 1e-2, weight_decay=0.01)
 
-    step_fn = bendc.jit(update, target=TARGET)
+    step_fn = bendc.jit(update, target=target)
     tp = torch.tensor(p, requires_grad=True)
     optimizer = torch.optim.AdamW([tp], lr=1e-2, weight_decay=0.01)
     param, m, v = p.copy(), np.zeros_like(p), np.zeros_like(p)
