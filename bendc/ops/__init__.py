@@ -3,6 +3,6 @@ from __future__ import annotations
 
 from bendc.ops.base import OPS, InferError, Lowering, OpDef, define_op
 
-from bendc.ops import source, elementwise, reduce, layout, gather, matmul  # noqa: E402,F401  (registers)
+from bendc.ops import source, elementwise, reduce, layout, gather, matmul, attention  # noqa: E402,F401  (registers)
 
 __all__ = ["OPS", "InferError", "Lowering", "OpDef", "define_op"]

@@ -80,6 +80,14 @@ SAMPLES: dict[str, Sample] = {
     "sum_to_size": Sample((T("f32[2,3,4]"),), {"shape": (3, 1)}),
     "softmax": Sample((T("f32[2,3]"),), {"dim": 1}),
     "log_softmax": Sample((T("f32[2,3]"),), {"dim": 0}),
+    "attention": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]")),
+                        {"causal": True, "scale": 0.5, "schedule": "triangular"}),
+    "attention_probs": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]")),
+                              {"causal": False, "scale": 0.5, "schedule": "dense"}),
+    "attention_score_grad": Sample((T("f32[1,2,6]"), T("f32[1,1,3,2]"), T("f32[1,2,3,2]")),
+                                   {"causal": True, "scale": 0.5, "schedule": "triangular"}),
+    "attention_vjp": Sample((T("f32[1,2,6]"), T("f32[1,2,3,4]")),
+                            {"causal": True, "heads": 1, "schedule": "auto", "wrt": "k"}),
 }
 
 
