@@ -38,7 +38,6 @@ class ScheduleOptions:
 def choose(node: Node, options: ScheduleOptions) -> tuple[str, str]:
     """(schedule, reason) for one attention call site."""
     causal = node.attr["causal"]
-    t = node.type.shape[2]
     if options.force == "dense":
         return "dense", "forced dense (attention_schedule_dense)"
     if not causal:
@@ -54,15 +53,14 @@ def _describe(node: Node, schedule: str) -> str:
     """Cells, work items and bytes of P (and G) per head for a schedule."""
     batch, heads, t, _ = node.type.shape
     cells = score_cells(t, schedule)
-    items = work_items(t, schedule)
-    sizes = sorted({sum(t if schedule == "dense" else i + 1 for i in rows) for rows in items})
-    per_item = "/".join(str(s) for s in sizes)
+    items = len(work_items(t, schedule))
     if schedule == "triangular":
+        middle = f", the middle row {t // 2} alone ({t // 2 + 1} cells)" if t % 2 else ""
         shape = (f"packed lower triangle of {cells} cells per head (row i at i(i+1)/2; dense: {t * t}), "
-                 f"{len(items)} work items per head of rows (i, {t}-1-i), {per_item} cells each")
+                 f"{items} work items per head of rows (i, {t - 1}-i), {t + 1} cells each{middle}")
     else:
-        shape = f"dense {t}x{t} = {cells} cells per head, {len(items)} work items per head (one row, {t} cells)"
-    return f"{shape}; P and G take {batch * heads * cells * 4} bytes each"
+        shape = f"dense {t}x{t} = {cells} cells per head, {items} work items per head (one row, {t} cells)"
+    return f"{shape}; the backward's P and G take {batch * heads * cells * 4} bytes each"
 
 
 def _rescheduled(graph: Graph, node: Node, schedule: str) -> Node:

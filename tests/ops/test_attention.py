@@ -90,6 +90,13 @@ def test_longer_sequence(target):
     check_parity(arrays, ("q", "k", "v"), target, is_causal=True, enable_gqa=True)
 
 
+def test_parallel_kernels():
+    """Large enough for prange (B*H*t*t*D >= PARALLEL_CELLS): the parallel kernels, on the cpu target."""
+    arrays = inputs(1, 2, 1, 64, 8, seed=9)
+    step, _ = check_parity(arrays, ("q", "k", "v"), "cpu", is_causal=True, enable_gqa=True)
+    assert all("parallel=True" in source for name, source in step.kernels().items() if name.startswith("attention"))
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_explicit_scale_and_value_width(target):
     """scale given; v's head dimension differs from q's (torch allows it)."""
