@@ -9,6 +9,9 @@ Workloads (each a median of several timed runs after warm-up):
   compile      time to the first result: cold (empty cache) and warm (second process),
                against torch.compile's cold time
   fusion       kernel launches and bytes moved per mlp step, fused vs unfused
+  attention    causal grouped-query attention forward + backward (B=4, H=8, Hkv=2, T=512, D=64):
+               the triangular schedule vs the dense one (same compiler, each forced), and vs
+               torch's scaled_dot_product_attention (eager, same thread count)
 Benchmarks are not tests: nothing here asserts on time. With --json the last
 line is one JSON object {"machine": ..., "workloads": [...]}.
 """
@@ -243,6 +246,65 @@ def bendc_type(array: np.ndarray) -> str:
     return f"{dtype}[{','.join(map(str, array.shape))}]"
 
 
+# ------------------------------------------------------------------ attention
+def attention_step(q, k, v, g):
+    """Causal grouped-query attention, forward and backward with the output gradient g."""
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    o.backward(g)
+    return o, q.grad, k.grad, v.grad
+
+
+def interleaved_medians(fns: dict, runs: int, warmup: int = 2) -> dict:
+    """Median seconds of each function, timed in alternating rounds (a noisy machine drifts)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def bench_attention(target: str, runs: int, quick: bool) -> dict:
+    import numba
+    import torch
+    from bendc.passes import default_passes
+
+    batch, heads, kv_heads, t, depth = (2, 8, 2, 128, 64) if quick else (4, 8, 2, 512, 64)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((batch, heads, t, depth), dtype=np.float32)
+    k = rng.standard_normal((batch, kv_heads, t, depth), dtype=np.float32)
+    v = rng.standard_normal((batch, kv_heads, t, depth), dtype=np.float32)
+    g = rng.standard_normal((batch, heads, t, depth), dtype=np.float32)
+    steps = {}
+    for schedule in ("triangular", "dense"):
+        passes = [f"attention_schedule_{schedule}" if p == "attention_schedule" else p for p in default_passes()]
+        steps[schedule] = bendc.jit(attention_step, leaves=("q", "k", "v"), target=target, passes=passes)
+
+    threads = numba.get_num_threads()
+    torch.set_num_threads(threads)
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+    tg = torch.tensor(g)
+
+    def torch_step():
+        tq.grad = tk.grad = tv.grad = None
+        o = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
+        o.backward(tg)
+        return o
+
+    expected = [torch_step().detach().numpy(), tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()]
+    error = max(float(np.max(np.abs(a - b))) for step in steps.values() for a, b in zip(step(q, k, v, g), expected))
+    seconds = interleaved_medians({"triangular": lambda: steps["triangular"](q, k, v, g),
+                                   "dense": lambda: steps["dense"](q, k, v, g), "torch": torch_step}, runs)
+    return {"name": "attention", "target": target, "shape": f"B={batch} H={heads} Hkv={kv_heads} T={t} D={depth}",
+            "threads": threads, "triangular_ms": seconds["triangular"] * 1e3, "dense_ms": seconds["dense"] * 1e3,
+            "torch_eager_ms": seconds["torch"] * 1e3, "triangular_vs_dense": seconds["dense"] / seconds["triangular"],
+            "speedup_vs_torch_eager": seconds["torch"] / seconds["triangular"], "max_abs_diff_vs_torch": error}
+
+
 # ------------------------------------------------------------------ main
 def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
@@ -267,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "elementwise": lambda: bench_elementwise(args.target, runs, 10**6 if args.quick else 10**7),
         "compile": lambda: bench_compile(args.target, with_torch=not args.quick),
         "fusion": lambda: bench_fusion(args.target),
+        "attention": lambda: bench_attention(args.target, runs, args.quick),
     }
     results = []
     for name, run in workloads.items():

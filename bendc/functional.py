@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from bendc.errors import ShapeError, UnsupportedError
+from bendc.ops.base import f32_value
 from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
 
 
@@ -180,6 +181,53 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     with tracer.at_user_line("rope"):
         x, cos, sin = (tracer.value(_tensor(v, "rope"), "rope") for v in (x, cos, sin))
         return tracer.emit("rope", (x.id, cos.id, sin.id), inverse=False)
+
+
+# ------------------------------------------------------------------ attention
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """softmax(scale * q k^T [causal mask]) v, torch's signature and semantics.
+
+    query (B, H, T, D), key (B, Hkv, T, D), value (B, Hkv, T, Dv). With
+    ``enable_gqa`` H is a multiple of Hkv and query head h reads key/value
+    head h // (H // Hkv); without it Hkv is H (or 1, which broadcasts, as in
+    torch). ``scale`` defaults to 1/sqrt(D). ``attn_mask`` and ``dropout_p``
+    are accepted for torch's positional order and must keep their defaults.
+    Records one ``attention`` node; the ``attention_schedule`` pass picks its
+    schedule.
+    """
+    op = "scaled_dot_product_attention"
+    tracer = _tracer(op, query, key, value)
+    with tracer.at_user_line(op) as builder:
+        if attn_mask is not None:
+            raise UnsupportedError("attn_mask is not supported (use is_causal=True for a causal mask)",
+                                   loc=builder.loc, op=op)
+        if isinstance(dropout_p, Tensor) or dropout_p != 0.0:
+            raise UnsupportedError(f"dropout_p={dropout_p!r} is not supported (0.0 only)", loc=builder.loc, op=op)
+        if not isinstance(is_causal, bool) or not isinstance(enable_gqa, bool):
+            raise UnsupportedError("is_causal and enable_gqa must be Python bools", loc=builder.loc, op=op)
+        q, k, v = (tracer.value(x, op) for x in (query, key, value))
+        for x in (q, k, v):
+            if x.ndim != 4:
+                raise ShapeError(f"query, key and value must be 4-D (B, H, T, D), got {q.type}, {k.type}, "
+                                 f"{v.type}", loc=builder.loc, op=op)
+        if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
+            raise UnsupportedError(f"query and key/value of different lengths ({q.type}, {k.type}, {v.type}) "
+                                   "are not supported: one sequence length T", loc=builder.loc, op=op)
+        heads, kv_heads = q.shape[1], k.shape[1]
+        if enable_gqa:
+            if kv_heads == 0 or heads % kv_heads:
+                raise ShapeError(f"with enable_gqa the query heads ({heads}) must be a multiple of the key/value "
+                                 f"heads ({kv_heads}): {q.type}, {k.type}", loc=builder.loc, op=op)
+        elif kv_heads not in (heads, 1):
+            raise ShapeError(f"query {q.type} has {heads} heads and key {k.type} {kv_heads}: pass "
+                             "enable_gqa=True for grouped-query attention", loc=builder.loc, op=op)
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[3]) if q.shape[3] else 1.0
+        scale = _static_float(scale, "scale", op, tracer)
+        return tracer.emit("attention", (q.id, k.id, v.id), causal=is_causal, scale=f32_value(scale),
+                           schedule="auto")
 
 
 # ------------------------------------------------------------------ losses

@@ -27,6 +27,7 @@ LOWERING_KINDS = (
     "gather",       # index reads
     "scatter",      # ordered index accumulation into +0.0 words
     "row",          # row-wise kernels (softmax, log_softmax): one cell per row
+    "attention",    # attention and its VJPs: one cell per row pair (triangular) or row (dense)
 )
 
 

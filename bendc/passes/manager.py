@@ -49,7 +49,7 @@ def get_pass(name: str) -> Pass:
 
 
 def default_passes() -> list[str]:
-    return ["dce", "canonicalize", "cse", "fuse"]
+    return ["dce", "canonicalize", "cse", "attention_schedule", "fuse"]
 
 
 StageCallback = Callable[[str, Graph], None]

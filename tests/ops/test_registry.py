@@ -85,6 +85,14 @@ SAMPLES: dict[str, Sample] = {
     "norm_mean": Sample((T("f32[2,3,4]"),), {"dims": (1, 2)}),
     "norm_rstd": Sample((T("f32[3,5]"),), {"dims": (1,), "eps": 1e-5}),
     "rope": Sample((T("f32[2,3,4]"), T("f32[3,2]"), T("f32[3,2]")), {"inverse": False}),
+    "attention": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]")),
+                        {"causal": True, "scale": 0.5, "schedule": "triangular"}),
+    "attention_probs": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]")),
+                              {"causal": False, "scale": 0.5, "schedule": "dense"}),
+    "attention_score_grad": Sample((T("f32[1,2,6]"), T("f32[1,1,3,2]"), T("f32[1,2,3,2]")),
+                                   {"causal": True, "scale": 0.5, "schedule": "triangular"}),
+    "attention_vjp": Sample((T("f32[1,2,6]"), T("f32[1,2,3,4]")),
+                            {"causal": True, "heads": 1, "schedule": "auto", "wrt": "k"}),
 }
 
 
