@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import mlp  # noqa: E402
+import transformer  # noqa: E402
 
 
 def torch_mlp_step(x, y, params, lr):
@@ -78,3 +79,66 @@ def test_cli_report_and_errors() -> None:
                   "b1=f32[128]:leaf w2=f32[10,128]:leaf b2=f32[10]:leaf")
     assert bad.returncode == 1
     assert "mlp.py:34" in bad.stderr and "linear" in bad.stderr and "f32[64,65]" in bad.stderr
+
+
+# ------------------------------------------------------------------ the transformer example
+def torch_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def torch_transformer_step(tokens, targets, cos, sin, params, steps):
+    """The example's step in PyTorch: forward, cross-entropy, backward, torch.optim.Adam."""
+    leaves = [torch.tensor(p, requires_grad=True) for p in params]
+    optimizer = torch.optim.Adam(leaves, lr=3e-3)
+    cos, sin = torch.tensor(cos), torch.tensor(sin)
+    losses = []
+    for _ in range(steps):
+        emb, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, w2, lnf_w, lnf_b, head = leaves
+        batch, context = tokens.shape
+        x = emb[torch.tensor(tokens).reshape(-1)].reshape(batch, context, -1)
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), ln1_w, ln1_b)
+        heads, kv_heads, dim = transformer.HEADS, transformer.KV_HEADS, transformer.HEAD_DIM
+        q = (h @ wq.T).reshape(batch, context, heads, dim).transpose(1, 2)
+        k = (h @ wk.T).reshape(batch, context, kv_heads, dim).transpose(1, 2)
+        v = (h @ wv.T).reshape(batch, context, kv_heads, dim).transpose(1, 2)
+        q, k = torch_rope(q, cos, sin), torch_rope(k, cos, sin)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + a.transpose(1, 2).reshape(batch, context, heads * dim) @ wo.T
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), ln2_w, ln2_b)
+        x = x + torch.nn.functional.gelu(h @ w1.T) @ w2.T
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), lnf_w, lnf_b)
+        logits = (h @ head.T).reshape(batch * context, -1)
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor(targets).reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, [p.detach().numpy() for p in leaves]
+
+
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+def test_transformer_train_step_matches_torch(target: str) -> None:
+    stream = transformer.batches(transformer.encode(transformer.TEXT), seed=3)
+    tokens, targets = next(stream)
+    cos, sin = transformer.rope_tables()
+    params = transformer.init_params(seed=4)
+    step = transformer.bendc.jit(transformer.train_step.fn, leaves=transformer.PARAMS, target=target)
+    state = [params, [np.zeros_like(p) for p in params], [np.zeros_like(p) for p in params]]
+    losses = []
+    for count in range(1, 3):  # two steps: the second starts from updated parameters and moments
+        loss, *updates = step(tokens, targets, cos, sin, np.array(count, np.int64), *state[0], *state[1],
+                              *state[2])
+        state = [updates[0::3], updates[1::3], updates[2::3]]
+        losses.append(float(loss))
+    torch_losses, torch_params = torch_transformer_step(tokens, targets, cos, sin, params, 2)
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-5)
+    for name, mine, theirs in zip(transformer.PARAMS, state[0], torch_params):
+        # Adam divides by sqrt(v) + eps: where a gradient is tiny the update's relative error grows,
+        # so parameters are compared with an absolute tolerance of a thousandth of the step size.
+        assert_close(mine, theirs, name, rtol=1e-4, atol=3e-6)
+
+
+def test_transformer_loss_falls() -> None:
+    assert transformer.main(["--steps", "60", "--target", "cpu"]) == 0

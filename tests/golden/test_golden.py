@@ -20,6 +20,7 @@ GOLDEN = Path(__file__).resolve().parent
 # example name -> (module path, jitted function name)
 EXAMPLES = {
     "mlp": ("examples/mlp.py", "train_step"),
+    "transformer": ("examples/transformer.py", "train_step"),
 }
 
 

@@ -15,7 +15,8 @@ import torch
 
 import bendc
 import bendc.functional as F
-from bendc.codegen.cache import default_cache_dir, kernel_path, load_module, write_kernel
+from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
+from runtime.artifact import load_module
 from bendc.codegen.cpu import HEADER
 from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
