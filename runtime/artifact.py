@@ -219,7 +219,7 @@ def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
                             f"got {len(inputs)}")
     checked = []
     for spec, array in zip(specs, inputs):
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # keeps a 0-d array 0-d
         want = np.dtype(NUMPY_DTYPES[spec["dtype"]])
         if array.dtype != want or tuple(array.shape) != tuple(spec["shape"]):
             raise InputsInvalid(f"input {spec['name']!r} must be {type_text(spec)}, "

@@ -152,12 +152,13 @@ def random_inputs(manifest: dict, seed: int) -> list[np.ndarray]:
     for spec in manifest["inputs"]:
         shape = tuple(spec["shape"])
         if spec["dtype"] == "f32":
-            arrays.append(rng.standard_normal(shape, dtype=np.float32))
+            array = rng.standard_normal(shape, dtype=np.float32)
         elif spec["dtype"] == "bool":
-            arrays.append(rng.random(shape) < 0.5)
+            array = rng.random(shape) < 0.5
         else:
-            arrays.append(random_integers(rng, shape, NUMPY_DTYPES[spec["dtype"]],
-                                          spec.get("index_bound", UNBOUNDED_INTEGERS)))
+            array = random_integers(rng, shape, NUMPY_DTYPES[spec["dtype"]],
+                                    spec.get("index_bound", UNBOUNDED_INTEGERS))
+        arrays.append(np.asarray(array))  # a 0-d draw is a numpy scalar: keep it an array
     return arrays
 
 

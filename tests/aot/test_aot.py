@@ -532,3 +532,12 @@ def test_ir_writes_the_graph_in_dot(tmp_path, capsys) -> None:
     for operand in matmul.inputs:
         assert f"  n{operand} -> n{matmul.id};" in lines
     assert '  n1 [label="%y\\nparam\\ni64[64]", shape=ellipse];' in lines
+
+
+def test_zero_dimensional_inputs_round_trip(tmp_path) -> None:
+    """The transformer example takes its step count as a 0-d array."""
+    out = tmp_path / "transformer"
+    assert cli.main(["compile", str(ROOT / "examples" / "transformer.py") + ":train_step", "--target", "cpu",
+                     "-o", str(out)]) == 0
+    assert runtime_cli.main(["run", str(out), "--random-inputs", "--outputs", str(tmp_path / "out.npz")]) == 0
+    assert np.load(tmp_path / "out.npz")["out0"].shape == ()
