@@ -134,18 +134,27 @@ def bench_mlp(target: str, runs: int, with_compile: bool) -> dict:
 
 # ------------------------------------------------------------------ elementwise
 def elementwise_chain(x, w, b):
-    """A long elementwise forward and its VJP chain: every gradient is one fused kernel."""
+    """A long elementwise forward and its VJP chain (+ - * and relu): one fused kernel,
+    bound by memory bandwidth."""
+    y = ((x * w + b).relu() * x - b) * w
+    (y * x).sum().backward()
+    return w.grad, b.grad
+
+
+def transcendental_chain(x, w, b):
+    """The same shape of chain through tanh and sigmoid: bound by the math library."""
     y = ((x * w + b).tanh() * x - b).sigmoid() * w
     (y * x).sum().backward()
     return w.grad, b.grad
 
 
-def bench_elementwise(target: str, runs: int, size: int) -> dict:
+def bench_elementwise(target: str, runs: int, size: int, chain=elementwise_chain,
+                      name: str = "elementwise") -> dict:
     import torch
 
     rng = np.random.default_rng(0)
     x, w, b = (rng.standard_normal(size, dtype=np.float32) for _ in range(3))
-    step = bendc.jit(elementwise_chain, leaves=("w", "b"), target=target)
+    step = bendc.jit(chain, leaves=("w", "b"), target=target)
     step(x, w, b)
     seconds = median_time(lambda: step(x, w, b), runs)
     stats = step.stats()
@@ -156,13 +165,12 @@ def bench_elementwise(target: str, runs: int, size: int) -> dict:
     copy_bandwidth = 2 * source.nbytes / copy_seconds
     tx, tw, tb = (torch.tensor(a, requires_grad=name != "x") for name, a in (("x", x), ("w", w), ("b", b)))
 
-    def torch_chain():
+    def torch_chain():  # the chains use tensor methods only: the same function runs on torch tensors
         tw.grad = tb.grad = None
-        y = ((tx * tw + tb).tanh() * tx - tb).sigmoid() * tw
-        (y * tx).sum().backward()
+        chain(tx, tw, tb)
 
     torch_seconds = median_time(torch_chain, runs)
-    return {"name": "elementwise", "target": target, "elements": size, "bendc_ms": seconds * 1e3,
+    return {"name": name, "target": target, "elements": size, "bendc_ms": seconds * 1e3,
             "torch_eager_ms": torch_seconds * 1e3, "speedup_vs_torch_eager": torch_seconds / seconds,
             "launches": stats.get("launches"), "bytes_moved": moved,
             "achieved_gb_per_s": moved / seconds / 1e9, "copy_gb_per_s": copy_bandwidth / 1e9,
@@ -327,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     workloads = {
         "mlp": lambda: bench_mlp(args.target, runs, with_compile=not args.quick),
         "elementwise": lambda: bench_elementwise(args.target, runs, 10**6 if args.quick else 10**7),
+        "transcendental": lambda: bench_elementwise(args.target, runs, 10**6 if args.quick else 10**7,
+                                                    transcendental_chain, "transcendental"),
         "compile": lambda: bench_compile(args.target, with_torch=not args.quick),
         "fusion": lambda: bench_fusion(args.target),
         "attention": lambda: bench_attention(args.target, runs, args.quick),

@@ -29,7 +29,8 @@ from runtime.artifact import (NUMPY_DTYPES, ArtifactInvalid, check_inputs, input
                               type_text)
 from runtime.cpu import CpuProgram, KernelError
 
-# Integer inputs that no op uses as an index get values in [0, UNBOUNDED_INTEGERS).
+# Integer inputs that no op uses as an index (counts, like an optimizer's step) get values in
+# [1, UNBOUNDED_INTEGERS).
 UNBOUNDED_INTEGERS = 10
 DEFAULT_SEED = 0
 
@@ -156,8 +157,11 @@ def random_inputs(manifest: dict, seed: int) -> list[np.ndarray]:
         elif spec["dtype"] == "bool":
             array = rng.random(shape) < 0.5
         else:
-            array = random_integers(rng, shape, NUMPY_DTYPES[spec["dtype"]],
-                                    spec.get("index_bound", UNBOUNDED_INTEGERS))
+            dtype = NUMPY_DTYPES[spec["dtype"]]
+            if "index_bound" in spec:
+                array = random_integers(rng, shape, dtype, spec["index_bound"])
+            else:
+                array = rng.integers(1, UNBOUNDED_INTEGERS, size=shape, dtype=dtype)
         arrays.append(np.asarray(array))  # a 0-d draw is a numpy scalar: keep it an array
     return arrays
 
