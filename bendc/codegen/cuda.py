@@ -18,6 +18,10 @@ How each kind is lowered, and why:
   saved), at the price of a summation order that varies from run to run.
 - ``row`` (softmax, log_softmax): one block per row, a shared-memory tree for
   the row's max and sum, ``syncthreads`` between levels (no warp shuffles).
+- ops with their own kernels (``Lowering.cuda``, rendered in the op's file
+  from a :class:`CudaNode`): the norm statistics (a block per row, a float64
+  tree), rope (a thread per output element, reading its partner) and the
+  attention ops (a block per work item: a pair of rows or columns, or one).
 - ``reduce`` (sum, sum_to_size): one block per output element with the same
   tree when the reduced extent is large, else one thread per output element
   summing its elements in order.
@@ -41,11 +45,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 # The CPU renderer's index helpers: the same broadcast and reduction index rules, one definition.
 from bendc.codegen.cpu import _broadcast_index, _reduction_index, _unit_reshape_index
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
-from bendc.codegen.strides import Access, dense, indexed, resolve_accesses, view_access
+from bendc.codegen.strides import Access, dense, indexed, reshaped, resolve_accesses, view_access
 from bendc.ir.graph import Graph, Node
 from bendc.ir.printer import format_node
 from bendc.ops import OPS
@@ -56,6 +61,8 @@ WARP = 32
 MAX_BLOCK = 256   # threads per block for grid-stride and tree kernels
 MAX_GRID = 4096   # blocks of a grid-stride kernel (each thread then loops)
 MAX_ROWS = 65535  # blocks of a block-per-row kernel (each block then loops)
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory a block may declare
+ROW_TEMPLATE_OPS = ("softmax", "log_softmax")  # the row ops _render_row knows; others bring Lowering.cuda
 TREE_MIN_EXTENT = 64  # a sum over at least this many elements gets a block per output element
 MATMUL_TILE = 16
 
@@ -158,9 +165,59 @@ def _render_kind(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels
             return Kernels(f"{node.op} (a strided view: its readers index the operand's array; no kernel)",
                            "", [])
         return _render_copy(step, graph, access, node)
+    lowering = OPS[node.op].lowering
+    if lowering.cuda is not None:  # the op's own kernels, rendered in its op file
+        return lowering.cuda(CudaNode.of(step, graph, access, node))
     renderers = {"row": _render_row, "reduce": _render_sum, "matmul": _render_matmul,
                  "gather": _render_gather, "scatter": _render_scatter}
     return renderers[step.kind](step, graph, access, node)
+
+
+@dataclass(frozen=True)
+class CudaNode:
+    """What an op's own cuda renderer (``Lowering.cuda``) is given: one node of a step, how to read
+    each of its operands (argument name and strided access, so views are read in place) and the
+    kernel argument list. The renderer returns :class:`Kernels`; its kernels take ``arguments``
+    (``in0..``, ``out0``) and write ``out0`` densely in row-major order.
+    """
+
+    node: Node
+    shapes: tuple[tuple[int, ...], ...]  # of node.inputs, in operand order
+    names: tuple[str, ...]               # the kernel argument holding each operand (one per value)
+    accesses: tuple[Access, ...]         # where each operand's elements are in that argument
+    arguments: str
+
+    @staticmethod
+    def of(step: Step, graph: Graph, access: dict[int, Access], node: Node) -> "CudaNode":
+        names = _argument_names(step)
+        return CudaNode(node, tuple(graph.node(i).type.shape for i in node.inputs),
+                        tuple(names[i] for i in node.inputs), tuple(access[i] for i in node.inputs),
+                        _arguments(step))
+
+    @property
+    def attrs(self) -> dict:
+        return self.node.attr
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.node.type.shape
+
+    def read(self, operand: int, index: Sequence[str]) -> str:
+        """The element of operand ``operand`` at one index expression per axis ("0" for a fixed axis)."""
+        return f"{self.names[operand]}[{self.accesses[operand].flat(index)}]"
+
+    def read_rows(self, operand: int, lead: int, row: str, column: str, prefix: str) -> tuple[list[str], str]:
+        """Operand ``operand`` as a matrix: its first ``lead`` axes flattened into rows, the rest into
+        columns. Returns the statements that split ``row`` and ``column`` into axis indexes (none
+        where strides describe the matrix, as for any contiguous operand) and the element read."""
+        shape = self.shapes[operand]
+        rows, columns = _numel(shape[:lead]), _numel(shape[lead:])
+        matrix = reshaped(self.accesses[operand], shape, (rows, columns))
+        if matrix is not None:
+            return [], f"{self.names[operand]}[{matrix.flat([row, column])}]"
+        row_split, row_names = unflatten(row, shape[:lead], f"{prefix}r")
+        column_split, column_names = unflatten(column, shape[lead:], f"{prefix}c")
+        return row_split + column_split, self.read(operand, row_names + column_names)
 
 
 def describe_launches(plan: KernelPlan) -> list[str]:
@@ -257,13 +314,14 @@ def used(split: list[str], rest: list[str]) -> list[str]:
     return kept
 
 
-def _grid_stride(cells: int, body: list[str], variable: str = "cell") -> list[str]:
+def grid_stride_loop(cells: int, body: list[str], variable: str = "cell") -> list[str]:
     """A grid-stride loop over ``cells`` around ``body`` (kernel-level indentation)."""
     return ([f"{variable} = cuda.grid(1)", "stride = cuda.gridsize(1)", f"while {variable} < {cells}:"]
             + ["    " + line for line in body] + [f"    {variable} += stride"])
 
 
-def _kernel(name: str, arguments: str, body: list[str], doc: str = "") -> str:
+def kernel_source(name: str, arguments: str, body: list[str], doc: str = "") -> str:
+    """The source of one ``@cuda.jit`` kernel ``name(arguments)`` with ``body`` (kernel-level lines)."""
     lines = ["", "", "@cuda.jit", f"def {name}({arguments}):"]
     if doc:
         lines.append(f'    """{doc}"""')
@@ -280,7 +338,7 @@ def _zero_kernel(step: Step, sizes: dict[str, int], what: str, checked: bool = F
             body += [f"if cell < {size}:", f"    {name}[cell] = np.float32(0.0)"]
         else:
             body.append(f"{name}[cell] = np.float32(0.0)")
-    source = _kernel("zero", _arguments(step, checked), _grid_stride(cells, body), f"Clear {what}.")
+    source = kernel_source("zero", _arguments(step, checked), grid_stride_loop(cells, body), f"Clear {what}.")
     return source, grid_stride_launch("zero", cells)
 
 
@@ -350,7 +408,7 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
             body.append(f"{out_of[id]}[cell] = {local[id]}")
     body = [line for text in body for line in text.split("\n")]
     cells = _numel(domain)
-    source = _kernel("kernel", _arguments(step), _grid_stride(cells, used(prelude, body) + body))
+    source = kernel_source("kernel", _arguments(step), grid_stride_loop(cells, used(prelude, body) + body))
     launches = [grid_stride_launch("kernel", cells)]
     summary = f"{len(step.nodes)} fused elementwise ops over [{','.join(map(str, domain))}]"
     if epilogues:
@@ -363,16 +421,23 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
 
 
 # ------------------------------------------------------------------ tree reductions
-def _tree(operation: str) -> list[str]:
-    """Combine ``partial[0..BLOCK)`` into ``partial[0]``: halve the active threads each level."""
-    combine = (["    other = partial[t + half]", "    if other > partial[t]:", "        partial[t] = other"]
-               if operation == "max" else ["    partial[t] += partial[t + half]"])
+def tree_lines(operation: str, arrays: Sequence[str] = ("partial",)) -> list[str]:
+    """Combine ``partial[0..BLOCK)`` into ``partial[0]``: halve the active threads each level.
+
+    Several shared arrays (``arrays``) are combined level by level in one tree (one
+    ``syncthreads`` per level for all of them). ``t`` is the thread index, BLOCK a power of two.
+    """
+    combine = []
+    for array in arrays:
+        combine += ([f"    other = {array}[t + half]", f"    if other > {array}[t]:", f"        {array}[t] = other"]
+                    if operation == "max" else [f"    {array}[t] += {array}[t + half]"])
     return (["cuda.syncthreads()", "half = BLOCK // 2", "while half > 0:", "    if t < half:"]
             + ["    " + line for line in combine] + ["    cuda.syncthreads()", "    half //= 2"])
 
 
 def _render_row(step: Step, graph: Graph, access: dict[int, Access], node: Node) -> Kernels:
     """softmax / log_softmax along ``dim``: one block per row."""
+    assert node.op in ROW_TEMPLATE_OPS, f"{node.op} is a row op without a cuda renderer (Lowering.cuda)"
     shape = graph.node(node.inputs[0]).type.shape
     dim = node.attr["dim"]
     columns = shape[dim]
@@ -393,17 +458,17 @@ def _render_row(step: Step, graph: Graph, access: dict[int, Access], node: Node)
 
     row_body = (["# the row's maximum"] + ["m = np.float32(-math.inf)"]
                 + columns_loop([f"x = {x}", "if x > m:", "    m = x"])
-                + ["partial[t] = m"] + _tree("max") + ["m = partial[0]", "cuda.syncthreads()"]
+                + ["partial[t] = m"] + tree_lines("max") + ["m = partial[0]", "cuda.syncthreads()"]
                 + ["# the sum of exp(x - max)", "total = np.float32(0.0)"]
                 + columns_loop([f"total += math.exp({x} - m)"])
-                + ["partial[t] = total"] + _tree("sum") + ["total = partial[0]"] + finish[0]
+                + ["partial[t] = total"] + tree_lines("sum") + ["total = partial[0]"] + finish[0]
                 + [f"# the row of {node.op}"] + columns_loop([finish[1]])
                 + ["cuda.syncthreads()  # partial is reused by the block's next row"])
     row_body = used(split, row_body) + row_body
     body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
              "row = cuda.blockIdx.x", f"while row < {rows}:"]
             + ["    " + line for line in row_body] + ["    row += cuda.gridDim.x"])
-    source = f"\nBLOCK = {block}\n" + _kernel("kernel", _arguments(step), body, "One block per row.")
+    source = f"\nBLOCK = {block}\n" + kernel_source("kernel", _arguments(step), body, "One block per row.")
     launch = Launch("kernel", (max(1, min(rows, MAX_ROWS)), 1, 1), (block, 1, 1), 4 * block)
     return Kernels(f"{node.op} over dim {dim}: {rows} rows of {columns}", source, [launch])
 
@@ -430,18 +495,18 @@ def _render_sum(step: Step, graph: Graph, access: dict[int, Access], node: Node)
     if reduced < TREE_MIN_EXTENT:
         body = kept_split + ["total = np.float32(0.0)", f"for q in range({reduced}):"] + \
             ["    " + line for line in reduced_split] + [f"    total += {x}", "out0[o] = total"]
-        source = _kernel("kernel", _arguments(step), _grid_stride(outputs, body, "o"),
+        source = kernel_source("kernel", _arguments(step), grid_stride_loop(outputs, body, "o"),
                          "One thread per output element, summing in order.")
         return Kernels(f"{what}: a thread per output element", source, [grid_stride_launch("kernel", outputs)])
     block = tree_block(reduced)
     inner = (kept_split + ["total = np.float32(0.0)", "q = t", f"while q < {reduced}:"]
              + ["    " + line for line in reduced_split] + [f"    total += {x}", "    q += BLOCK"]
-             + ["partial[t] = total"] + _tree("sum")
+             + ["partial[t] = total"] + tree_lines("sum")
              + ["if t == 0:", "    out0[o] = partial[0]", "cuda.syncthreads()  # partial is reused"])
     body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
              "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
             + ["    o += cuda.gridDim.x"])
-    source = f"\nBLOCK = {block}\n" + _kernel("kernel", _arguments(step), body,
+    source = f"\nBLOCK = {block}\n" + kernel_source("kernel", _arguments(step), body,
                                                "One block per output element: a shared-memory tree.")
     launch = Launch("kernel", (max(1, min(outputs, MAX_ROWS)), 1, 1), (block, 1, 1), 4 * block)
     return Kernels(f"{what}: a block per output element", source, [launch])
@@ -504,7 +569,7 @@ def _render_matmul(step: Step, graph: Graph, access: dict[int, Access], node: No
              "z = cuda.blockIdx.z", f"while z < {batches}:"]
             + ["    " + line for line in inner] + ["    z += cuda.gridDim.z"])
     constants = f"\nTILE = {tile}\nPADDED = {tile + 1}  # a padding column against shared-memory bank conflicts\n"
-    source = constants + _kernel("kernel", _arguments(step), body,
+    source = constants + kernel_source("kernel", _arguments(step), body,
                                              "One output element per thread, TILE x TILE tiles in shared memory.")
     grid = (_ceil_div(n, tile) or 1, _ceil_div(m, tile) or 1, max(1, min(batches, MAX_ROWS)))
     launch = Launch("kernel", grid, (tile, tile, 1), 2 * tile * (tile + 1) * 4)
@@ -568,7 +633,7 @@ def _render_gather(step: Step, graph: Graph, access: dict[int, Access], node: No
                          [f"out0[cell] = {x_in}[{access[x_id].flat(source_index)}]"])
     body = used(split, body) + body
     cells = _numel(shape)
-    source = _kernel("kernel", _arguments(step, checked=True), _grid_stride(cells, body),
+    source = kernel_source("kernel", _arguments(step, checked=True), grid_stride_loop(cells, body),
                      f"{node.op} along dim {dim}; a bad index sets err.")
     return Kernels(f"{node.op} along dim {dim}", source, [grid_stride_launch("kernel", cells)],
                    check=_range_check(node.op, size))
@@ -603,7 +668,7 @@ def _render_scatter(step: Step, graph: Graph, access: dict[int, Access], node: N
     cells = _numel(source_shape)
     zero, zero_launch = _zero_kernel(step, {"out0": _numel(shape)}, f"the output of {node.op}", checked)
     what = "atomic adds" if checked else "stores"
-    source = zero + _kernel("kernel", _arguments(step, checked), _grid_stride(cells, body),
+    source = zero + kernel_source("kernel", _arguments(step, checked), grid_stride_loop(cells, body),
                             f"{node.op}: one source element per thread ({what}).")
     return Kernels(f"{node.op} into [{','.join(map(str, shape))}] ({what})", source,
                    [zero_launch, grid_stride_launch("kernel", cells)], check=check)
@@ -623,5 +688,5 @@ def _render_copy(step: Step, graph: Graph, access: dict[int, Access], node: Node
     body = [f"out0[cell] = in0[{read}]"]
     body = used(split, body) + body
     cells = node.type.numel
-    source = _kernel("kernel", _arguments(step), _grid_stride(cells, body), f"Copy of {node.op} %{node.id}.")
+    source = kernel_source("kernel", _arguments(step), grid_stride_loop(cells, body), f"Copy of {node.op} %{node.id}.")
     return Kernels(f"{node.op} copied into its own buffer", source, [grid_stride_launch("kernel", cells)])

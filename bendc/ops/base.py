@@ -50,11 +50,20 @@ class Lowering:
     attrs, operand types and result type it returns the source of a function
     ``kernel(in0, ..., out0)`` that writes its result into ``out0`` or, for
     layout ops (``view`` convention), ``kernel(in0, ...)`` that returns a view.
+
+    ``cuda`` renders the op's CUDA kernels where its kernel is the op's own
+    rather than a kind's shared template (the norm statistics, rope, the
+    attention ops): given a :class:`bendc.codegen.cuda.CudaNode` (the node, its
+    operands' shapes, strided reads and kernel argument names) it returns a
+    :class:`bendc.codegen.cuda.Kernels`. Ops without one are rendered by
+    bendc/codegen/cuda.py from their kind (elementwise through ``scalar``,
+    softmax rows, sums, matmul tiles, gathers, scatters, layout copies).
     """
 
     kind: str
     scalar: Callable[..., str] | None = None
     cpu: Callable[..., str] | None = None
+    cuda: Callable[..., Any] | None = None
 
     @property
     def convention(self) -> str:

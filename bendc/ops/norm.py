@@ -40,10 +40,18 @@ then the biased variance around it), and round once to float32: within an ulp
 of PyTorch's float Welford moments. The reference interpreter sums in the
 same order (``cumsum``), so the cpu kernels match it bit for bit.
 
+On cuda (``Lowering.cuda``) each statistic is one block per row: float64
+partial sums combined in a shared-memory tree, rounded once (float64 on
+purpose: tests/cuda/test_ptx.py allows ``.f64`` for these two ops only); the
+tree's order differs from the sequential sum by float64 rounding only, far
+below float32's.
+
 rope is a row op, not an elementwise one: the elementwise renderer reads each
 operand at the cell's own (broadcast) index, and a rotary output reads its
 partner half a row away. Its CPU kernel is one cell per row of the last dim;
-its VJP is the inverse rotation, ``rope[inverse=True]``, and gradients for cos
+on cuda it is one thread per output element, which reads its partner
+(no row loop: every element is independent once the partner is known). Its
+VJP is the inverse rotation, ``rope[inverse=True]``, and gradients for cos
 and sin (when they are leaves) are elementwise products of ``index`` views of
 the halves, summed over the leading dims by autodiff's ``sum_to_size``.
 """
@@ -168,12 +176,65 @@ def _cpu_stat(rstd: bool):
     return render
 
 
+def _cuda_stat(rstd: bool):
+    """A row kernel on cuda: one block per row, float64 partial sums combined in a shared-memory tree.
+
+    The statistics accumulate in float64 as the CPU kernel and the reference do
+    (so the PTX of these kernels holds ``.f64`` arithmetic, on purpose: the PTX
+    test allows it for norm_mean and norm_rstd only) and round once to float32.
+    The tree adds in another order than the CPU's sequential sum; in float64 the
+    difference is ~1e-16 relative, below float32 rounding, so the results agree
+    with the reference to the last bit except at a rounding tie (tested with the
+    usual tolerances). norm_rstd recomputes the mean in the same order as
+    norm_mean, so the two kernels agree with each other bit for bit.
+    """
+    def render(op):
+        from bendc.codegen import cuda as cg
+
+        dims = tuple(op.attrs["dims"])
+        shape = op.shapes[0]
+        rows, columns = _stat_geometry(shape, dims)
+        block = cg.tree_block(columns)
+        split, x = op.read_rows(0, len(shape) - len(dims), "row", "c", "x")
+
+        def columns_loop(body: list[str]) -> list[str]:
+            return (["c = t", f"while c < {columns}:"] + ["    " + line for line in split + body]
+                    + ["    c += BLOCK"])
+
+        row_body = (["# the row's mean, in float64", "total = np.float64(0.0)"]
+                    + columns_loop([f"total += np.float64({x})"])
+                    + ["partial[t] = total"] + cg.tree_lines("sum") + [f"mean = partial[0] / {columns}",
+                                                                        "cuda.syncthreads()"])
+        if rstd:
+            eps = float(op.attrs["eps"])
+            row_body += (["# the squared deviations from it, in float64", "squares = np.float64(0.0)"]
+                         + columns_loop([f"deviation = np.float64({x}) - mean",
+                                         "squares += deviation * deviation"])
+                         + ["partial[t] = squares"] + cg.tree_lines("sum")
+                         + ["if t == 0:",
+                            f"    out0[row] = np.float32(1.0 / math.sqrt(partial[0] / {columns} + {eps!r}))"])
+        else:
+            row_body += ["if t == 0:", "    out0[row] = np.float32(mean)"]
+        row_body.append("cuda.syncthreads()  # partial is reused by the block's next row")
+        body = ([f"partial = cuda.shared.array({block}, numba.float64)", "t = cuda.threadIdx.x",
+                 "row = cuda.blockIdx.x", f"while row < {rows}:"]
+                + ["    " + line for line in row_body] + ["    row += cuda.gridDim.x"])
+        what = "1 / sqrt(variance + eps)" if rstd else "mean"
+        source = f"\nBLOCK = {block}\n" + cg.kernel_source(
+            "kernel", op.arguments, body, f"One block per row: the row's {what}, accumulated in float64.")
+        launch = cg.Launch("kernel", (max(1, min(rows, cg.MAX_ROWS)), 1, 1), (block, 1, 1), 8 * block)
+        return cg.Kernels(f"{op.node.op} over dims {dims}: {rows} rows of {columns} (float64 tree)",
+                          source, [launch])
+
+    return render
+
+
 define_op(
     name="norm_mean",
     arity=1,
     infer=_infer_stat("norm_mean"),
     reference=_reference_norm_mean,
-    lowering=Lowering("row", cpu=_cpu_stat(rstd=False)),
+    lowering=Lowering("row", cpu=_cpu_stat(rstd=False), cuda=_cuda_stat(rstd=False)),
     vjp=vjp_norm_mean,
     attr_names=("dims",),
     doc="`%1 = norm_mean[dims=(1,)] %0 : f32[64,1]`: the mean over the trailing dims (kept as size 1), "
@@ -185,7 +246,7 @@ define_op(
     arity=1,
     infer=_infer_stat("norm_rstd"),
     reference=_reference_norm_rstd,
-    lowering=Lowering("row", cpu=_cpu_stat(rstd=True)),
+    lowering=Lowering("row", cpu=_cpu_stat(rstd=True), cuda=_cuda_stat(rstd=True)),
     vjp=vjp_norm_rstd,
     attr_names=("dims", "eps"),
     doc="`%2 = norm_rstd[dims=(1,), eps=1e-05] %0 : f32[64,1]`: 1 / sqrt(biased variance + eps) over the "
@@ -278,12 +339,50 @@ def _cpu_rope(attrs, ins, out):
     )
 
 
+def _cuda_rope(op):
+    """rope on cuda: one thread per output element (grid-stride), which reads its own element and
+    its partner half a row away; x, cos and sin are read through their strides. The products and
+    the sum are the CPU kernel's, in the same order, so the results agree bit for bit."""
+    from bendc.codegen import cuda as cg
+
+    shape = op.shape
+    half = shape[-1] // 2
+    split, names = cg.unflatten("cell", shape, "o")
+    column, position = names[-1], names[-2]
+    partner = list(names[:-1]) + ["partner"]
+    if op.attrs["inverse"]:
+        # PyTorch's slice backward accumulates each half into +0.0 words: -0.0 becomes +0.0.
+        first, second = "(own * cs + other * sn) + np.float32(0.0)", "(own * cs - other * sn) + np.float32(0.0)"
+    else:
+        first, second = "own * cs - other * sn", "own * cs + other * sn"
+    body = [f"j = {column}",
+            f"partner = {column} + {half}",
+            f"if {column} >= {half}:",
+            f"    j = {column} - {half}",
+            "    partner = j",
+            f"own = {op.read(0, names)}",
+            f"other = {op.read(0, partner)}",
+            f"cs = {op.read(1, [position, 'j'])}",
+            f"sn = {op.read(2, [position, 'j'])}",
+            f"if {column} < {half}:",
+            f"    out0[cell] = {first}",
+            "else:",
+            f"    out0[cell] = {second}"]
+    body = cg.used(split, body) + body
+    cells = op.node.type.numel
+    direction = "inverse rotation" if op.attrs["inverse"] else "rotation"
+    source = cg.kernel_source("kernel", op.arguments, cg.grid_stride_loop(cells, body),
+                              f"rope ({direction}): one output element per thread, reading its partner.")
+    return cg.Kernels(f"rope {direction} of [{','.join(map(str, shape))}] by ({shape[-2]}, {half}) tables",
+                      source, [cg.grid_stride_launch("kernel", cells)])
+
+
 define_op(
     name="rope",
     arity=3,
     infer=_infer_rope,
     reference=_reference_rope,
-    lowering=Lowering("row", cpu=_cpu_rope),
+    lowering=Lowering("row", cpu=_cpu_rope, cuda=_cuda_rope),
     vjp=vjp_rope,
     attr_names=("inverse",),
     doc="`%3 = rope[inverse=False] %x, %cos, %sin : f32[2,8,16]`: x (..., t, 2*half) rotated by the (t, half) "

@@ -3,6 +3,7 @@ launch configurations, and what the generated source must and must not say."""
 from __future__ import annotations
 
 import ast
+import re
 
 import numpy as np
 import pytest
@@ -158,3 +159,67 @@ def test_fastmath_is_opt_in(fastmath: bool) -> None:
     plan = build_plan(graph)
     render_cuda_plan(plan, graph, CudaOptions(fastmath=fastmath))
     assert ("@cuda.jit(fastmath=True)" in plan.steps[0].source) == fastmath
+
+
+# ------------------------------------------------------------------ ops with their own cuda kernels
+FLOAT_LITERAL = re.compile(r"(?<![\w.])(\d+\.\d*(?:e[-+]?\d+)?|\d+e[-+]?\d+)")
+
+
+def bare_floats(source: str) -> list[str]:
+    """Float literals of the kernel code that are not np.float32(...) constants."""
+    code = source.split('SIGNATURE = ', 1)[1]  # past the docstring header
+    lines = [line.split("  #", 1)[0] for line in code.splitlines() if not line.strip().startswith(('"""', "#"))]
+    text = re.sub(r"np\.float32\([^()]*\)", "", "\n".join(lines))
+    return FLOAT_LITERAL.findall(text)
+
+
+def norm_rope_attention(x, w, cos, sin, q, k, v):
+    y = F.layer_norm(x, (8,), w) * 2.0
+    r = F.rope(q, cos, sin)
+    o = F.scaled_dot_product_attention(r, k, v, is_causal=True, enable_gqa=True)
+    u = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    (y.sum() + (o * u).sum()).backward()
+    return w.grad, q.grad, k.grad, v.grad
+
+
+def test_norm_rope_and_attention_kernels() -> None:
+    """Typed constants (float64 only in the norm statistics, on purpose), one block per row or
+    work item, the triangular deal in pairs of rows, and dk/dv summed over each group in a loop."""
+    plan, _ = render(norm_rope_attention,
+                     "x=f32[3,8] w=f32[8]:leaf cos=f32[5,2] sin=f32[5,2] q=f32[2,4,5,4]:leaf "
+                     "k=f32[2,2,5,4]:leaf v=f32[2,2,5,3]:leaf", leaves=("w", "q", "k", "v"))
+    ops = {s.op for s in plan.steps}
+    assert {"norm_mean", "norm_rstd", "rope", "attention", "attention_probs", "attention_score_grad",
+            "attention_vjp"} <= ops
+    for step in plan.steps:
+        if step.op not in ("norm_mean", "norm_rstd", "rope") and not step.op.startswith("attention"):
+            continue
+        ast.parse(step.source)
+        assert "cuda.atomic" not in step.source, step.name
+        if step.op.startswith("norm_"):
+            assert "cuda.shared.array(32, numba.float64)" in step.source
+            assert step.launches[0]["grid"] == (3, 1, 1) and step.launches[0]["shared_bytes"] == 8 * 32
+        else:
+            assert not bare_floats(step.source), (step.name, bare_floats(step.source))
+    (rstd,) = [s for s in plan.steps if s.op == "norm_rstd"]
+    assert "math.sqrt(partial[0] / 8 + 1e-05)" in rstd.source  # float64, as the CPU kernel
+    rope_step = next(s for s in plan.steps if s.op == "rope")
+    assert "partner = " in rope_step.source
+    causal, full = (next(s for s in plan.steps if s.op == "attention" and schedule in s.source)
+                    for schedule in ("(triangular)", "(dense)"))
+    # 2 x 4 heads: 3 work items each (rows (0, 4), (1, 3) and the middle row 2) or 5 rows.
+    assert causal.launches[0]["grid"] == (24, 1, 1) and full.launches[0]["grid"] == (40, 1, 1)
+    assert "row1 = 4 - item" in causal.source and "row1" not in full.source
+    columns = [s for s in plan.steps if s.op == "attention_vjp" and "the gradient of k" in s.source]
+    assert columns and all("for member in range(2):" in s.source for s in columns)
+    assert {s.launches[0]["grid"][0] for s in columns} == {2 * 2 * 3, 2 * 2 * 5}
+
+
+def test_attention_longer_than_shared_memory_is_a_users_error() -> None:
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    with pytest.raises(bendc.BendcError) as caught:
+        render(f, "q=f32[1,1,13000,4] k=f32[1,1,13000,4] v=f32[1,1,13000,4]")
+    assert "shared memory" in str(caught.value) and caught.value.op == "attention"
+    assert "test_cuda_source.py" in str(caught.value)

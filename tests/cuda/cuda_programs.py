@@ -28,6 +28,7 @@ class Program:
     kinds: frozenset[str]  # step kinds (with "copy" for a materialized view) the plan must contain
     bitwise: tuple[int, ...] = ()  # outputs that must match the reference bit for bit
     static: dict = field(default_factory=dict)
+    passes: tuple[str, ...] | None = None  # None: the default passes
 
 
 def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -107,6 +108,62 @@ def hoisted(a, b):
     return y, b.grad
 
 
+# ------------------------------------------------------------------ normalization and rope
+def layer_norms(x, w, b, g):
+    """layer_norm with an affine over the last dim, without one over the last two, and over a
+    transposed view (no strides describe its rows: the statistics split row and column indexes)."""
+    y = F.layer_norm(x, (4,), w, b)
+    z = F.layer_norm(x, (3, 4))
+    u = F.layer_norm(x.transpose(0, 1), (2, 4), eps=1e-3)
+    ((y * g).sum() + (z * z * g).sum() + (u * u).sum()).backward()
+    return y, z, u, x.grad, w.grad, b.grad
+
+
+def group_norm(x, w, b, g):
+    y = F.group_norm(x, 2, w, b)
+    (y * g).sum().backward()
+    return y, x.grad, w.grad, b.grad
+
+
+def rope(x, cos, sin, g):
+    """rope of a transposed view (as q after its head split), gradients for x, cos and sin."""
+    y = F.rope(x.transpose(1, 2), cos, sin)
+    y.backward(g)
+    return y, x.grad, cos.grad, sin.grad
+
+
+# ------------------------------------------------------------------ attention
+def attention(causal: bool):
+    def step(q, k, v, g):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        o.backward(g)
+        return o, q.grad, k.grad, v.grad
+
+    step.__name__ = f"attention_{'causal' if causal else 'full'}"
+    return step
+
+
+def self_attention(x, g):
+    """One operand read as q, k and v (one kernel argument each), causal; run with the dense schedule."""
+    o = F.scaled_dot_product_attention(x, x, x, is_causal=True)
+    o.backward(g)
+    return o, x.grad
+
+
+def _attention_inputs(batch: int, heads: int, kv_heads: int, t: int, depth: int, width: int):
+    def make(rng: np.random.Generator) -> tuple:
+        return (normal(rng, batch, heads, t, depth), normal(rng, batch, kv_heads, t, depth),
+                normal(rng, batch, kv_heads, t, width), normal(rng, batch, heads, t, width))
+
+    return make
+
+
+def _dense_passes() -> tuple[str, ...]:
+    from bendc.passes import default_passes
+
+    return tuple("attention_schedule_dense" if p == "attention_schedule" else p for p in default_passes())
+
+
 def mlp_program():
     """examples/mlp.py's train_step (the caller picks tiny shapes)."""
     sys.path.insert(0, str(ROOT / "examples"))
@@ -154,6 +211,27 @@ PROGRAMS: list[Program] = [
             frozenset({"elementwise", "reduce"})),
     Program("layouts", layouts, ("w", "x"),
             lambda rng: (normal(rng, 2, 3, 4), normal(rng, 6)), frozenset({"layout", "copy"})),
+    Program("layer_norm", layer_norms, ("x", "w", "b"),
+            lambda rng: (normal(rng, 2, 3, 4), normal(rng, 4), normal(rng, 4), normal(rng, 2, 3, 4)),
+            frozenset({"row", "elementwise"})),
+    Program("group_norm", group_norm, ("x", "w", "b"),
+            lambda rng: (normal(rng, 2, 4, 3), normal(rng, 4), normal(rng, 4), normal(rng, 2, 4, 3)),
+            frozenset({"row", "elementwise"})),
+    Program("rope", rope, ("x", "cos", "sin"),
+            lambda rng: (normal(rng, 1, 3, 2, 4), normal(rng, 3, 2), normal(rng, 3, 2), normal(rng, 1, 2, 3, 4)),
+            frozenset({"row"}), bitwise=(0, 1)),
+    # GQA (4 query heads over 2 key/value heads), odd and even t, tiny head sizes (D 2, Dv 3).
+    Program("attention_causal_t3", attention(True), ("q", "k", "v"), _attention_inputs(1, 4, 2, 3, 2, 3),
+            frozenset({"attention"})),
+    Program("attention_causal_t4", attention(True), ("q", "k", "v"), _attention_inputs(2, 4, 2, 4, 2, 2),
+            frozenset({"attention"})),
+    Program("attention_full_t3", attention(False), ("q", "k", "v"), _attention_inputs(1, 4, 2, 3, 2, 3),
+            frozenset({"attention"})),
+    Program("attention_full_t4", attention(False), ("q", "k", "v"), _attention_inputs(1, 4, 2, 4, 3, 2),
+            frozenset({"attention"})),
+    Program("attention_causal_dense", self_attention, ("x",),
+            lambda rng: (normal(rng, 1, 2, 3, 2), normal(rng, 1, 2, 3, 2)), frozenset({"attention"}),
+            passes=_dense_passes()),
 ]
 
 
@@ -177,9 +255,31 @@ def mlp_example() -> Program:
     return Program("mlp_example", fn, leaves, inputs, MLP_KINDS, static={"lr": 0.1})
 
 
+def transformer_layer(x, w, b, cos, sin, q, k, v):
+    """The norm, rope and attention kernels at GPU shapes (for PTX: registers and spills)."""
+    y = F.layer_norm(x, (512,), w, b)
+    r = F.rope(q, cos, sin)
+    o = F.scaled_dot_product_attention(r, k, v, is_causal=True, enable_gqa=True)
+    u = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    ((y * y).sum() + (o * u).sum()).backward()
+    return y, w.grad, q.grad, k.grad, v.grad
+
+
+def transformer_example() -> Program:
+    """transformer_layer with x (512, 512) and q (2, 8, 256, 64), k and v (2, 2, 256, 64)."""
+    def inputs(rng: np.random.Generator) -> tuple:
+        return (normal(rng, 512, 512), normal(rng, 512), normal(rng, 512), normal(rng, 256, 32),
+                normal(rng, 256, 32), normal(rng, 2, 8, 256, 64), normal(rng, 2, 2, 256, 64),
+                normal(rng, 2, 2, 256, 64))
+
+    return Program("transformer_example", transformer_layer, ("w", "q", "k", "v"), inputs,
+                   frozenset({"row", "attention", "elementwise"}))
+
+
 def all_programs() -> list[Program]:
-    """Every kind-covering program and the mlp example at tiny and at its own shapes."""
-    return PROGRAMS + [mlp_tiny(), mlp_example()]
+    """Every kind-covering program, the mlp example at tiny and at its own shapes, and the norm,
+    rope and attention kernels at GPU shapes."""
+    return PROGRAMS + [mlp_tiny(), mlp_example(), transformer_example()]
 
 
 def plan_kinds(plan) -> set[str]:
@@ -222,4 +322,5 @@ def spec_of(program: Program, inputs: tuple) -> str:
 
 
 def jitted(program: Program, target: str, cache_dir: str | None = None):
-    return bendc.jit(program.fn, leaves=program.leaves, target=target, cache_dir=cache_dir)
+    return bendc.jit(program.fn, leaves=program.leaves, target=target, cache_dir=cache_dir,
+                     passes=program.passes)

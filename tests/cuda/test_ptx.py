@@ -33,6 +33,9 @@ from bendc.codegen.cache import kernel_path, write_kernel  # noqa: E402
 ARCH = "sm_90"
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block
 MAX_THREADS = 1024
+# Kernels that compute in float64 on purpose: the norm statistics accumulate in float64 and round
+# once, as the CPU kernels and the reference do (bendc/ops/norm.py). Every other kernel is float32.
+FLOAT64_OPS = frozenset({"norm_mean", "norm_rstd"})
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,10 @@ def test_every_kernel_compiles_to_cubin_without_spills(program: Program, cache_d
         assert 0 < kernel.registers <= 255, f"{name}:\n{kernel.info_log}"
         threads = launch["block"][0] * launch["block"][1] * launch["block"][2]
         assert threads <= MAX_THREADS and launch["shared_bytes"] <= MAX_SHARED_BYTES, (name, launch)
-        assert ".f64" not in kernel.ptx, f"{name} computes in float64 (an untyped literal?)"
+        if step.op in FLOAT64_OPS:
+            assert re.search(r"\badd\.rn\.f64\b", kernel.ptx), f"{name} should accumulate in float64"
+        else:
+            assert ".f64" not in kernel.ptx, f"{name} computes in float64 (an untyped literal?)"
         rows.append({"kernel": name, "registers": kernel.registers, "spill_stores": kernel.spill_stores,
                      "spill_loads": kernel.spill_loads, "shared_bytes": kernel.shared_bytes,
                      "launch_shared_bytes": launch["shared_bytes"], "grid": launch["grid"],

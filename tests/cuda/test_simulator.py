@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -25,6 +27,42 @@ from conftest import assert_bitwise, assert_close  # noqa: E402
 from cuda_programs import PROGRAMS, Program, jitted, mlp_tiny, report_kinds  # noqa: E402
 from numba import cuda  # noqa: E402
 from runtime.cuda import to_device_flat  # noqa: E402
+
+
+def _thread_safe_shared_arrays() -> None:
+    """numba-cuda's simulator allocates a block's ``cuda.shared.array`` on the first call from each
+    source line, checking and then filling a dict without a lock: two threads of a block that get
+    there together can get different arrays, and the block computes garbage (seen here as a NaN
+    loss or a wrong gradient, in roughly one run in ten of the decoder block; more often with a
+    cold linecache, which the simulator reads for every allocation, and a short switch interval).
+    Allocate under a lock, keyed as the simulator keys it (the caller's file and line)."""
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared
+    original = shared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:  # dynamic shared memory (or an unsupported alignment)
+            return original(self, shape, dtype, alignment)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        if isinstance(dtype, kernelapi.types.Type):
+            dtype = kernelapi.numpy_support.as_dtype(dtype)
+        with lock:
+            allocated = self._allocations.get(key)
+            if allocated is None:
+                allocated = self._allocations[key] = np.empty(shape, dtype)
+        return allocated
+
+    shared.array = array
+
+
+_thread_safe_shared_arrays()
+# The simulator runs a block's threads as Python threads, and its block manager polls them (holding
+# the GIL) until all reach syncthreads: with the default 5 ms switch interval each syncthreads costs
+# milliseconds, which the tree kernels (rows, statistics, attention) pay at every level.
+sys.setswitchinterval(1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +161,21 @@ def test_grid_stride_and_block_loops_cover_every_cell(cache_dir: str, monkeypatc
         assert grids and all(grid == ("1", "1", "1") for grid in grids), step.report()
 
 
+def test_row_and_attention_kernels_loop_over_rows_items_cells_and_outputs(cache_dir: str, monkeypatch) -> None:
+    """One block of two threads per launch: the norm statistics loop over rows and columns, rope
+    over its cells, and the attention kernels over work items, an item's cells (t + 1 of them in
+    a triangular pair) and its output elements."""
+    monkeypatch.setattr(cuda_codegen, "MAX_GRID", 1)
+    monkeypatch.setattr(cuda_codegen, "MAX_ROWS", 1)
+    monkeypatch.setattr(cuda_codegen, "MAX_BLOCK", 2)
+    for name in ("layer_norm", "rope", "attention_causal_t3", "attention_full_t4"):
+        (program,) = [p for p in PROGRAMS if p.name == name]
+        step = check_program(program, cache_dir)
+        launches = re.findall(r"grid=\((\d+), (\d+), (\d+)\), block=\((\d+), (\d+), (\d+)\)", step.report())
+        assert launches and all(launch[:3] == ("1", "1", "1") for launch in launches), step.report()
+        assert all(int(launch[3]) * int(launch[4]) <= 2 for launch in launches), step.report()
+
+
 def test_steps_on_constants_run_once_at_bind(cache_dir: str) -> None:
     (program,) = [p for p in PROGRAMS if p.name == "hoisted"]
     step = check_program(program, cache_dir)
@@ -147,3 +200,102 @@ def test_launches_are_recorded_in_the_plan_and_report(cache_dir: str) -> None:
 
 def test_auto_target_is_cpu_under_the_simulator() -> None:
     assert bendc.jit(lambda x: x * 2.0).resolved_target == "cpu"
+
+
+# ------------------------------------------------------------------ a tiny decoder block
+VOCAB, T, C, HEADS, KV_HEADS, HEAD, HIDDEN = 5, 3, 8, 4, 2, 2, 8
+PARAMS = ("embed", "wq", "wk", "wv", "wo", "ln_w", "ln_b", "w1", "w2")
+
+
+def decoder_loss(nn, tokens, targets, cos, sin, embed, wq, wk, wv, wo, ln_w, ln_b, w1, w2):
+    """A pre-norm decoder block with tied embeddings; ``nn`` is bendc.functional or a torch shim."""
+    x = nn.index_select(embed, 0, tokens)                                    # (T, C)
+    h = nn.layer_norm(x, (C,), ln_w, ln_b)
+    q = nn.linear(h, wq).reshape(1, T, HEADS, HEAD).transpose(1, 2)          # (1, H, T, D)
+    k = nn.linear(h, wk).reshape(1, T, KV_HEADS, HEAD).transpose(1, 2)       # (1, Hkv, T, D)
+    v = nn.linear(h, wv).reshape(1, T, KV_HEADS, HEAD).transpose(1, 2)
+    q, k = nn.rope(q, cos, sin), nn.rope(k, cos, sin)
+    a = nn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    x = x + nn.linear(a.transpose(1, 2).reshape(T, C), wo)
+    x = x + nn.linear(nn.gelu(nn.linear(nn.layer_norm(x, (C,)), w1)), w2)
+    return nn.cross_entropy(nn.linear(x, embed), targets)
+
+
+def decoder_train_step(tokens, targets, cos, sin, step,
+                       embed, wq, wk, wv, wo, ln_w, ln_b, w1, w2,
+                       m_embed, m_wq, m_wk, m_wv, m_wo, m_ln_w, m_ln_b, m_w1, m_w2,
+                       v_embed, v_wq, v_wk, v_wv, v_wo, v_ln_w, v_ln_b, v_w1, v_w2):
+    """Loss, the parameters' gradients, and adam_step's (param, m, v) for each parameter."""
+    params = (embed, wq, wk, wv, wo, ln_w, ln_b, w1, w2)
+    loss = decoder_loss(F, tokens, targets, cos, sin, *params)
+    loss.backward()
+    moments = zip(params, (m_embed, m_wq, m_wk, m_wv, m_wo, m_ln_w, m_ln_b, m_w1, m_w2),
+                  (v_embed, v_wq, v_wk, v_wv, v_wo, v_ln_w, v_ln_b, v_w1, v_w2))
+    updated = [F.adam_step(p, p.grad, m, v, step, 1e-2) for p, m, v in moments]
+    return (loss,) + tuple(p.grad for p in params) + tuple(x for triple in updated for x in triple)
+
+
+def decoder_inputs(rng: np.random.Generator) -> tuple[tuple, list[np.ndarray]]:
+    """(tokens, targets, cos, sin) and the parameters."""
+    half = HEAD // 2
+    angles = np.arange(T)[:, None] / 10000.0 ** (np.arange(half)[None, :] / half)
+    data = (rng.integers(0, VOCAB, size=T).astype(np.int64), rng.integers(0, VOCAB, size=T).astype(np.int64),
+            np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+    shapes = {"embed": (VOCAB, C), "wq": (HEADS * HEAD, C), "wk": (KV_HEADS * HEAD, C), "wv": (KV_HEADS * HEAD, C),
+              "wo": (C, C), "ln_w": (C,), "ln_b": (C,), "w1": (HIDDEN, C), "w2": (C, HIDDEN)}
+    params = [(rng.standard_normal(shapes[name]) * 0.5).astype(np.float32) for name in PARAMS]
+    params[PARAMS.index("ln_w")] += np.float32(1.0)
+    return data, params
+
+
+def torch_decoder_grads(data: tuple, params: list[np.ndarray]) -> tuple:
+    """The loss and the parameters' gradients from PyTorch (rope written out as torch ops)."""
+    import types
+
+    import torch
+
+    def rope(x, cos, sin):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    nn = types.SimpleNamespace(**{name: getattr(torch.nn.functional, name) for name in (
+        "layer_norm", "linear", "scaled_dot_product_attention", "gelu", "cross_entropy")},
+        index_select=torch.index_select, rope=rope)
+    tensors = [torch.from_numpy(p.copy()).requires_grad_(True) for p in params]
+    loss = decoder_loss(nn, *(torch.from_numpy(d.copy()) for d in data), *tensors)
+    loss.backward()
+    return (loss.detach().numpy(),) + tuple(t.grad.numpy() for t in tensors)
+
+
+def test_decoder_block_trains_like_the_reference_and_pytorch(cache_dir: str) -> None:
+    """index_select embedding, layer_norm, rope, causal GQA attention (t=3: a middle row of its own),
+    a gelu MLP, tied-embedding cross-entropy and adam_step on every parameter (the step a 0-d array):
+    two steps on the simulator, the second fed the first's device outputs; each against the reference
+    interpreter, and the first step's loss and gradients against PyTorch."""
+    data, params = decoder_inputs(np.random.default_rng(3))
+    zeros = [np.zeros_like(p) for p in params]
+    leaves = PARAMS
+    step = bendc.jit(decoder_train_step, leaves=leaves, target="cuda", cache_dir=cache_dir)
+    reference = bendc.jit(decoder_train_step, leaves=leaves, target="reference")
+    count = len(PARAMS)
+    state = params + zeros + zeros  # params, m, v
+    device_state = state
+    for number in (1, 2):
+        counter = np.array(number, np.int64)
+        got = step(*data, counter, *device_state)
+        want = reference(*data, counter, *state)
+        names = ["loss"] + [f"d{name}" for name in PARAMS] + [
+            f"{what}{name}" for name in PARAMS for what in ("new ", "m ", "v ")]
+        for name, mine, theirs in zip(names, got, want):
+            assert_close(host(mine), theirs, f"step {number}: {name}")
+        if number == 1:
+            torch_values = torch_decoder_grads(data, params)
+            for name, mine, theirs in zip(names, got[:1 + count], torch_values):
+                assert_close(host(mine), theirs, f"step 1 against PyTorch: {name}", rtol=1e-4, atol=1e-5)
+        updated = got[1 + count:]
+        device_state = list(updated[0::3]) + list(updated[1::3]) + list(updated[2::3])
+        state = list(want[1 + count:][0::3]) + list(want[1 + count:][1::3]) + list(want[1 + count:][2::3])
+    kinds = report_kinds(step.report())
+    assert {"attention", "row", "gather", "scatter", "matmul", "copy", "elementwise"} <= kinds, step.report()
+    assert "triangular" in step.report()

@@ -21,7 +21,7 @@ from bendc.errors import RuntimeCheckError  # noqa: E402
 from conftest import assert_bitwise, assert_close  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
-from cuda_programs import PROGRAMS, jitted, mlp_example  # noqa: E402
+from cuda_programs import PROGRAMS, jitted, mlp_example, transformer_example  # noqa: E402
 
 rng = np.random.default_rng(11)
 
@@ -142,6 +142,17 @@ def test_kernel_kinds_at_test_sizes(program) -> None:
             assert_bitwise(host(mine), theirs, f"{program.name} {index}")
         else:
             assert_close(host(mine), theirs, f"{program.name} {index}")
+
+
+def test_norm_rope_and_attention_at_size() -> None:
+    """layer_norm over 512 columns, rope and GQA attention at t 256, D 64 (causal: the triangular
+    schedule; not causal: dense), forward and backward, against the reference."""
+    program = transformer_example()
+    inputs = program.make_inputs(np.random.default_rng(5))
+    got = jitted(program, "cuda")(*inputs)
+    want = jitted(program, "reference")(*inputs)
+    for name, mine, theirs in zip(("y", "dw", "dq", "dk", "dv"), got, want):
+        assert_close(host(mine), theirs, name, rtol=1e-4, atol=1e-5)
 
 
 def test_torch_cuda_tensors_are_read_in_place() -> None:

@@ -16,7 +16,6 @@ import torch
 import bendc
 import bendc.functional as F
 from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
-from runtime.artifact import load_module
 from bendc.codegen.cpu import HEADER
 from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
@@ -25,6 +24,7 @@ from bendc.ops import OPS
 from bendc.ops.attention import pack, row_start, score_cells, work_items
 from bendc.passes import default_passes
 from conftest import assert_bitwise, assert_close
+from runtime.artifact import load_module
 
 TARGETS = ("reference", "cpu")
 DENSE = [p if p != "attention_schedule" else "attention_schedule_dense" for p in default_passes()]

@@ -2,7 +2,8 @@
 
 Walks ``bendc.ops.OPS`` and fails for an op that lacks a part: name, arity,
 inference, numpy reference, exactly one of vjp / no_vjp, a lowering kind, a
-``scalar`` renderer for elementwise ops, a doc showing the printed form, and a
+``scalar`` renderer for elementwise ops, a ``cuda`` renderer for row and
+attention ops that bendc/codegen/cuda.py has no template for, a doc showing the printed form, and a
 docstring on its VJP rule. Every op has a sample here (operand types and
 attributes) on which inference, the reference and the VJP rule run, the VJP
 checked against central differences of the reference; and every op appears in
@@ -23,6 +24,7 @@ import pytest
 import bendc
 import bendc.functional as F
 from bendc.builder import Builder
+from bendc.codegen.cuda import ROW_TEMPLATE_OPS
 from bendc.ir.graph import Graph
 from bendc.ir.interp import interpret
 from bendc.ir.parser import parse_graph
@@ -148,6 +150,10 @@ def test_op_has_every_part(name):
         problems.append(f"lowering kind {opdef.lowering.kind!r} is not one of {LOWERING_KINDS}")
     if opdef.lowering.kind == "elementwise" and not callable(opdef.lowering.scalar):
         problems.append("an elementwise op needs a scalar renderer")
+    if (opdef.lowering.kind == "attention" or (opdef.lowering.kind == "row" and name not in ROW_TEMPLATE_OPS)) \
+            and not callable(opdef.lowering.cuda):
+        problems.append("a row or attention op needs its own cuda renderer (Lowering.cuda): "
+                        "bendc/codegen/cuda.py's row template renders only softmax and log_softmax")
     if not (isinstance(opdef.doc, str) and name in opdef.doc and "`" in opdef.doc):
         problems.append(f"doc {opdef.doc!r} should show the printed form (in backticks, naming the op)")
     sample = SAMPLES.get(name)
