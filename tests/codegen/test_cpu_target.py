@@ -213,3 +213,18 @@ def test_kernels_that_would_need_each_other_are_split(tmp_path):
     for a, b in zip(got, want):
         assert_close(a, b)
     assert "needed each other" in step.report()
+
+
+def test_outputs_the_caller_keeps_are_never_reused(tmp_path):
+    """Output arrays are recycled only once the caller has dropped them."""
+    def program(x):
+        return x * 2.0, x + 1.0
+
+    step = bendc.jit(program, target="cpu", cache_dir=str(tmp_path))
+    x = np.arange(6, dtype=np.float32)
+    kept = step(x)
+    again = step(x + 1.0)
+    assert kept[0] is not again[0] and np.array_equal(kept[0], x * 2.0)
+    dropped = id(again[0])
+    del again
+    assert id(step(x)[0]) == dropped  # recycled: nothing held it
