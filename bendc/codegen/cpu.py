@@ -9,6 +9,8 @@ matrix products, numpy reductions, numba row kernels).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
 from bendc.ir.graph import Graph, Node
 from bendc.ir.printer import format_node
@@ -75,7 +77,6 @@ def _unit_reshape_index(shape: tuple[int, ...], domain: tuple[int, ...], loops: 
 
 
 def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
-    members = set(step.nodes)
     loops = [f"i{axis}" for axis in range(len(domain))]
     arg_of = {value: f"in{k}" for k, value in enumerate(step.inputs)}
     local: dict[int, str] = {}
@@ -90,17 +91,7 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         return reads[key]
 
     def operand(value: int, node: Node) -> str:
-        source = graph.node(value)
-        if value in members:
-            return local[value]
-        if source.op == "const":
-            return OPS["const"].lowering.scalar(value=source.attr["value"])
-        shape = source.type.shape
-        if source.type.numel == 1:
-            return read(value, ["0"] * len(shape))
-        if node.op == "reshape":
-            return read(value, _unit_reshape_index(shape, domain, loops))
-        return read(value, _broadcast_index(shape, domain, loops))
+        return operand_reference(graph, value, node, local, domain, loops, read)
 
     epilogues = [id for id in step.nodes if reduced_axes(graph, graph.node(id)) is not None]
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
@@ -146,6 +137,24 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         indent += "    "
     lines.extend(indent + line for line in body)
     return "\n".join(lines) + "\n"
+
+
+def operand_reference(graph: Graph, value: int, node: Node, local: dict[int, str], domain: tuple[int, ...],
+                      loops: list[str], read: Callable[[int, list[str]], str]) -> str:
+    """How a fused kernel's member ``node`` reads operand ``value`` at the current cell: a
+    local of the kernel, an inlined float32 constant, or ``read(value, index)`` of an input
+    (broadcast, size-1 reshape or one-element index). Shared by the CPU and CUDA renderers."""
+    source = graph.node(value)
+    if value in local:
+        return local[value]
+    if source.op == "const":
+        return OPS["const"].lowering.scalar(value=source.attr["value"])
+    shape = source.type.shape
+    if source.type.numel == 1:
+        return read(value, ["0"] * len(shape))
+    if node.op == "reshape":
+        return read(value, _unit_reshape_index(shape, domain, loops))
+    return read(value, _broadcast_index(shape, domain, loops))
 
 
 def _reduction_index(graph: Graph, node: Node, axes: tuple[int, ...], loops: list[str]) -> list[str]:

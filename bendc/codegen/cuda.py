@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 # The CPU renderer's index helpers: the same broadcast and reduction index rules, one definition.
-from bendc.codegen.cpu import _broadcast_index, _reduction_index, _unit_reshape_index
+from bendc.codegen.cpu import _reduction_index, operand_reference
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
 from bendc.codegen.strides import Access, dense, indexed, reshaped, resolve_accesses, view_access
 from bendc.ir.graph import Graph, Node
@@ -350,7 +350,6 @@ def _argument_names(step: Step) -> dict[int, str]:
 # ------------------------------------------------------------------ elementwise
 def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels:
     domain = elementwise_domain(graph, step.nodes)
-    members = set(step.nodes)
     prelude, loops = unflatten("cell", domain, "i")
     arg_of = _argument_names(step)
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
@@ -371,17 +370,7 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
         return reads[element]
 
     def operand(value: int, node: Node) -> str:
-        source = graph.node(value)
-        if value in members:
-            return local[value]
-        if source.op == "const":
-            return OPS["const"].lowering.scalar(value=source.attr["value"])
-        shape = source.type.shape
-        if source.type.numel == 1:
-            return read(value, ["0"] * len(shape))
-        if node.op == "reshape":
-            return read(value, _unit_reshape_index(shape, domain, loops))
-        return read(value, _broadcast_index(shape, domain, loops))
+        return operand_reference(graph, value, node, local, domain, loops, read)
 
     epilogues = [id for id in step.nodes if reduced_axes(graph, graph.node(id)) is not None]
     for number, id in enumerate(step.nodes):
