@@ -107,11 +107,7 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
                          f"for q in range({flat}.size):", f"    {flat}[q] = np.float32(0.0)"]
             body.append(f"{out_of[id]}{_index(kept)} += {local[node.inputs[0]]}  # %{id} = {node.op}")
             continue
-        operands = [operand(o, node) for o in node.inputs]
-        if node.op in ("expand", "reshape"):
-            expression = operands[0]
-        else:
-            expression = OPS[node.op].lowering.scalar(*operands, **node.attr)
+        expression = member_expression(node, [operand(o, node) for o in node.inputs])
         local[id] = f"v{number}"
         body.append(f"v{number} = {expression}  # %{id} = {node.op}")
     for id in step.outputs:
@@ -155,6 +151,14 @@ def operand_reference(graph: Graph, value: int, node: Node, local: dict[int, str
     if node.op == "reshape":
         return read(value, _unit_reshape_index(shape, domain, loops))
     return read(value, _broadcast_index(shape, domain, loops))
+
+
+def member_expression(node: Node, operands: list[str]) -> str:
+    """One fused member's value over its operands' names: expand and size-1 reshape just read
+    their operand (at the index ``operand_reference`` chose); other ops render their scalar."""
+    if node.op in ("expand", "reshape"):
+        return operands[0]
+    return OPS[node.op].lowering.scalar(*operands, **node.attr)
 
 
 def _reduction_index(graph: Graph, node: Node, axes: tuple[int, ...], loops: list[str]) -> list[str]:

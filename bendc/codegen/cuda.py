@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 
 # The CPU renderer's index helpers: the same broadcast and reduction index rules, one definition.
-from bendc.codegen.cpu import _reduction_index, operand_reference
+from bendc.codegen.cpu import _reduction_index, member_expression, operand_reference
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
 from bendc.codegen.strides import Access, dense, indexed, reshaped, resolve_accesses, view_access
 from bendc.ir.graph import Graph, Node
@@ -381,11 +381,7 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
             body.append(f"cuda.atomic.add({out_of[id]}, {flat}, {local[node.inputs[0]]})"
                         f"  # %{id} = {node.op} (epilogue)")
             continue
-        operands = [operand(o, node) for o in node.inputs]
-        if node.op in ("expand", "reshape"):
-            expression = operands[0]
-        else:
-            expression = OPS[node.op].lowering.scalar(*operands, **node.attr)
+        expression = member_expression(node, [operand(o, node) for o in node.inputs])
         local[id] = f"v{number}"
         body.append(f"v{number} = {expression}  # %{id} = {node.op}")
     for id in step.outputs:
