@@ -164,13 +164,7 @@ def build_cuda_artifact(graph: Graph, cache_dir: str, arch: str, progress: Progr
     from bendc.codegen.ptx import compile_plan
 
     kernels = render_cuda(graph, cache_dir)
-    count = sum(len(step.launches) for step in kernels.plan.steps)
-    compiled = []
-    for step in kernels.plan.steps:
-        if progress is not None:
-            progress(len(compiled) + 1, count, step.name)
-        single = KernelPlan(kernels.plan.name, [], [], [], kernels.plan.values, [step])
-        compiled.extend(compile_plan(single, {step.name: kernels.modules[step.name]}, arch))
+    compiled = compile_plan(kernels.plan, kernels.modules, arch, progress)
     files: dict[str, str | bytes] = {}
     for kernel in compiled:
         files[f"ptx/{kernel.step}.{kernel.kernel}.ptx"] = kernel.ptx

@@ -90,12 +90,16 @@ def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", f
                           **parse_resources(log))
 
 
-def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90") -> list[CompiledKernel]:
-    """Every kernel every step launches, in launch order."""
+def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
+                 progress: Callable[[int, int, str], None] | None = None) -> list[CompiledKernel]:
+    """Every kernel every step launches, in launch order; ``progress(number, count, step)`` before each."""
     compiled = []
+    count = sum(len(step.launches) for step in plan.steps)
     for step in plan.steps:
         module = modules[step.name]
         for launch in step.launches:
+            if progress is not None:
+                progress(len(compiled) + 1, count, step.name)
             dispatcher = getattr(module, launch["kernel"])
             fastmath = bool(getattr(dispatcher, "targetoptions", {}).get("fastmath"))
             compiled.append(compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, fastmath=fastmath,
