@@ -10,17 +10,34 @@ def step(x, y, w, b):
     loss.backward()
     return loss, w.grad, b.grad
 ```
+
+The names below are loaded on first use (PEP 562): ``import bendc`` imports
+neither networkx nor numba until a name that needs them is touched.
 """
 from __future__ import annotations
 
-from bendc.errors import (ArtifactError, BendcError, GradientError, InternalError, RuntimeCheckError,
-                          ShapeError, SignatureError, UnsupportedError)
-from bendc.jit import JitFunction, jit, zero_grad
-from bendc.trace import Tensor
+import importlib
+from typing import Any
 
-__version__ = "0.1.0"
+from bendc.version import __version__
 
-__all__ = [
-    "jit", "zero_grad", "JitFunction", "Tensor", "BendcError", "ShapeError", "UnsupportedError",
-    "GradientError", "SignatureError", "RuntimeCheckError", "ArtifactError", "InternalError", "__version__",
-]
+_EXPORTS = {
+    "jit": "bendc.function", "zero_grad": "bendc.function", "JitFunction": "bendc.function", "Tensor": "bendc.trace",
+    **{name: "bendc.errors" for name in ("BendcError", "ShapeError", "UnsupportedError", "GradientError",
+                                          "SignatureError", "RuntimeCheckError", "ArtifactError",
+                                          "InternalError")},
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'bendc' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

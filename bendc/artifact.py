@@ -16,15 +16,13 @@ from typing import Any
 import numba
 import numpy as np
 
-import bendc
+from bendc.version import __version__
 from bendc.codegen.plan import KernelPlan
-from bendc.ir.graph import Graph, Node
+from bendc.ir.graph import Graph
+from bendc.ops import OPS
+from bendc.ops.base import indexed_size
 from runtime.artifact import FORMAT_VERSION, KIND, MANIFEST, content_hash, file_hash
 
-# Ops that read an integer operand as indices into a dimension: op -> operand position of the index.
-INDEX_OPERANDS = {"index_select": 1, "gather": 1, "index_add": 1, "scatter_add": 1}
-# Ops whose result holds the same integer values as their first operand (index views).
-VALUE_VIEWS = ("reshape", "permute", "expand", "index")
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,7 +39,7 @@ def compiler_fingerprint() -> str:
 
 
 def versions() -> dict[str, str]:
-    return {"bendc": bendc.__version__, "numba": numba.__version__, "numpy": np.__version__}
+    return {"bendc": __version__, "numba": numba.__version__, "numpy": np.__version__}
 
 
 def template_to_json(template: Any) -> Any:
@@ -51,16 +49,6 @@ def template_to_json(template: Any) -> Any:
     if kind == "dict":
         return {"kind": kind, "items": {k: template_to_json(t) for k, t in body.items()}}
     return {"kind": kind, "items": [template_to_json(t) for t in body]}
-
-
-def template_from_json(data: Any) -> Any:
-    kind = data["kind"]
-    if kind in ("out", "static"):
-        return (kind, data["value"])
-    if kind == "dict":
-        return (kind, {k: template_from_json(t) for k, t in data["items"].items()})
-    items = [template_from_json(t) for t in data["items"]]
-    return (kind, tuple(items) if kind == "tuple" else items)
 
 
 def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict], leaves: list[str],
@@ -135,29 +123,9 @@ def _indexed_sizes(graph: Graph, value: int) -> list[int]:
     sizes = []
     for user in graph.users(value):
         node = graph.node(user)
-        if node.op in VALUE_VIEWS and node.inputs[0] == value:
+        opdef = OPS[node.op]
+        if opdef.lowering.kind == "layout" and node.inputs[0] == value:  # a view holds the same values
             sizes.extend(_indexed_sizes(graph, user))
-        elif node.op in INDEX_OPERANDS and node.inputs[INDEX_OPERANDS[node.op]] == value:
-            sizes.append(_indexed_dimension(graph, node))
+        elif opdef.index_operand is not None and node.inputs[opdef.index_operand] == value:
+            sizes.append(indexed_size(graph, node))
     return sizes
-
-
-def _indexed_dimension(graph: Graph, node: Node) -> int:
-    """The size of the dimension an index op reads from (gathers) or writes into (scatters)."""
-    dim = node.attr["dim"]
-    if node.op in ("index_add", "scatter_add"):
-        return node.type.shape[dim]
-    return graph.node(node.inputs[0]).type.shape[dim]
-
-
-def read_stages(folder: str, manifest: dict) -> dict[str, str]:
-    stages = {}
-    for index, stage in enumerate(manifest["stages"]):
-        with open(os.path.join(folder, "ir", f"{index:02d}-{stage}.ir"), encoding="utf-8") as stream:
-            stages[stage] = stream.read()
-    return stages
-
-
-def read_text(folder: str, name: str) -> str:
-    with open(os.path.join(folder, name), encoding="utf-8") as stream:
-        return stream.read()

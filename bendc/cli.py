@@ -5,9 +5,10 @@
     bendc ir MODULE.py:FUNCTION [--shapes SPEC] [--stage NAME] [--dot FILE]
     bendc report MODULE.py:FUNCTION [--shapes SPEC]
 
-The console script enters at :func:`runtime.cli.main`, which runs ``bendc
-run`` with the minimal runtime alone and passes every other command here
-(this module imports the compiler). ``python -m bendc`` enters here.
+This module is the console script's entry (and ``python -m bendc``'s): the
+parser and the dispatch. ``run`` is the runtime's (runtime/cli.py: numpy,
+numba and the runtime only); the compiler's commands live in
+bendc/commands.py, imported only when one of them is dispatched.
 
 Exit code 0 on success, 1 on a user error (one clear line; the traceback
 only with --verbose).
@@ -15,206 +16,23 @@ only with --verbose).
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
-import os
+import importlib
 import sys
-import time
-from typing import Any, Sequence, TextIO
+from typing import Sequence
 
-from bendc.errors import BendcError, SignatureError, UnsupportedError
-from bendc.ir.dot import format_dot
-from bendc.ir.parser import parse_graph
-from bendc.jit import JitFunction, jit
-from bendc.spec import parse_spec
-from runtime.artifact import is_artifact, read_manifest, type_text
-from runtime.cli import Parser, add_run_arguments, describe_template, run_command
+from bendc.errors import BendcError
+from runtime.cli import Parser, add_run_arguments, run_command
 
 COMPILE_TARGETS = ("cpu", "cuda")
 SPEC_EXAMPLE = "e.g. 'x=f32[64,784] y=i64[64] w=f32[10,784]:leaf' (default: the module's EXAMPLE_SHAPES)"
 
 
-def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str]:
-    """``path/to/module.py:function`` -> (jitted function, SPEC to lower it with)."""
-    path, _, name = target.rpartition(":")
-    if not path or not name:
-        raise BendcError(f"expected MODULE.py:FUNCTION, got {target!r}", op="cli")
-    if not os.path.isfile(path):
-        raise BendcError(f"no such file {path!r}", op="cli")
-    module_name = "bendc_user_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
-    function = getattr(module, name, None)
-    if function is None:
-        raise BendcError(f"{path} has no function {name!r}", op="cli")
-    if shapes is None:
-        shapes = getattr(module, "EXAMPLE_SHAPES", None)
-        if shapes is None:
-            raise BendcError(f"{path} defines no EXAMPLE_SHAPES; pass --shapes", op="cli")
-    if not isinstance(function, JitFunction):
-        leaves = tuple(n for n, (_, leaf) in parse_spec(shapes).items() if leaf)
-        function = jit(function, leaves=leaves, target="reference")
-    return function, shapes
+def _compiler_command(name: str):
+    """A handler of bendc/commands.py, imported when dispatched."""
+    def handler(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module("bendc.commands"), name)(args)
 
-
-def parse_static(entries: Sequence[str]) -> dict[str, Any]:
-    """``--static lr=0.05 --static steps=3`` -> {"lr": 0.05, "steps": 3} (ints, floats, bools)."""
-    static: dict[str, Any] = {}
-    for entry in entries:
-        name, equals, text = entry.partition("=")
-        if not equals or not name.isidentifier():
-            raise SignatureError(f"--static {entry!r}: write name=value, e.g. --static lr=0.05", op="compile")
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            value = None
-        if not isinstance(value, (bool, int, float)):
-            raise SignatureError(f"--static {entry!r}: the value must be a Python int, float or bool",
-                                 op="compile")
-        static[name] = value
-    return static
-
-
-def check_static(function: JitFunction, shapes: str | dict, static: dict[str, Any]) -> None:
-    """Each --static names a parameter of the function that the SPEC gives no shape."""
-    shaped = parse_spec(shapes) if isinstance(shapes, str) else shapes
-    for name in static:
-        if name not in function.signature.parameters:
-            raise SignatureError(f"--static {name}: {function.__name__}{function.signature} has no parameter "
-                                 f"{name!r}", op="compile")
-        if name in shaped:
-            raise SignatureError(f"--static {name}: {name!r} is an array with a shape in the SPEC; --static "
-                                 "sets Python scalar parameters", op="compile")
-
-
-# ------------------------------------------------------------------ compile
-class Progress:
-    """``compiling kernel 3/19 k2 ...`` on a stream: one line redrawn in place on a terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.interactive = stream.isatty()
-        self.drawn = False
-
-    def kernel(self, number: int, count: int, name: str) -> None:
-        text = f"compiling kernel {number}/{count} {name} ..."
-        if self.interactive:
-            self.stream.write("\r" + text + "\x1b[K")
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-        self.drawn = True
-
-    def finish(self) -> None:
-        if self.interactive and self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def check_replaceable(folder: str) -> None:
-    """OUT may be new, an empty folder, or an artifact (replaced whole); nothing else is overwritten."""
-    if not os.path.exists(folder):
-        return
-    if not os.path.isdir(folder):
-        raise BendcError(f"{folder} exists and is not a folder; choose another -o", op="compile")
-    if os.listdir(folder) and not is_artifact(folder):
-        raise BendcError(f"{folder} exists and is not a bendc artifact; refusing to replace it "
-                         "(choose another -o or remove it)", op="compile")
-
-
-def _compile(args: argparse.Namespace) -> int:
-    if args.target == "cuda":
-        import importlib.util
-
-        if importlib.util.find_spec("numba_cuda") is None:
-            raise UnsupportedError("--target cuda needs the numba-cuda package: pip install 'bendc[cuda]'")
-    elif args.arch is not None:
-        raise UnsupportedError(f"--arch applies to --target cuda only (got --target {args.target})")
-    static = parse_static(args.static)
-    check_replaceable(args.output)
-    function, shapes = load_function(args.function, args.shapes)
-    check_static(function, shapes, static)
-    # Tracing and the passes run as for cpu; --target cuda then renders and compiles cuda kernels.
-    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
-                   passes=function.passes, donate=function.donate if args.target == "cpu" else ())
-    progress = Progress(sys.stderr)
-    start = time.perf_counter()
-    try:
-        executable = function.export(args.output, shapes, static, progress.kernel,
-                                     target=args.target, arch=args.arch or "sm_90")
-    except OSError as error:
-        raise BendcError(f"cannot write {args.output}: {error.strerror or error}", op="compile") from None
-    finally:
-        progress.finish()
-    elapsed = time.perf_counter() - start
-    for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed):
-        print(line)
-    return 0
-
-
-def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed: float) -> list[str]:
-    """What ``bendc compile`` wrote, and how to run it."""
-    inputs = []
-    for spec in manifest["inputs"]:
-        text = f"{spec['name']}={type_text(spec)}" + (":leaf" if spec["leaf"] else "")
-        if "index_bound" in spec:
-            text += f" (indices < {spec['index_bound']})"
-        inputs.append(text)
-    kernels = sorted(name for name in manifest["files"] if name.startswith("kernels/"))
-    static = ", ".join(f"{name}={value!r}" for name, value in manifest.get("static", {}).items())
-    lines = [
-        f"compiled {manifest['function']} for {manifest['target']} into {folder} in {elapsed:.2f} s",
-        f"  inputs   {' '.join(inputs)}",
-        f"  static   {static or '(none)'}",
-        f"  returns  {describe_template(manifest['template'])}: "
-        + ", ".join(f"out{index} {type_text(spec)}" for index, spec in enumerate(manifest["outputs"])),
-        f"  kernels  {len(kernels)} modules, {stats.get('launches', 0)} launches per call; temporaries "
-        f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
-        f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
-        "report.txt, tape.txt" + _binary_files(manifest),
-        f"run it with: bendc run {folder} --random-inputs",
-    ]
-    return lines
-
-
-def _binary_files(manifest: dict) -> str:
-    """``, 22 ptx/*.ptx, 22 cubin/*.cubin`` for a cuda artifact."""
-    counts = [(folder, sum(1 for name in manifest["files"] if name.startswith(folder + "/")))
-              for folder in ("ptx", "cubin")]
-    return "".join(f", {count} {folder}/*.{folder}" for folder, count in counts if count)
-
-
-# ------------------------------------------------------------------ ir and report
-def _ir(args: argparse.Namespace) -> int:
-    function, shapes = load_function(args.function, args.shapes)
-    function.lower(shapes)
-    if args.stage not in function.stages():
-        raise BendcError(f"no stage {args.stage!r}; stages are {', '.join(function.stages())}", op="ir")
-    text = function.ir(args.stage)
-    if args.dot is not None:
-        write_text(args.dot, format_dot(parse_graph(text)))
-    print(text, end="")
-    return 0
-
-
-def write_text(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as stream:
-            stream.write(text)
-    except OSError as error:
-        raise BendcError(f"cannot write {path}: {error.strerror or error}", op="ir") from None
-
-
-def _report(args: argparse.Namespace) -> int:
-    function, shapes = load_function(args.function, args.shapes)
-    function.lower(shapes)
-    print(function.report(), end="")
-    return 0
+    return handler
 
 
 # ------------------------------------------------------------------ parser
@@ -236,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--static", metavar="NAME=VALUE", action="append", default=[],
                          help="a Python scalar parameter's value, e.g. lr=0.05 (repeatable; default: the "
                               "function's default)")
-    build.set_defaults(handler=_compile)
+    build.set_defaults(handler=_compiler_command("compile_command"))
 
     run = commands.add_parser("run", help="run an artifact with the minimal runtime alone",
                               description="Run a compiled artifact with the minimal runtime alone (no tracer, "
@@ -250,13 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
     ir.add_argument("--stage", default="final", help="traced, autodiff, a pass name, or final (default)")
     ir.add_argument("--dot", metavar="FILE", help="also write the stage's graph to FILE in Graphviz dot format")
-    ir.set_defaults(handler=_ir)
+    ir.set_defaults(handler=_compiler_command("ir_command"))
 
     report = commands.add_parser("report", help="print the compile report of a function",
                                  description="Print the fusion, schedule and memory decisions with their reasons.")
     report.add_argument("function", metavar="MODULE.py:FUNCTION")
     report.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
-    report.set_defaults(handler=_report)
+    report.set_defaults(handler=_compiler_command("report_command"))
     for command in (build, ir, report):
         command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show tracebacks for errors")

@@ -12,7 +12,19 @@ import numpy as np
 
 from bendc.errors import ShapeError, UnsupportedError
 from bendc.ops.base import f32_value
+from bendc.ops.base import METHODS
 from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
+
+
+def __getattr__(name: str) -> Any:
+    """``F.<method>(x, *others)`` for the ops that declare their method in their op file."""
+    if name in METHODS:
+        def function(x: Tensor, *others: Any) -> Tensor:
+            return getattr(_tensor(x, METHODS[name]), name)(*others)
+
+        function.__name__ = name
+        return function
+    raise AttributeError(f"module 'bendc.functional' has no attribute {name!r}")
 
 
 def _tracer(op: str, *values: Any) -> Tracer:

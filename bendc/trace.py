@@ -11,6 +11,7 @@ a constant operand is frozen and the backward does no work for it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
 from typing import Any, Iterator, Sequence
 
@@ -22,6 +23,7 @@ from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.ir.types import TensorType
 from bendc.ops import OPS
+from bendc.ops.base import METHODS
 
 _ACTIVE: list["Tracer"] = []
 
@@ -246,6 +248,8 @@ class Tensor:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in METHODS:  # an op that declares its Tensor method in its op file
+            return functools.partial(self._registry_method, METHODS[name])
         raise UnsupportedAttributeError(f"Tensor.{name} is not supported by bendc (see API.md for the tensor "
                                         "methods it traces)", loc=user_location(), op=name)
 
@@ -307,6 +311,13 @@ class Tensor:
 
     def __matmul__(self, other): return matmul(self, other)
     def __rmatmul__(self, other): return matmul(other, self)
+
+    def _registry_method(self, op: str, *others: Any) -> Tensor:
+        """``x.<method>(*others)`` of an op that declares its method (OpDef.method): the op on x and
+        the others (tensors or Python scalars)."""
+        with self.tracer.at_user_line(op):
+            operands = [self] + [self.tracer.value(other, op) for other in others]
+            return self.tracer.emit(op, tuple(operand.id for operand in operands))
 
     # ------------------------------------------------------------- elementwise
     def _unary(self, op: str, **attrs) -> Tensor:

@@ -24,6 +24,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from runtime.cuda import numba_cuda_installed
+from runtime.dtypes import DTYPES
+
 from runtime.cpu import CpuProgram
 
 FORMAT_VERSION = 2
@@ -33,7 +36,6 @@ MANIFEST = "manifest.json"
 REQUIRED_FIELDS = ("target", "function", "inputs", "outputs", "template", "stages", "files", "content_hash")
 # Folders the runtime itself may add (numba's cache of the compiled kernels).
 IGNORED_FOLDERS = ("__pycache__",)
-NUMPY_DTYPES = {"f32": np.float32, "i64": np.int64, "i32": np.int32, "bool": np.bool_}
 _LOADED: dict[str, Any] = {}
 
 
@@ -191,7 +193,7 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
 def _load_cuda_program(folder: str, manifest: dict) -> tuple[dict, Any]:
     """(plan, bound program) of a cuda artifact: needs numba-cuda and a GPU (or the simulator)."""
     plan = read_plan(folder, manifest)
-    if importlib.util.find_spec("numba_cuda") is None:
+    if not numba_cuda_installed():
         raise ArtifactInvalid(f"{folder} was built for cuda: running it needs numba-cuda (pip install "
                               "'numba-cuda[cu13]') and an NVIDIA GPU")
     try:
@@ -204,6 +206,31 @@ def _load_cuda_program(folder: str, manifest: dict) -> tuple[dict, Any]:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ArtifactInvalid(f"{folder} was built for cuda ({manifest.get('arch', 'sm_90')}) and needs a "
                               f"usable NVIDIA GPU: {first}") from None
+
+
+def template_from_json(data: Any) -> Any:
+    """The return value's structure from its manifest form (bendc/artifact.py writes it)."""
+    kind = data["kind"]
+    if kind in ("out", "static"):
+        return (kind, data["value"])
+    if kind == "dict":
+        return (kind, {k: template_from_json(t) for k, t in data["items"].items()})
+    items = [template_from_json(t) for t in data["items"]]
+    return (kind, tuple(items) if kind == "tuple" else items)
+
+
+def read_stages(folder: str, manifest: dict) -> dict[str, str]:
+    """The IR text after every stage, by stage name."""
+    stages = {}
+    for index, stage in enumerate(manifest["stages"]):
+        with open(os.path.join(folder, "ir", f"{index:02d}-{stage}.ir"), encoding="utf-8") as stream:
+            stages[stage] = stream.read()
+    return stages
+
+
+def read_text(folder: str, name: str) -> str:
+    with open(os.path.join(folder, name), encoding="utf-8") as stream:
+        return stream.read()
 
 
 def type_text(spec: dict) -> str:
@@ -220,7 +247,7 @@ def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
     checked = []
     for spec, array in zip(specs, inputs):
         array = np.asarray(array, order="C")  # keeps a 0-d array 0-d
-        want = np.dtype(NUMPY_DTYPES[spec["dtype"]])
+        want = np.dtype(DTYPES[spec["dtype"]])
         if array.dtype != want or tuple(array.shape) != tuple(spec["shape"]):
             raise InputsInvalid(f"input {spec['name']!r} must be {type_text(spec)}, "
                                 f"got {array.dtype}{list(array.shape)}")

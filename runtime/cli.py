@@ -1,10 +1,7 @@
 """``bendc run``: run a compiled artifact with the minimal runtime alone.
 
-This module is also the front door of the ``bendc`` command (its console
-script): ``bendc run`` is handled here and imports numpy, numba and this
-package only, never the tracer, the passes or networkx. Every other command
-(``compile``, ``ir``, ``report``) is passed on to :mod:`bendc.cli`, which
-imports the compiler.
+``bendc run`` (bendc/cli.py dispatches it here) imports numpy, numba and this
+package only, never the compiler: no tracer, passes or networkx.
 
     bendc run OUT --inputs FILE.npz [--outputs FILE.npz]
     bendc run OUT --random-inputs [--seed N]
@@ -18,14 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 import zipfile
 from typing import Sequence
 
 import numpy as np
 
-from runtime.artifact import (NUMPY_DTYPES, ArtifactInvalid, check_inputs, inputs_by_name, load_program,
+from runtime.dtypes import DTYPES
+from runtime.files import atomic_write
+from runtime.artifact import (ArtifactInvalid, check_inputs, inputs_by_name, load_program,
                               type_text)
 from runtime.cpu import CpuProgram, KernelError
 
@@ -68,25 +66,6 @@ def build_run_parser(prog: str = "bendc run") -> Parser:
                                            "(no tracer, passes or networkx).")
     add_run_arguments(parser)
     return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``bendc`` command: ``run`` here, every other command in bendc.cli."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    leading, command = _split_command(argv)
-    if command == "run" and all(option == "--verbose" for option in leading):
-        return run_main(argv[len(leading) + 1:], verbose=bool(leading))
-    from bendc.cli import main as compiler_main
-
-    return compiler_main(argv)
-
-
-def _split_command(argv: list[str]) -> tuple[list[str], str | None]:
-    """(options before the command, the command): the command is the first word not an option."""
-    for index, word in enumerate(argv):
-        if not word.startswith("-"):
-            return argv[:index], word
-    return argv, None
 
 
 def run_main(argv: Sequence[str], verbose: bool = False, prog: str = "bendc run") -> int:
@@ -142,8 +121,7 @@ def run_program(program: CpuProgram, plan: dict, inputs: list[np.ndarray]) -> li
         step = next((s for s in plan["steps"] if s["name"] == error.step), None)
         if step is None or not step.get("loc"):
             raise
-        detail = error.message.split(": ", 1)[-1]
-        raise RunError(f"{step['loc']}: {step['op']}: {detail} (kernel {error.step})") from None
+        raise RunError(f"{step['loc']}: {step['op']}: {error.detail} (kernel {error.step})") from None
 
 
 def random_inputs(manifest: dict, seed: int) -> list[np.ndarray]:
@@ -157,7 +135,7 @@ def random_inputs(manifest: dict, seed: int) -> list[np.ndarray]:
         elif spec["dtype"] == "bool":
             array = rng.random(shape) < 0.5
         else:
-            dtype = NUMPY_DTYPES[spec["dtype"]]
+            dtype = DTYPES[spec["dtype"]]
             if "index_bound" in spec:
                 array = random_integers(rng, shape, dtype, spec["index_bound"])
             else:
@@ -197,15 +175,8 @@ def write_outputs(path: str, outputs: list[np.ndarray]) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise RunError(f"cannot write {path}: no folder {folder}")
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".bendc-outputs-", suffix=".npz")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            np.savez(stream, **{f"out{index}": array for index, array in enumerate(outputs)})
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    atomic_write(path, lambda stream: np.savez(stream, **{f"out{index}": array
+                                                          for index, array in enumerate(outputs)}))
 
 
 # ------------------------------------------------------------------ summary

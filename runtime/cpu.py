@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 import numba
 import numpy as np
 
+from runtime.dtypes import DTYPES, numel
+
 # Parallel kernels use numba's own thread pool: its OpenMP layer spins its threads and
 # collapses when another OpenMP runtime (PyTorch's) or another process shares the cores.
 if "NUMBA_THREADING_LAYER" not in os.environ:
@@ -21,20 +23,20 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
 
 
 class KernelError(Exception):
-    """A check inside a kernel failed (e.g. an index out of range)."""
+    """A check inside a kernel failed (e.g. an index out of range): the step (kernel) and what
+    went wrong; the plan's step records the op and the user's line for the error a user sees."""
 
-    def __init__(self, step: str, message: str) -> None:
-        super().__init__(f"{step}: {message}")
+    def __init__(self, step: str, detail: str) -> None:
+        super().__init__(f"{step}: {detail}")
         self.step = step
-        self.message = message
+        self.detail = detail
 
 
 def _typed(buffer: np.ndarray, dtype: str, shape: Sequence[int]) -> np.ndarray:
-    count = int(np.prod(shape, dtype=np.int64))
-    return buffer.view(_DTYPES[dtype])[:count].reshape(tuple(shape))
+    count = numel(shape)
+    return buffer.view(DTYPES[dtype])[:count].reshape(tuple(shape))
 
 
-_DTYPES = {"f32": np.float32, "i64": np.int64, "i32": np.int32, "bool": np.bool_}
 
 
 def _references(previous: Any) -> int:
@@ -88,7 +90,7 @@ class CpuProgram:
                         written_outputs.add(value)
                     elif self.values[slot[value]] is None:
                         dtype, shape = values[value]
-                        fresh.append((slot[value], shape, _DTYPES[dtype]))
+                        fresh.append((slot[value], shape, DTYPES[dtype]))
                         if value in outputs and not step["hoisted"]:
                             written_outputs.add(value)
             entry = (step["name"], kernels[step["name"]], [slot[i] for i in step["inputs"]],

@@ -18,15 +18,22 @@ which waits for the kernels) and raises :class:`~runtime.cpu.KernelError`.
 """
 from __future__ import annotations
 
+import importlib.util
 from types import ModuleType
 from typing import Any, Sequence
 
 import numpy as np
 
+from runtime.dtypes import DTYPES, numel
+
 from runtime.cpu import KernelError
 
 KERNEL_MODULE_PREFIX = "bendc_kernel_"  # the name generated modules are imported under
-_DTYPES = {"f32": np.float32, "i64": np.int64, "i32": np.int32, "bool": np.bool_}
+
+
+def numba_cuda_installed() -> bool:
+    """Whether the numba-cuda package is installed (a GPU may still be missing)."""
+    return importlib.util.find_spec("numba_cuda") is not None
 
 
 def install_nvvm_options() -> None:
@@ -81,7 +88,7 @@ def to_device_flat(value: Any) -> Any:
         return cuda.to_device(np.ascontiguousarray(value).reshape(-1))
     if not array.is_c_contiguous():
         raise ValueError("a device input must be C-contiguous (torch: .contiguous())")
-    return array.reshape(int(np.prod(array.shape, dtype=np.int64)))
+    return array.reshape(numel(array.shape))
 
 
 class _Step:
@@ -124,7 +131,7 @@ class CudaProgram:
             module = modules[step["name"]]
             if step["kind"] == "source":
                 (value,) = step["outputs"]
-                dtype = _DTYPES[values[value][0]]
+                dtype = DTYPES[values[value][0]]
                 self.arrays[slot[value]] = cuda.to_device(np.array([module.VALUE], dtype=dtype))
                 continue
             if step["convention"] == "view":
@@ -133,7 +140,7 @@ class CudaProgram:
             for value in step["outputs"]:
                 if self.arrays[slot[value]] is None:
                     dtype, shape = values[value]
-                    fresh.append((slot[value], int(np.prod(shape, dtype=np.int64)), _DTYPES[dtype]))
+                    fresh.append((slot[value], numel(shape), DTYPES[dtype]))
                     if value in outputs and not step["hoisted"]:
                         owned.add(value)
             launches = [getattr(module, l["kernel"])[tuple(l["grid"]), tuple(l["block"])] for l in step["launches"]]
@@ -152,8 +159,8 @@ class CudaProgram:
         buffers = [cuda.device_array(max(size, 8), dtype=np.uint8) for size in plan["buffers"]]
         for value, buffer in plan["storage"].items():
             dtype, shape = values[int(value)]
-            count = int(np.prod(shape, dtype=np.int64))
-            self.arrays[slot[int(value)]] = buffers[buffer].view(_DTYPES[dtype])[:count]
+            count = numel(shape)
+            self.arrays[slot[int(value)]] = buffers[buffer].view(DTYPES[dtype])[:count]
 
     def _run_step(self, step: _Step) -> None:
         arrays = self.arrays
@@ -179,7 +186,7 @@ class CudaProgram:
         array = self.arrays[index].reshape(shape)
         if owned:
             return array
-        copy = self.cuda.device_array(shape, dtype=_DTYPES[dtype])
+        copy = self.cuda.device_array(shape, dtype=DTYPES[dtype])
         copy.copy_to_device(array)
         return copy
 

@@ -30,7 +30,7 @@ class _TorchF:
     """torch.nn.functional with the elementwise and index functions bendc.functional also has, and rope."""
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("exp", "log", "sqrt", "tanh", "sigmoid", "index_select", "gather"):
+        if name in ("exp", "log", "sqrt", "square", "tanh", "sigmoid", "index_select", "gather"):
             return getattr(torch, name)
         return getattr(torch.nn.functional, name)
 

@@ -21,7 +21,7 @@ import bendc.functional as F
 
 THIS_FILE = pathlib.Path(__file__).resolve()
 _SOURCE = THIS_FILE.read_text(encoding="utf-8").splitlines()
-jit_module = importlib.import_module("bendc.jit")
+jit_module = importlib.import_module("bendc.function")
 
 
 # ------------------------------------------------------------------ helpers

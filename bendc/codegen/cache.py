@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 
 from bendc.codegen.cpu import strip_comments
+from runtime.files import atomic_write
 
 
 def default_cache_dir() -> str:
@@ -25,21 +25,6 @@ def default_cache_dir() -> str:
 
 def structural_hash(source: str) -> str:
     return hashlib.sha256(strip_comments(source).encode()).hexdigest()[:24]
-
-
-def atomic_write(path: str, data: str | bytes) -> None:
-    """Write a file under a temporary name in its folder, then rename it into place."""
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data.encode() if isinstance(data, str) else data)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 def kernel_path(cache_dir: str, module: str) -> str:

@@ -10,16 +10,7 @@ size, never by an output of the step that frees it.
 """
 from __future__ import annotations
 
-from bendc.codegen.plan import KernelPlan
-from bendc.ir.types import DTYPES
-
-
-def nbytes(plan: KernelPlan, value: int) -> int:
-    dtype, shape = plan.values[value]
-    count = 1
-    for d in shape:
-        count *= d
-    return count * DTYPES[dtype].itemsize
+from bendc.codegen.plan import KernelPlan, value_bytes
 
 
 def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list[str]:
@@ -57,7 +48,7 @@ def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list
         for value in step.outputs:
             if value not in planned_set:
                 continue
-            size = nbytes(plan, value)
+            size = value_bytes(plan, value)
             if free.get(size):
                 buffer = free[size].pop()
                 decisions.append(f"%{value} ({size} bytes) reuses buffer b{buffer} in {step.name}")
@@ -83,7 +74,7 @@ def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list
                                      f"{plan.param_names[plan.params.index(param)]} in {step.name}")
                     break
     plan.donations = donations
-    naive = sum(nbytes(plan, v) for v in planned)
+    naive = sum(value_bytes(plan, v) for v in planned)
     plan.buffers = buffers
     plan.storage = storage
     plan.memory = {"planned_bytes": sum(buffers), "naive_bytes": naive}

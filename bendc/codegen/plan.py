@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, field
 import networkx as nx
 
 from bendc.ir.graph import Graph
+from bendc.ir.types import numel
 from bendc.ops import OPS
+from runtime.dtypes import nbytes
 
 
 @dataclass
@@ -82,14 +84,7 @@ def build_plan(graph: Graph) -> KernelPlan:
         unit = ("k", node.kernel) if node.kernel is not None else ("n", id)
         unit_of[id] = unit
         members.setdefault(unit, []).append(id)
-    contracted = nx.DiGraph()
-    for unit, ids in members.items():
-        contracted.add_node(unit)
-        for id in ids:
-            for operand in graph.node(id).inputs:
-                source = unit_of.get(operand)
-                if source is not None and source != unit:
-                    contracted.add_edge(source, unit)
+    contracted = graph.contract(unit_of.get)
     first = {unit: min(position[i] for i in ids) for unit, ids in members.items()}
     steps: list[Step] = []
     hoisted_values: set[int] = set()
@@ -132,10 +127,7 @@ def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
                 if operand not in member_set and graph.node(operand).op != "const" and operand not in inputs:
                     inputs.append(operand)
         outputs = [i for i in ids if i in graph.outputs or any(u not in member_set for u in graph.users(i))]
-        domain = elementwise_domain(graph, ids)
-        cells = 1
-        for d in domain:
-            cells *= d
+        cells = numel(elementwise_domain(graph, ids))
         return Step(f"k{unit[1]}", "elementwise", "write", ids, inputs, outputs, cells, lines=lines)
     node = nodes[0]
     lowering = OPS[node.op].lowering
@@ -151,13 +143,16 @@ def elementwise_domain(graph: Graph, ids: list[int]) -> tuple[int, ...]:
     return shapes.pop() if shapes else ()
 
 
+def value_bytes(plan: KernelPlan, value: int) -> int:
+    dtype, shape = plan.values[value]
+    return nbytes(dtype, shape)
+
+
 def step_traffic(plan: KernelPlan, step: Step) -> int:
     """Bytes a write step reads and writes (views move nothing)."""
-    from bendc.codegen.memory import nbytes
-
     if step.convention != "write":
         return 0
-    return sum(nbytes(plan, v) for v in step.inputs + step.outputs)
+    return sum(value_bytes(plan, v) for v in step.inputs + step.outputs)
 
 
 def plan_stats(plan: KernelPlan) -> dict[str, int]:

@@ -8,7 +8,7 @@ ties), so printed IR is stable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 import networkx as nx
 
@@ -151,11 +151,21 @@ class Graph:
     def is_acyclic(self) -> bool:
         return nx.is_directed_acyclic_graph(self._nx)
 
-    def param_by_name(self, name: str) -> Node:
-        for id in self.params:
-            if self.node(id).attr["name"] == name:
-                return self.node(id)
-        raise KeyError(name)
+    def contract(self, unit_of: Callable[[int], Hashable | None]) -> nx.DiGraph:
+        """The graph of units (groups of nodes, e.g. kernels): an edge where a node of one unit
+        reads a value of another. Nodes whose unit is None are left out. Units are added in the
+        topological order of their first node."""
+        contracted = nx.DiGraph()
+        for id in self.order():
+            unit = unit_of(id)
+            if unit is None:
+                continue
+            contracted.add_node(unit)
+            for operand in self.node(id).inputs:
+                source = unit_of(operand)
+                if source is not None and source != unit:
+                    contracted.add_edge(source, unit)
+        return contracted
 
     def copy(self) -> Graph:
         other = Graph(self.name)

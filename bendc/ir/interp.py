@@ -36,7 +36,7 @@ class Interpreter:
             try:
                 result = reference([values[i] for i in node.inputs], node.attr)
             except IndexRangeError as error:
-                raise RuntimeCheckError(str(error).split(": ", 1)[1], loc=node.loc, op=node.op) from None
+                raise RuntimeCheckError(str(error), loc=node.loc, op=node.op) from None
             result = np.asarray(result, dtype=node.type.np_dtype)
             assert result.shape == node.type.shape, (node, result.shape)
             values[node.id] = result

@@ -5,12 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DTYPES: dict[str, np.dtype] = {
-    "f32": np.dtype(np.float32),
-    "i64": np.dtype(np.int64),
-    "i32": np.dtype(np.int32),
-    "bool": np.dtype(np.bool_),
-}
+from runtime.dtypes import DTYPES, numel
+
+__all__ = ["DTYPES", "TensorType", "dtype_name", "f32", "numel"]
 _NAME_OF = {dtype: name for name, dtype in DTYPES.items()}
 
 
@@ -31,10 +28,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count
+        return numel(self.shape)
 
     @property
     def nbytes(self) -> int:

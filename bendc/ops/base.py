@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bendc.ir.graph import Graph, Node
 from bendc.ir.types import TensorType
 
 Attrs = dict[str, Any]
@@ -39,6 +40,16 @@ class InferError(Exception):
         self.unsupported = unsupported
 
 
+# The renderers an op of each kind brings (``Lowering`` fields); codegen writes the rest for every
+# op of the kind: fused elementwise kernels from ``scalar`` on both targets, strided views and
+# their copies on cuda, constants. ``tests/ops/test_registry.py`` checks every op against it.
+REQUIRED_RENDERERS: dict[str, tuple[str, ...]] = {
+    "source": (), "placeholder": (), "elementwise": ("scalar",), "layout": ("cpu",),
+    **{kind: ("cpu", "cuda") for kind in ("reduce", "matmul", "gather", "scatter", "row", "attention")},
+}
+assert set(REQUIRED_RENDERERS) == set(LOWERING_KINDS)
+
+
 @dataclass(frozen=True)
 class Lowering:
     """How an op becomes kernel code.
@@ -51,13 +62,11 @@ class Lowering:
     ``kernel(in0, ..., out0)`` that writes its result into ``out0`` or, for
     layout ops (``view`` convention), ``kernel(in0, ...)`` that returns a view.
 
-    ``cuda`` renders the op's CUDA kernels where its kernel is the op's own
-    rather than a kind's shared template (the norm statistics, rope, the
-    attention ops): given a :class:`bendc.codegen.cuda.CudaNode` (the node, its
-    operands' shapes, strided reads and kernel argument names) it returns a
-    :class:`bendc.codegen.cuda.Kernels`. Ops without one are rendered by
-    bendc/codegen/cuda.py from their kind (elementwise through ``scalar``,
-    softmax rows, sums, matmul tiles, gathers, scatters, layout copies).
+    ``cuda`` renders the op's CUDA kernels: given a
+    :class:`bendc.kernels.cuda_kit.CudaNode` (the node, its operands' shapes,
+    strided reads and kernel argument names) it returns a
+    :class:`bendc.kernels.cuda_kit.Kernels`. REQUIRED_RENDERERS says which
+    renderers each kind's ops bring; ``tests/ops/test_registry.py`` checks it.
     """
 
     kind: str
@@ -84,6 +93,17 @@ class OpDef:
     vjp: Callable[..., tuple] | None = None
     no_vjp: str | None = None  # why an op has no VJP (exactly one of vjp / no_vjp)
     attr_names: tuple[str, ...] = field(default=())
+    # Op facts that passes and codegen read (never by op name):
+    # reductions: the axes of the operand summed over, from (operand shape, attrs);
+    reduced_axes: Callable[[tuple[int, ...], Attrs], tuple[int, ...]] | None = None
+    # ops reading an integer operand as indices into a dimension: that operand's position,
+    # and the size of the dimension it indexes, from (operand shapes, result shape, attrs).
+    index_operand: int | None = None
+    indexed_size: Callable[[Sequence[tuple[int, ...]], tuple[int, ...], Attrs], int] | None = None
+    # The front-end spelling of an op that traces straight from its operands (no attributes):
+    # the Tensor method ``x.<method>(*others)`` and the function ``bendc.functional.<method>(x, ...)``,
+    # PyTorch's name and semantics. Ops with richer spellings are written in trace.py/functional.py.
+    method: str | None = None
 
     @property
     def differentiable(self) -> bool:
@@ -91,11 +111,7 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
-
-# CPU kernels over at least this many cells run their cells in parallel (prange);
-# smaller ones stay serial, where threads cost more than they give.
-PARALLEL_CELLS = 1 << 16
-
+METHODS: dict[str, str] = {}  # Tensor method name -> op, for ops that declare ``method``
 
 def define_op(**fields: Any) -> OpDef:
     """Register an op; the registry is keyed by the op's printed name."""
@@ -103,8 +119,24 @@ def define_op(**fields: Any) -> OpDef:
     assert opdef.name not in OPS, f"op {opdef.name} defined twice"
     assert (opdef.vjp is None) != (opdef.no_vjp is None), opdef.name
     assert opdef.lowering.kind in LOWERING_KINDS, opdef.lowering.kind
+    assert (opdef.index_operand is None) == (opdef.indexed_size is None), opdef.name
+    assert opdef.method is None or opdef.method not in METHODS, f"method {opdef.method} defined twice"
     OPS[opdef.name] = opdef
+    if opdef.method is not None:
+        METHODS[opdef.method] = opdef.name
     return opdef
+
+
+def reduced_axes(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """Axes of its operand that a reduction (sum, sum_to_size) sums over; None for other ops."""
+    fact = OPS[node.op].reduced_axes
+    return None if fact is None else fact(graph.node(node.inputs[0]).type.shape, node.attr)
+
+
+def indexed_size(graph: Graph, node: Node) -> int:
+    """The size of the dimension an index op's index operand reads from or writes into."""
+    shapes = [graph.node(i).type.shape for i in node.inputs]
+    return OPS[node.op].indexed_size(shapes, node.type.shape, node.attr)
 
 
 # ---------------------------------------------------------------- helpers

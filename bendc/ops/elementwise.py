@@ -77,7 +77,7 @@ _binary("div", 2, lambda v, a: _f32(np.divide(v[0], v[1])), lambda a, b: f"({a} 
 
 
 # ------------------------------------------------------------------ unary
-def _unary(name, reference, scalar, vjp, doc):
+def _unary(name, reference, scalar, vjp, doc, method=None):
     define_op(
         name=name,
         arity=1,
@@ -86,6 +86,7 @@ def _unary(name, reference, scalar, vjp, doc):
         lowering=Lowering("elementwise", scalar=scalar),
         vjp=vjp,
         doc=doc,
+        method=method,
     )
 
 
@@ -125,6 +126,11 @@ def vjp_relu(b, node, grad, needs):
     """d relu(a) = 0 where y <= 0, else g: PyTorch's threshold_backward."""
     zero = b.const(0.0)
     return (b.where(b.le(node.id, zero), zero, grad),)
+
+
+def vjp_square(b, node, grad, needs):
+    """d square(a) = g * (2 * a): PyTorch's pow_backward for the exponent 2."""
+    return (b.mul(grad, b.mul(node.inputs[0], b.const(2.0))),)
 
 
 def vjp_reciprocal(b, node, grad, needs):
@@ -174,6 +180,8 @@ _unary("sigmoid", _reference_sigmoid,
        "`%1 = sigmoid %0`: 1 / (1 + exp(-x)).")
 _unary("reciprocal", _reference_reciprocal, lambda a: f"(np.float32(1.0) / {a})", vjp_reciprocal,
        "`%1 = reciprocal %0`: 1 / x; `s / x` traces as reciprocal(x) * s, as PyTorch computes it.")
+_unary("square", lambda v, a: _f32(np.multiply(v[0], v[0])), lambda a: f"({a} * {a})", vjp_square,
+       "`%1 = square %0`: x * x (torch.square).", method="square")
 _unary("sqrt", _reference_sqrt, lambda a: f"math.sqrt({a})", vjp_sqrt, "`%1 = sqrt %0`.")
 _unary("relu", _reference_relu, lambda a: f"(np.float32(0.0) if {a} < np.float32(0.0) else {a})",
        vjp_relu, "`%1 = relu %0`: 0 where x < 0, else x (keeps -0.0 and NaN as PyTorch does).")

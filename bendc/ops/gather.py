@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from bendc.ir.types import TensorType
+from bendc.ir.types import TensorType, numel
+from bendc.kernels import cuda_kit as kit
+from bendc.kernels.access import dense
 from bendc.ops.base import InferError, Lowering, define_op
+
+# The one message for an index outside its dimension: the reference, the CPU kernels and the
+# cuda kernels' checks (formatted by the runtime) all say it; the op and the user's line are
+# added by whoever raises the BendcError.
+INDEX_RANGE = "index {index} is out of range for a dimension of size {size}"
 
 
 class IndexRangeError(ValueError):
-    """An index value outside its dimension; the interpreter adds the user's line."""
+    """An index value outside its dimension; the interpreter adds the user's line and the op."""
 
 
 def _check_index_type(index: TensorType, op: str) -> None:
@@ -27,14 +34,61 @@ def _check_range(index: np.ndarray, size: int, op: str) -> None:
     """PyTorch's gather, index_select, scatter_add_ and index_add_ refuse indices outside [0, size)."""
     if index.size and (index.min() < 0 or index.max() >= size):
         bad = index[(index < 0) | (index >= size)].flat[0]
-        raise IndexRangeError(f"{op}: index {int(bad)} is out of range for a dimension of size {size}")
+        raise IndexRangeError(INDEX_RANGE.format(index=int(bad), size=size))
 
 
 def _cpu_range_check(op: str, size: int) -> str:
     """Kernel source lines that raise IndexError for an index outside [0, size)."""
+    message = INDEX_RANGE.format(index="{bad}", size=size)
     return (f"    if in1.size and (in1.min() < 0 or in1.max() >= {size}):\n"
             f"        bad = int(in1[(in1 < 0) | (in1 >= {size})].flat[0])\n"
-            f"        raise IndexError(f'{op}: index {{bad}} is out of range for a dimension of size {size}')\n")
+            f"        raise IndexError(f'{message}')\n")
+
+
+# ------------------------------------------------------------------ cuda kernels
+def _index_read(op, names: list[str]) -> str:
+    """The flat element of the index operand for the cell whose indexes are ``names``:
+    index_select and index_add read a 1-D index along dim, gather and scatter_add one per cell."""
+    dim = op.attrs["dim"]
+    if op.node.op in ("index_select", "index_add"):
+        return op.read(1, [names[dim]] if op.shapes[1] else [])
+    return op.read(1, names)
+
+
+def _cuda_gather(op):
+    """index_select / gather: one output element per thread; the index picks the element along dim.
+    An index outside its dimension sets ``err`` (the runtime raises the user's error)."""
+    node = op.node
+    dim = op.attrs["dim"]
+    shape = op.shape
+    size = op.shapes[0][dim]
+    split, names = kit.unflatten("cell", shape, "o")
+    source_index = list(names)
+    source_index[dim] = "j"
+    body = kit.checked_read(_index_read(op, names), size, ["out0[cell] = np.float32(0.0)"],
+                            [f"out0[cell] = {op.read(0, source_index)}"])
+    body = kit.used(split, body) + body
+    cells = numel(shape)
+    source = kit.kernel_source("kernel", op.checked_arguments, kit.grid_stride_loop(cells, body),
+                               f"{node.op} along dim {dim}; a bad index sets err.")
+    return kit.Kernels(f"{node.op} along dim {dim}", source, [kit.grid_stride_launch("kernel", cells)],
+                       check=INDEX_RANGE.format(index="{index}", size=size))
+
+
+def _cuda_scatter_add(op):
+    """index_add / scatter_add into a cleared output: one source element per thread, accumulated
+    with ``cuda.atomic.add`` (repeated indices sum in an unspecified order, where PyTorch's CPU
+    kernels add in index order: equal within tolerance, not bit for bit)."""
+    node = op.node
+    shape = op.shape
+    dim = op.attrs["dim"]
+    split, names = kit.unflatten("cell", op.shapes[0], "s")
+    target = list(names)
+    target[dim] = "j"
+    body = kit.checked_read(_index_read(op, names), shape[dim], [],
+                            [f"cuda.atomic.add(out0, {dense(node.id, shape).flat(target)}, {op.read(0, names)})"])
+    return kit.scatter_kernels(op, split, body, "atomic adds", checked=True,
+                               check=INDEX_RANGE.format(index="{index}", size=shape[dim]))
 
 
 def _cpu_index_select(attrs, ins, out):
@@ -98,7 +152,9 @@ define_op(
     arity=2,
     infer=_infer_index_select,
     reference=_reference_index_select,
-    lowering=Lowering("gather", cpu=_cpu_index_select),
+    lowering=Lowering("gather", cpu=_cpu_index_select, cuda=_cuda_gather),
+    index_operand=1,
+    indexed_size=lambda shapes, out, attrs: shapes[0][attrs["dim"]],
     vjp=vjp_index_select,
     attr_names=("dim",),
     doc="`%2 = index_select[dim=0] %x, %i`: rows (slices along dim) picked by a 1-D index.",
@@ -138,7 +194,9 @@ define_op(
     arity=2,
     infer=_infer_index_add,
     reference=_reference_index_add,
-    lowering=Lowering("scatter", cpu=_cpu_index_add),
+    lowering=Lowering("scatter", cpu=_cpu_index_add, cuda=_cuda_scatter_add),
+    index_operand=1,
+    indexed_size=lambda shapes, out, attrs: out[attrs["dim"]],
     vjp=vjp_index_add,
     attr_names=("dim", "shape"),
     doc="`%2 = index_add[dim=0, shape=(10,4)] %g, %i`: zeros.index_add_(dim, i, g), in index order.",
@@ -183,7 +241,9 @@ define_op(
     arity=2,
     infer=_infer_gather,
     reference=_reference_gather,
-    lowering=Lowering("gather", cpu=_cpu_gather),
+    lowering=Lowering("gather", cpu=_cpu_gather, cuda=_cuda_gather),
+    index_operand=1,
+    indexed_size=lambda shapes, out, attrs: shapes[0][attrs["dim"]],
     vjp=vjp_gather,
     attr_names=("dim",),
     doc="`%2 = gather[dim=1] %x, %i`: out[..., j, ...] = x[..., i[..., j, ...], ...] along dim.",
@@ -220,7 +280,9 @@ define_op(
     arity=2,
     infer=_infer_scatter_add,
     reference=_reference_scatter_add,
-    lowering=Lowering("scatter", cpu=_cpu_scatter_add),
+    lowering=Lowering("scatter", cpu=_cpu_scatter_add, cuda=_cuda_scatter_add),
+    index_operand=1,
+    indexed_size=lambda shapes, out, attrs: out[attrs["dim"]],
     vjp=vjp_scatter_add,
     attr_names=("dim", "shape"),
     doc="`%2 = scatter_add[dim=1, shape=(8,10)] %g, %i`: zeros.scatter_add_(dim, i, g), in index order.",

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bendc.ir.types import TensorType
+from bendc.kernels import cuda_kit as kit
+from bendc.kernels.access import dense, indexed
 from bendc.ops.base import InferError, Lowering, define_op
 
 
@@ -180,6 +181,15 @@ def vjp_index_scatter(b, node, grad, needs):
     return (b.emit("index", (grad,), spec=node.attr["spec"]),)
 
 
+def _cuda_index_scatter(op):
+    """index_scatter on cuda: a ``zero`` kernel, then one source element per thread, stored at its
+    place in the output (basic indexing moves the offset and strides)."""
+    split, names = kit.unflatten("cell", op.shapes[0], "s")
+    target = indexed(dense(op.node.id, op.shape), op.attrs["spec"])
+    body = [f"out0[{target.flat(names)}] = {op.read(0, names)}"]
+    return kit.scatter_kernels(op, split, body, "stores", checked=False)
+
+
 define_op(
     name="index_scatter",
     arity=1,
@@ -188,7 +198,7 @@ define_op(
     lowering=Lowering("scatter", cpu=lambda attrs, ins, out: (
         "def kernel(in0, out0):\n"
         "    out0[...] = np.float32(0.0)\n"
-        f"    out0[{index_text(attrs['spec'])}] = in0\n")),
+        f"    out0[{index_text(attrs['spec'])}] = in0\n"), cuda=_cuda_index_scatter),
     vjp=vjp_index_scatter,
     attr_names=("spec", "shape"),
     doc="`%1 = index_scatter[shape=(4,8), spec=(1,)] %0`: zeros of shape with %0 written at spec.",

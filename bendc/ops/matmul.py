@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from bendc.ir.types import numel
+from bendc.kernels import cuda_kit as kit
 from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, require_float
+
+MATMUL_TILE = 16
 
 
 def _infer_matmul(types, attrs):
@@ -38,13 +42,102 @@ def vjp_matmul(b, node, grad, needs):
     return (grad_x, grad_y)
 
 
+# ------------------------------------------------------------------ cuda kernels
+def matmul_tile(rows: int, columns: int) -> int:
+    """MATMUL_TILE, or the smallest power of two covering a smaller product (fewer idle threads)."""
+    return min(MATMUL_TILE, max(2, kit.power_of_two_at_least(max(rows, columns))))
+
+
+def _cuda_matmul(op: kit.CudaNode) -> kit.Kernels:
+    """Tiled product: each block computes a TILE x TILE tile of one batch entry's output.
+
+    Operands are read through their strides (a transposed operand is a permute
+    view, never copied). Each tile is loaded with consecutive threads on the
+    operand's contiguous axis, so global reads coalesce for either layout; the
+    shared tiles have one padding column against bank conflicts.
+    """
+    a_shape, b_shape, out_shape = op.shapes[0], op.shapes[1], op.shape
+    m, k_size, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    batch = out_shape[:-2]
+    batches = numel(batch)
+    tile = matmul_tile(m, n)
+    split, batch_index = kit.unflatten("z", batch, "z")
+
+    def operand_base(shape) -> list[str]:
+        lead = len(batch) - (len(shape) - 2)
+        return ["0" if size == 1 else batch_index[lead + axis] for axis, size in enumerate(shape[:-2])] + ["0", "0"]
+
+    a_access, b_access = op.accesses
+    a_row, a_k = a_access.strides[-2], a_access.strides[-1]
+    b_k, b_col = b_access.strides[-2], b_access.strides[-1]
+    a_swap = a_row == 1 and a_k != 1  # a is stored column-major (e.g. a transposed view)
+    b_swap = b_k == 1 and b_col != 1
+    load_a = _tile_load("tile_a", op.names[0], "a_base", ("row0", a_row, m), ("k0", a_k, k_size), a_swap)
+    load_b = _tile_load("tile_b", op.names[1], "b_base", ("k0", b_k, k_size), ("col0", b_col, n), b_swap)
+    tiles = kit.ceil_div(k_size, tile)
+    inner = ([f"a_base = {a_access.flat(operand_base(a_shape))}",
+                f"b_base = {b_access.flat(operand_base(b_shape))}",
+                f"out_base = z * {m * n}" if batches > 1 else "out_base = 0",
+                "acc = np.float32(0.0)",
+                f"for tile in range({tiles}):",
+                "    k0 = tile * TILE"]
+             + ["    " + line for line in load_a + load_b]
+             + ["    cuda.syncthreads()",
+                "    for kk in range(TILE):",
+                "        acc += tile_a[ty, kk] * tile_b[kk, tx]",
+                "    cuda.syncthreads()",
+                f"if row < {m} and col < {n}:",
+                f"    out0[out_base + row * {n} + col] = acc"])
+    inner = kit.used(split, inner) + inner
+    body = (["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
+             "tile_b = cuda.shared.array((TILE, PADDED), numba.float32)",
+             "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
+             "row0 = cuda.blockIdx.y * TILE", "col0 = cuda.blockIdx.x * TILE",
+             "row = row0 + ty", "col = col0 + tx",
+             "z = cuda.blockIdx.z", f"while z < {batches}:"]
+            + ["    " + line for line in inner] + ["    z += cuda.gridDim.z"])
+    constants = f"\nTILE = {tile}\nPADDED = {tile + 1}  # a padding column against shared-memory bank conflicts\n"
+    source = constants + kit.kernel_source("kernel", op.arguments, body,
+                                             "One output element per thread, TILE x TILE tiles in shared memory.")
+    grid = (kit.ceil_div(n, tile) or 1, kit.ceil_div(m, tile) or 1, max(1, min(batches, kit.MAX_ROWS)))
+    launch = kit.Launch("kernel", grid, (tile, tile, 1), 2 * tile * (tile + 1) * 4)
+    layout = ", ".join(f"{name} strides {tuple(a.strides[-2:])}{' (column-major loads)' if swap else ''}"
+                       for name, a, swap in (("a", a_access, a_swap), ("b", b_access, b_swap)))
+    batch_text = f"{batches} x " if batch else ""
+    return kit.Kernels(f"matmul {batch_text}[{m},{k_size}] @ [{k_size},{n}], {tile}x{tile} tiles; {layout}",
+                   source, [launch])
+
+
+def _tile_load(tile: str, array: str, base: str, first: tuple[str, int, int], second: tuple[str, int, int],
+               swap: bool) -> list[str]:
+    """Load ``tile[i, j] = operand[first + i, second + j]`` (zero outside the operand).
+
+    ``first`` and ``second`` are (start, stride, size) of the tile's two axes. Thread x
+    walks the second axis, or the first when ``swap`` (that axis is the contiguous one).
+    """
+    (start0, stride0, size0), (start1, stride1, size1) = first, second
+    i, j = ("tx", "ty") if swap else ("ty", "tx")
+    return [f"p = {start0} + {i}",
+            f"q = {start1} + {j}",
+            f"if p < {size0} and q < {size1}:",
+            f"    {tile}[{i}, {j}] = {array}[{_element(base, ('p', stride0), ('q', stride1))}]",
+            "else:",
+            f"    {tile}[{i}, {j}] = np.float32(0.0)"]
+
+
+def _element(base: str, *terms: tuple[str, int]) -> str:
+    """``base + i * stride + ...``, leaving out stride-0 (broadcast) terms."""
+    parts = [base] + [name if stride == 1 else f"{name} * {stride}" for name, stride in terms if stride]
+    return " + ".join(parts)
+
+
 define_op(
     name="matmul",
     arity=2,
     infer=_infer_matmul,
     reference=lambda v, a: np.ascontiguousarray(np.matmul(v[0], v[1]), dtype=np.float32),
     lowering=Lowering("matmul", cpu=lambda attrs, ins, out: (
-        "def kernel(in0, in1, out0):\n    np.matmul(in0, in1, out=out0)\n")),
+        "def kernel(in0, in1, out0):\n    np.matmul(in0, in1, out=out0)\n"), cuda=_cuda_matmul),
     vjp=vjp_matmul,
     doc="`%2 = matmul %0, %1 : f32[32,16]`: batched matrix product with broadcast batch dims.",
 )

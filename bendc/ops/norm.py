@@ -59,7 +59,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bendc.ops.base import PARALLEL_CELLS, InferError, Lowering, define_op, require_float
+from bendc.kernels import cuda_kit as kit
+from bendc.kernels.cpu_kit import PARALLEL_CELLS
+from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
 # ------------------------------------------------------------------ statistics
@@ -189,12 +191,10 @@ def _cuda_stat(rstd: bool):
     norm_mean, so the two kernels agree with each other bit for bit.
     """
     def render(op):
-        from bendc.codegen import cuda as cg
-
         dims = tuple(op.attrs["dims"])
         shape = op.shapes[0]
         rows, columns = _stat_geometry(shape, dims)
-        block = cg.tree_block(columns)
+        block = kit.tree_block(columns)
         split, x = op.read_rows(0, len(shape) - len(dims), "row", "c", "x")
 
         def columns_loop(body: list[str]) -> list[str]:
@@ -203,14 +203,14 @@ def _cuda_stat(rstd: bool):
 
         row_body = (["# the row's mean, in float64", "total = np.float64(0.0)"]
                     + columns_loop([f"total += np.float64({x})"])
-                    + ["partial[t] = total"] + cg.tree_lines("sum") + [f"mean = partial[0] / {columns}",
+                    + ["partial[t] = total"] + kit.tree_lines("sum") + [f"mean = partial[0] / {columns}",
                                                                         "cuda.syncthreads()"])
         if rstd:
             eps = float(op.attrs["eps"])
             row_body += (["# the squared deviations from it, in float64", "squares = np.float64(0.0)"]
                          + columns_loop([f"deviation = np.float64({x}) - mean",
                                          "squares += deviation * deviation"])
-                         + ["partial[t] = squares"] + cg.tree_lines("sum")
+                         + ["partial[t] = squares"] + kit.tree_lines("sum")
                          + ["if t == 0:",
                             f"    out0[row] = np.float32(1.0 / math.sqrt(partial[0] / {columns} + {eps!r}))"])
         else:
@@ -220,10 +220,10 @@ def _cuda_stat(rstd: bool):
                  "row = cuda.blockIdx.x", f"while row < {rows}:"]
                 + ["    " + line for line in row_body] + ["    row += cuda.gridDim.x"])
         what = "1 / sqrt(variance + eps)" if rstd else "mean"
-        source = f"\nBLOCK = {block}\n" + cg.kernel_source(
+        source = f"\nBLOCK = {block}\n" + kit.kernel_source(
             "kernel", op.arguments, body, f"One block per row: the row's {what}, accumulated in float64.")
-        launch = cg.Launch("kernel", (max(1, min(rows, cg.MAX_ROWS)), 1, 1), (block, 1, 1), 8 * block)
-        return cg.Kernels(f"{op.node.op} over dims {dims}: {rows} rows of {columns} (float64 tree)",
+        launch = kit.Launch("kernel", (max(1, min(rows, kit.MAX_ROWS)), 1, 1), (block, 1, 1), 8 * block)
+        return kit.Kernels(f"{op.node.op} over dims {dims}: {rows} rows of {columns} (float64 tree)",
                           source, [launch])
 
     return render
@@ -343,11 +343,9 @@ def _cuda_rope(op):
     """rope on cuda: one thread per output element (grid-stride), which reads its own element and
     its partner half a row away; x, cos and sin are read through their strides. The products and
     the sum are the CPU kernel's, in the same order, so the results agree bit for bit."""
-    from bendc.codegen import cuda as cg
-
     shape = op.shape
     half = shape[-1] // 2
-    split, names = cg.unflatten("cell", shape, "o")
+    split, names = kit.unflatten("cell", shape, "o")
     column, position = names[-1], names[-2]
     partner = list(names[:-1]) + ["partner"]
     if op.attrs["inverse"]:
@@ -368,13 +366,13 @@ def _cuda_rope(op):
             f"    out0[cell] = {first}",
             "else:",
             f"    out0[cell] = {second}"]
-    body = cg.used(split, body) + body
+    body = kit.used(split, body) + body
     cells = op.node.type.numel
     direction = "inverse rotation" if op.attrs["inverse"] else "rotation"
-    source = cg.kernel_source("kernel", op.arguments, cg.grid_stride_loop(cells, body),
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
                               f"rope ({direction}): one output element per thread, reading its partner.")
-    return cg.Kernels(f"rope {direction} of [{','.join(map(str, shape))}] by ({shape[-2]}, {half}) tables",
-                      source, [cg.grid_stride_launch("kernel", cells)])
+    return kit.Kernels(f"rope {direction} of [{','.join(map(str, shape))}] by ({shape[-2]}, {half}) tables",
+                      source, [kit.grid_stride_launch("kernel", cells)])
 
 
 define_op(

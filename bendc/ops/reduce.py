@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from bendc.ir.types import TensorType
-from bendc.ops.base import PARALLEL_CELLS, InferError, Lowering, define_op, normalize_dims, require_float
+from bendc.ir.types import numel
+from bendc.kernels import cuda_kit as kit
+from bendc.kernels.cpu_kit import PARALLEL_CELLS
+from bendc.kernels.access import dense
+from bendc.ops.base import OPS, InferError, Lowering, define_op, normalize_dims, require_float
+
+TREE_MIN_EXTENT = 64  # on cuda, a sum over at least this many elements gets a block per output element
 
 
 def _keepdim_shape(shape, dims):
@@ -45,12 +50,54 @@ def _cpu_sum(attrs, ins, out):
             f"    np.sum(in0, axis={dims!r}, keepdims={attrs['keepdim']!r}, out=out0)\n")
 
 
+def _sum_reduced_axes(in_shape, attrs):
+    return tuple(attrs["dims"])
+
+
+def _cuda_sum(op):
+    """sum / sum_to_size: the output element's kept indices, then a loop over the reduced ones.
+
+    A large reduced extent (TREE_MIN_EXTENT or more) gets a block per output element and a
+    shared-memory tree; a small one a thread per output element summing its elements in order.
+    """
+    shape = op.shapes[0]
+    axes = set(OPS[op.node.op].reduced_axes(shape, op.attrs))
+    kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(shape))
+    reduced_shape = tuple(size if axis in axes else 1 for axis, size in enumerate(shape))
+    outputs, reduced = numel(kept_shape), numel(reduced_shape)
+    kept_split, kept = kit.unflatten("o", kept_shape, "k")
+    reduced_split, summed = kit.unflatten("q", reduced_shape, "s")
+    index = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, summed))]
+    x = op.read(0, index)
+    what = f"{op.node.op} of [{','.join(map(str, shape))}] over axes {tuple(sorted(axes))}"
+    if reduced < TREE_MIN_EXTENT:
+        body = kept_split + ["total = np.float32(0.0)", f"for q in range({reduced}):"] + \
+            ["    " + line for line in reduced_split] + [f"    total += {x}", "out0[o] = total"]
+        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
+                                   "One thread per output element, summing in order.")
+        return kit.Kernels(f"{what}: a thread per output element", source,
+                           [kit.grid_stride_launch("kernel", outputs)])
+    block = kit.tree_block(reduced)
+    inner = (kept_split + ["total = np.float32(0.0)", "q = t", f"while q < {reduced}:"]
+             + ["    " + line for line in reduced_split] + [f"    total += {x}", "    q += BLOCK"]
+             + ["partial[t] = total"] + kit.tree_lines("sum")
+             + ["if t == 0:", "    out0[o] = partial[0]", "cuda.syncthreads()  # partial is reused"])
+    body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
+             "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
+            + ["    o += cuda.gridDim.x"])
+    source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body,
+                                                       "One block per output element: a shared-memory tree.")
+    launch = kit.block_per_row_launch("kernel", outputs, block, 4 * block)
+    return kit.Kernels(f"{what}: a block per output element", source, [launch])
+
+
 define_op(
     name="sum",
     arity=1,
     infer=_infer_sum,
     reference=_reference_sum,
-    lowering=Lowering("reduce", cpu=_cpu_sum),
+    lowering=Lowering("reduce", cpu=_cpu_sum, cuda=_cuda_sum),
+    reduced_axes=_sum_reduced_axes,
     vjp=vjp_sum,
     attr_names=("dims", "keepdim"),
     doc="`%1 = sum[dims=(1,), keepdim=False] %0 : f32[32]`.",
@@ -98,12 +145,17 @@ def _cpu_sum_to_size(attrs, ins, out):
             f"    np.sum(in0, axis={axes!r}, keepdims=True, out=out0.reshape({kept!r}))\n")
 
 
+def _sum_to_size_reduced_axes(in_shape, attrs):
+    return sum_to_size_axes(in_shape, tuple(attrs["shape"]))[1]
+
+
 define_op(
     name="sum_to_size",
     arity=1,
     infer=_infer_sum_to_size,
     reference=_reference_sum_to_size,
-    lowering=Lowering("reduce", cpu=_cpu_sum_to_size),
+    lowering=Lowering("reduce", cpu=_cpu_sum_to_size, cuda=_cuda_sum),
+    reduced_axes=_sum_to_size_reduced_axes,
     vjp=vjp_sum_to_size,
     attr_names=("shape",),
     doc="`%1 = sum_to_size[shape=(1,16)] %0`: sums the broadcast dims away (PyTorch's sum_to_size).",
@@ -196,12 +248,51 @@ def _cpu_row(log: bool):
     return render
 
 
+def _cuda_row(op):
+    """softmax / log_softmax along ``dim``: one block per row, a shared-memory tree for the row's
+    max and sum, ``syncthreads`` between levels (no warp shuffles)."""
+    node = op.node
+    shape = op.shapes[0]
+    dim = op.attrs["dim"]
+    columns = shape[dim]
+    rows = numel(shape) // max(columns, 1)
+    block = kit.tree_block(columns)
+    row_shape = tuple(1 if axis == dim else size for axis, size in enumerate(shape))
+    split, names = kit.unflatten("row", row_shape, "r")
+    index = list(names)
+    index[dim] = "c"
+    x = op.read(0, index)
+    out = f"out0[{dense(node.id, shape).flat(index)}]"
+    log = node.op == "log_softmax"
+    finish = (["log_total = math.log(total)"], f"{out} = ({x} - m) - log_total") if log else \
+        ([], f"{out} = math.exp({x} - m) / total")
+
+    def columns_loop(body: list[str]) -> list[str]:
+        return ["c = t", f"while c < {columns}:"] + ["    " + line for line in body] + ["    c += BLOCK"]
+
+    row_body = (["# the row's maximum"] + ["m = np.float32(-math.inf)"]
+                + columns_loop([f"x = {x}", "if x > m:", "    m = x"])
+                + ["partial[t] = m"] + kit.tree_lines("max") + ["m = partial[0]", "cuda.syncthreads()"]
+                + ["# the sum of exp(x - max)", "total = np.float32(0.0)"]
+                + columns_loop([f"total += math.exp({x} - m)"])
+                + ["partial[t] = total"] + kit.tree_lines("sum") + ["total = partial[0]"] + finish[0]
+                + [f"# the row of {node.op}"] + columns_loop([finish[1]])
+                + ["cuda.syncthreads()  # partial is reused by the block's next row"])
+    row_body = kit.used(split, row_body) + row_body
+    body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
+             "row = cuda.blockIdx.x", f"while row < {rows}:"]
+            + ["    " + line for line in row_body] + ["    row += cuda.gridDim.x"])
+    source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body, "One block per row.")
+    launch = kit.block_per_row_launch("kernel", rows, block, 4 * block)
+    return kit.Kernels(f"{node.op} over dim {dim}: {rows} rows of {columns}", source, [launch])
+
+
 define_op(
     name="softmax",
     arity=1,
     infer=_infer_row("softmax"),
     reference=_reference_softmax,
-    lowering=Lowering("row", cpu=_cpu_row(log=False)),
+    lowering=Lowering("row", cpu=_cpu_row(log=False), cuda=_cuda_row),
     vjp=vjp_softmax,
     attr_names=("dim",),
     doc="`%1 = softmax[dim=1] %0`: exp(x - max) / sum(exp(x - max)) along dim.",
@@ -212,7 +303,7 @@ define_op(
     arity=1,
     infer=_infer_row("log_softmax"),
     reference=_reference_log_softmax,
-    lowering=Lowering("row", cpu=_cpu_row(log=True)),
+    lowering=Lowering("row", cpu=_cpu_row(log=True), cuda=_cuda_row),
     vjp=vjp_log_softmax,
     attr_names=("dim",),
     doc="`%1 = log_softmax[dim=1] %0`: (x - max) - log(sum(exp(x - max))) along dim.",

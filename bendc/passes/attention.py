@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from bendc.errors import InternalError
 from bendc.ir.graph import Graph, Node
 from bendc.ops import OPS
-from bendc.ops.attention import resolve_schedule, score_cells, work_items
-from bendc.passes.manager import PassContext, register
+from bendc.ops.attention.layout import resolve_schedule, score_cells, work_items
+from bendc.passes.manager import PassContext, register, register_variant
 
 ATTENTION_OPS = ("attention", "attention_probs", "attention_score_grad", "attention_vjp")
 
@@ -104,16 +104,9 @@ def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOpti
     return graph
 
 
-@register("attention_schedule", "Choose each attention call site's schedule: triangular when causal, else dense.")
-def choose_attention_schedule(graph: Graph, context: PassContext) -> Graph:
-    return attention_schedule(graph, context, ScheduleOptions())
-
-
-@register("attention_schedule_triangular", "attention_schedule with the triangular schedule forced (causal sites).")
-def force_triangular_schedule(graph: Graph, context: PassContext) -> Graph:
-    return attention_schedule(graph, context, ScheduleOptions(force="triangular"))
-
-
-@register("attention_schedule_dense", "attention_schedule with the dense schedule forced.")
-def force_dense_schedule(graph: Graph, context: PassContext) -> Graph:
-    return attention_schedule(graph, context, ScheduleOptions(force="dense"))
+register("attention_schedule", "Choose each attention call site's schedule: triangular when causal, else dense.",
+         ScheduleOptions())(attention_schedule)
+register_variant("attention_schedule", "attention_schedule_triangular",
+                 "attention_schedule with the triangular schedule forced (causal sites).", force="triangular")
+register_variant("attention_schedule", "attention_schedule_dense",
+                 "attention_schedule with the dense schedule forced.", force="dense")

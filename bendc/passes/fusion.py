@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 from bendc.errors import InternalError
 from bendc.ir.graph import Graph, Node
+from bendc.ir.types import numel
 from bendc.ops import OPS
+from bendc.ops.base import reduced_axes
 from bendc.passes.manager import PassContext, register
 
 
@@ -47,18 +49,11 @@ class Group:
 
 def _merged_domain(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
     """The iteration space of two groups together, or None when they differ."""
-    if a == b or _numel(b) == 1:
+    if a == b or numel(b) == 1:
         return a
-    if _numel(a) == 1:
+    if numel(a) == 1:
         return b
     return None
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for d in shape:
-        count *= d
-    return count
 
 
 def _fits(node: Node, domain: tuple[int, ...]) -> bool:
@@ -126,20 +121,6 @@ def fusion_groups(graph: Graph, context: PassContext | None = None) -> dict[int,
             if any(OPS[graph.node(m).op].lowering.kind == "elementwise" for m in group.members)}
 
 
-def reduced_axes(graph: Graph, node: Node) -> tuple[int, ...] | None:
-    """Axes of its operand that a sum or sum_to_size reduces, or None for other ops."""
-    if node.op not in ("sum", "sum_to_size"):
-        return None
-    source = graph.node(node.inputs[0]).type.shape
-    if node.op == "sum":
-        return tuple(node.attr["dims"])
-    if node.op == "sum_to_size":
-        lead = len(source) - len(node.type.shape)
-        return tuple(range(lead)) + tuple(lead + axis for axis, d in enumerate(node.type.shape)
-                                          if d == 1 and source[lead + axis] != 1)
-    return None
-
-
 def attach_epilogues(graph: Graph, groups: dict[int, Group], context: PassContext | None) -> None:
     """A sum over a member of a group's full iteration space joins the group as an epilogue:
     the kernel accumulates it while it computes the cells, instead of writing the operand
@@ -149,7 +130,7 @@ def attach_epilogues(graph: Graph, groups: dict[int, Group], context: PassContex
         if reduced_axes(graph, node) is None or node.type.dtype != "f32":
             continue
         group = group_of.get(node.inputs[0])
-        if group is None or graph.node(node.inputs[0]).type.shape != group.domain or _numel(group.domain) == 1:
+        if group is None or graph.node(node.inputs[0]).type.shape != group.domain or numel(group.domain) == 1:
             continue
         if graph.descendants(node.id) & group.members:
             if context is not None:
@@ -167,13 +148,8 @@ def kernel_cycle(graph: Graph, groups: dict[int, Group]) -> list[int] | None:
     of A feeds B while another member of B feeds A, through nodes that are independent.
     """
     unit_of: dict[int, tuple] = {m: ("k", g.id) for g in groups.values() for m in g.members}
-    edges: dict[tuple, set[tuple]] = {}
-    for node in graph.nodes():
-        unit = unit_of.get(node.id, ("n", node.id))
-        for operand in node.inputs:
-            source = unit_of.get(operand, ("n", operand))
-            if source != unit:
-                edges.setdefault(source, set()).add(unit)
+    contracted = graph.contract(lambda id: unit_of.get(id, ("n", id)))
+    edges = {unit: set(contracted.successors(unit)) for unit in contracted if contracted.out_degree(unit)}
     state: dict[tuple, int] = {}  # 1: on the current path, 2: done
     for start in list(edges):
         if state.get(start):

@@ -2,12 +2,11 @@
 IR text kept for every stage, and BENDC_DUMP_DIR dumps."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 from bendc.errors import UnsupportedError, user_location
 from bendc.ir.graph import Graph
-from bendc.ir.printer import format_graph
 from bendc.ir.verify import verify
 
 
@@ -23,22 +22,39 @@ class PassContext:
 
 @dataclass(frozen=True)
 class Pass:
-    """A named graph -> graph rewrite."""
+    """A named graph -> graph rewrite. A pass with options (a frozen dataclass) is called as
+    ``run(graph, context, options)``; one without as ``run(graph, context)``."""
 
     name: str
-    run: Callable[[Graph, PassContext], Graph]
+    run: Callable[..., Graph]
     doc: str = ""
+    options: Any = None
+
+    def apply(self, graph: Graph, context: PassContext) -> Graph:
+        if self.options is None:
+            return self.run(graph, context)
+        return self.run(graph, context, self.options)
+
+    def configured(self, name: str, doc: str, **fields: Any) -> "Pass":
+        """This pass under another name with some options changed."""
+        return Pass(name, self.run, doc, replace(self.options, **fields))
 
 
 PASSES: dict[str, Pass] = {}
 
 
-def register(name: str, doc: str) -> Callable:
-    def wrap(fn: Callable[[Graph, PassContext], Graph]) -> Callable:
-        PASSES[name] = Pass(name, fn, doc)
+def register(name: str, doc: str, options: Any = None) -> Callable:
+    """Register ``fn`` as the pass ``name`` (with its default ``options``, if it takes any)."""
+    def wrap(fn: Callable[..., Graph]) -> Callable:
+        PASSES[name] = Pass(name, fn, doc, options)
         return fn
 
     return wrap
+
+
+def register_variant(base: str, name: str, doc: str, **fields: Any) -> None:
+    """Register pass ``base`` with options changed as the pass ``name`` (e.g. a forced choice)."""
+    PASSES[name] = PASSES[base].configured(name, doc, **fields)
 
 
 def get_pass(name: str) -> Pass:
@@ -66,11 +82,8 @@ class Pipeline:
 
     def run(self, graph: Graph, context: PassContext, on_stage: StageCallback) -> Graph:
         for pass_ in self.passes:
-            graph = pass_.run(graph.copy(), context)
+            graph = pass_.apply(graph.copy(), context)
             verify(graph, pass_.name, allow_placeholders=False)
             on_stage(pass_.name, graph)
         return graph
 
-
-def stage_text(graph: Graph) -> str:
-    return format_graph(graph)

@@ -85,7 +85,7 @@ def mlp_inputs() -> dict[str, np.ndarray]:
 
 def run(*args: str) -> int:
     """`bendc run ...` through the console script's entry point, in this process."""
-    return runtime_cli.main(["run", *args])
+    return cli.main(["run", *args])
 
 
 def error_line(capsys) -> str:
@@ -247,20 +247,22 @@ def test_random_inputs_are_valid_class_indices(artifact, capsys) -> None:
 
 
 def test_runtime_runs_with_the_compiler_blocked(artifact, tmp_path) -> None:
-    """The console script's `bendc run`, and `python -m runtime`, with bendc, networkx and torch unimportable."""
+    """The console script's `bendc run` with the compiler (every bendc module but the front door:
+    the package, bendc.cli, bendc.errors, bendc.version), networkx and torch unimportable, and
+    `python -m runtime` with all of bendc unimportable."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     wrapper = tmp_path / "blocked.py"
     wrapper.write_text(BLOCKED_RUNNER)
     np.savez(tmp_path / "in.npz", **mlp_inputs())
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     commands = [
-        [scripts["bendc"], "run", str(artifact), "--inputs", str(tmp_path / "in.npz"),
-         "--outputs", str(tmp_path / "out.npz")],
-        ["runtime.__main__:", str(artifact), "--random-inputs"],
-        [scripts["bendc"], "run", str(tmp_path), "--random-inputs"],  # a user error, still one line
+        (FRONT_DOOR, [scripts["bendc"], "run", str(artifact), "--inputs", str(tmp_path / "in.npz"),
+                      "--outputs", str(tmp_path / "out.npz")]),
+        ("", ["runtime.__main__:", str(artifact), "--random-inputs"]),
+        (FRONT_DOOR, [scripts["bendc"], "run", str(tmp_path), "--random-inputs"]),  # a user error, still one line
     ]
-    results = [subprocess.run([sys.executable, str(wrapper), *command], capture_output=True, text=True,
-                              env=env, cwd=tmp_path) for command in commands]
+    results = [subprocess.run([sys.executable, str(wrapper), allowed, *command], capture_output=True, text=True,
+                              env=env, cwd=tmp_path) for allowed, command in commands]
     assert results[0].returncode == 0, results[0].stderr
     assert "returns (out0, out1, out2, out3, out4)" in results[0].stdout
     assert (tmp_path / "out.npz").is_file()
@@ -271,9 +273,13 @@ def test_runtime_runs_with_the_compiler_blocked(artifact, tmp_path) -> None:
         assert "blocker: ok" in result.stdout, result.stdout + result.stderr
 
 
-# Imports `entry` ("module:function", or "module:" to run the module) with bendc, networkx and torch
-# unimportable, runs it as a console script would (argv in sys.argv), and checks that nothing blocked
-# was imported by another route.
+# The modules of bendc that the console script's `bendc run` may load: its front door (the parser and
+# dispatch), never the compiler.
+FRONT_DOOR = "bendc,bendc.cli,bendc.errors,bendc.version"
+
+# Imports `entry` ("module:function", or "module:" to run the module) with bendc (but the allowed
+# modules, comma-separated), networkx and torch unimportable, runs it as a console script would (argv
+# in sys.argv), and checks that nothing blocked was imported by another route.
 BLOCKED_RUNNER = '''
 import importlib
 import importlib.abc
@@ -281,17 +287,22 @@ import runpy
 import sys
 
 BLOCKED = ("bendc", "networkx", "torch")
+ALLOWED = set(filter(None, sys.argv[1].split(",")))
+
+
+def blocked(name):
+    return name.split(".")[0] in BLOCKED and name not in ALLOWED
 
 
 class Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
+        if blocked(name):
             raise ImportError(f"{name} is blocked: the runtime must run without it")
         return None
 
 
 sys.meta_path.insert(0, Blocker())
-entry, arguments = sys.argv[1], sys.argv[2:]
+entry, arguments = sys.argv[2], sys.argv[3:]
 module, _, function = entry.partition(":")
 sys.argv = ["bendc", *arguments]
 try:
@@ -302,7 +313,7 @@ try:
         code = 0
 except SystemExit as exit:
     code = exit.code
-loaded = sorted(name for name in sys.modules if name.split(".")[0] in BLOCKED)
+loaded = sorted(name for name in sys.modules if blocked(name))
 try:
     import networkx
 except ImportError:
@@ -393,7 +404,7 @@ def test_a_damaged_or_foreign_artifact_is_refused(artifact, capsys, damage) -> N
     assert run(str(artifact), "--random-inputs") == 1
     assert message in error_line(capsys)
     with pytest.raises(ArtifactInvalid, match="artifact|changed|manifest|target|kernel"):
-        runtime_cli.main(["--verbose", "run", str(artifact), "--random-inputs"])
+        cli.main(["--verbose", "run", str(artifact), "--random-inputs"])
 
 
 def test_a_missing_artifact_folder_is_refused(tmp_path, capsys) -> None:
@@ -454,7 +465,7 @@ def test_unreadable_input_files_are_refused(artifact, tmp_path, capsys) -> None:
 def exit_code(argv: list[str]) -> int:
     """The exit code of the ``bendc`` command, whether main returns it or argparse exits."""
     try:
-        return runtime_cli.main(argv)
+        return cli.main(argv)
     except SystemExit as exit:
         return exit.code
 
@@ -502,10 +513,10 @@ def test_user_errors_exit_1_with_one_line(argv, message, tmp_path, monkeypatch, 
 
 def test_verbose_shows_the_traceback(tmp_path) -> None:
     with pytest.raises(bendc.UnsupportedError, match="--arch applies to --target cuda only"):
-        runtime_cli.main(["--verbose", "compile", f"{MLP}:train_step", "--target", "cpu", "--arch", "sm_90",
+        cli.main(["--verbose", "compile", f"{MLP}:train_step", "--target", "cpu", "--arch", "sm_90",
                           "-o", str(tmp_path)])
     with pytest.raises(ArtifactInvalid):
-        runtime_cli.main(["run", str(tmp_path), "--random-inputs", "--verbose"])
+        cli.main(["run", str(tmp_path), "--random-inputs", "--verbose"])
 
 
 def test_python_m_bendc_run(compiled) -> None:
@@ -539,5 +550,5 @@ def test_zero_dimensional_inputs_round_trip(tmp_path) -> None:
     out = tmp_path / "transformer"
     assert cli.main(["compile", str(ROOT / "examples" / "transformer.py") + ":train_step", "--target", "cpu",
                      "-o", str(out)]) == 0
-    assert runtime_cli.main(["run", str(out), "--random-inputs", "--outputs", str(tmp_path / "out.npz")]) == 0
+    assert cli.main(["run", str(out), "--random-inputs", "--outputs", str(tmp_path / "out.npz")]) == 0
     assert np.load(tmp_path / "out.npz")["out0"].shape == ()

@@ -12,7 +12,7 @@ import pytest
 
 import bendc
 import bendc.functional as F
-from bendc.codegen.memory import nbytes
+from bendc.codegen.plan import value_bytes as nbytes
 from bendc.codegen.plan import KernelPlan
 from conftest import assert_bitwise, assert_close
 

@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 import bendc
 import bendc.functional as F
-from bendc.codegen.cuda import MAX_BLOCK, MAX_GRID, grid_stride_launch, matmul_tile, render_cuda_plan, tree_block
+from bendc.codegen.cuda import render_cuda_plan
+from bendc.kernels.cuda_kit import MAX_BLOCK, MAX_GRID, grid_stride_launch, tree_block
+from bendc.ops.matmul import matmul_tile
 from bendc.codegen.plan import build_plan
-from bendc.codegen.strides import dense, expanded, indexed, permuted, reshaped
+from bendc.kernels.access import dense, expanded, indexed, permuted, reshaped
 
 
 def numpy_elements(array: np.ndarray) -> list[int]:
@@ -85,7 +87,7 @@ def test_launch_configurations() -> None:
 def render(fn, shapes: str, leaves=(), **static):
     graph = bendc.jit(fn, leaves=leaves, target="reference").lower(shapes, **static).graph
     plan = build_plan(graph)
-    decisions = render_cuda_plan(plan, graph)
+    decisions = render_cuda_plan(plan, graph).decisions
     return plan, decisions
 
 
@@ -144,7 +146,7 @@ def test_epilogues_and_scatters_clear_their_outputs_first() -> None:
     with_zero = [s for s in plan.steps if [l["kernel"] for l in s.launches] == ["zero", "kernel"]]
     assert any("cuda.atomic.add" in s.source for s in with_zero)
     (gather,) = [s for s in plan.steps if s.kind == "gather"]
-    assert gather.check == "index_select: index {index} is out of range for a dimension of size 5"
+    assert gather.check == "index {index} is out of range for a dimension of size 5"  # the op is the step's
     assert "err[0] = 1" in gather.source
 
 

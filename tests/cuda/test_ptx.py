@@ -25,7 +25,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 from bendc.codegen.cuda import CudaOptions, render_cuda_plan  # noqa: E402
 from bendc.codegen.plan import build_plan  # noqa: E402
 from bendc.codegen.ptx import CompiledKernel, compile_kernel, compile_plan, parse_resources  # noqa: E402
-from bendc.targets import render_cuda  # noqa: E402
+from bendc.compile import render_cuda  # noqa: E402
 from cuda_programs import Program, all_programs, jitted, plan_kinds, spec_of  # noqa: E402
 from runtime.artifact import load_module  # noqa: E402
 from bendc.codegen.cache import kernel_path, write_kernel  # noqa: E402

@@ -20,7 +20,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" or importlib.util.find_spec("nu
                 "(needs numba-cuda and NUMBA_ENABLE_CUDASIM=1)", allow_module_level=True)
 
 import bendc  # noqa: E402
-import bendc.codegen.cuda as cuda_codegen  # noqa: E402
+import bendc.kernels.cuda_kit as cuda_kit  # noqa: E402
 import bendc.functional as F  # noqa: E402
 from bendc.errors import RuntimeCheckError  # noqa: E402
 from conftest import assert_bitwise, assert_close  # noqa: E402
@@ -151,9 +151,9 @@ def test_device_inputs_are_used_in_place_and_outputs_are_fresh(cache_dir: str) -
 
 def test_grid_stride_and_block_loops_cover_every_cell(cache_dir: str, monkeypatch) -> None:
     """With one block of one warp per launch, every kernel must loop over its cells, rows and batches."""
-    monkeypatch.setattr(cuda_codegen, "MAX_GRID", 1)
-    monkeypatch.setattr(cuda_codegen, "MAX_ROWS", 1)
-    monkeypatch.setattr(cuda_codegen, "MAX_BLOCK", 32)
+    monkeypatch.setattr(cuda_kit, "MAX_GRID", 1)
+    monkeypatch.setattr(cuda_kit, "MAX_ROWS", 1)
+    monkeypatch.setattr(cuda_kit, "MAX_BLOCK", 32)
     for name in ("softmax_rows", "sums", "batched_matmul", "indexing"):
         (program,) = [p for p in PROGRAMS if p.name == name]
         step = check_program(program, cache_dir)
@@ -165,9 +165,9 @@ def test_row_and_attention_kernels_loop_over_rows_items_cells_and_outputs(cache_
     """One block of two threads per launch: the norm statistics loop over rows and columns, rope
     over its cells, and the attention kernels over work items, an item's cells (t + 1 of them in
     a triangular pair) and its output elements."""
-    monkeypatch.setattr(cuda_codegen, "MAX_GRID", 1)
-    monkeypatch.setattr(cuda_codegen, "MAX_ROWS", 1)
-    monkeypatch.setattr(cuda_codegen, "MAX_BLOCK", 2)
+    monkeypatch.setattr(cuda_kit, "MAX_GRID", 1)
+    monkeypatch.setattr(cuda_kit, "MAX_ROWS", 1)
+    monkeypatch.setattr(cuda_kit, "MAX_BLOCK", 2)
     for name in ("layer_norm", "rope", "attention_causal_t3", "attention_full_t4"):
         (program,) = [p for p in PROGRAMS if p.name == name]
         step = check_program(program, cache_dir)

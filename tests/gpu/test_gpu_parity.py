@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bendc.targets import cuda_status
+from bendc.compile import cuda_status
 
 if cuda_status() != "gpu":
     pytest.skip("needs numba-cuda and a usable GPU", allow_module_level=True)

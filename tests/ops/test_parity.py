@@ -77,6 +77,13 @@ def test_sqrt():
     parity(lambda F, a: F.sqrt(a), {"a": positive((5,), seed=7)}, ("a",), exact=True)
 
 
+def test_square():
+    """torch.square is x * x, its backward g * (2 * x): both bit for bit (the op declares its method,
+    x.square() and F.square(x), in its op file)."""
+    parity(lambda F, a: a.square(), {"a": wide((3, 4), seed=40)}, ("a",), exact=True)
+    parity(lambda F, a: (F.square(a) * a).square(), {"a": wide((6,), seed=41)}, ("a",), exact=True)
+
+
 def test_arithmetic_chain_gradients_bitwise():
     """loss = ((a*b - c) / d).sum(): sum's backward is a seed of ones, the rest elementwise."""
     inputs = {"a": wide((4, 5), seed=8), "b": wide((4, 5), seed=9), "c": wide((4, 5), seed=10),

@@ -24,14 +24,13 @@ import pytest
 import bendc
 import bendc.functional as F
 from bendc.builder import Builder
-from bendc.codegen.cuda import ROW_TEMPLATE_OPS
 from bendc.ir.graph import Graph
 from bendc.ir.interp import interpret
 from bendc.ir.parser import parse_graph
 from bendc.ir.types import TensorType
 from bendc.ir.verify import verify
 from bendc.ops import OPS
-from bendc.ops.base import LOWERING_KINDS, InferError
+from bendc.ops.base import LOWERING_KINDS, METHODS, REQUIRED_RENDERERS, InferError
 
 
 def T(text: str) -> TensorType:
@@ -62,6 +61,7 @@ SAMPLES: dict[str, Sample] = {
     "tanh": Sample((T("f32[2,3]"),)),
     "sigmoid": Sample((T("f32[2,3]"),)),
     "sqrt": Sample((T("f32[2,3]"),), positive=(0,)),
+    "square": Sample((T("f32[2,3]"),)),
     "reciprocal": Sample((T("f32[2,3]"),), positive=(0,)),
     "adam_step_size": Sample((T("f32[]"),), {"lr": 0.001, "beta1": 0.9}, positive=(0,)),
     "adam_bias_root": Sample((T("f32[]"),), {"beta2": 0.999}, positive=(0,)),
@@ -150,10 +150,10 @@ def test_op_has_every_part(name):
         problems.append(f"lowering kind {opdef.lowering.kind!r} is not one of {LOWERING_KINDS}")
     if opdef.lowering.kind == "elementwise" and not callable(opdef.lowering.scalar):
         problems.append("an elementwise op needs a scalar renderer")
-    if (opdef.lowering.kind == "attention" or (opdef.lowering.kind == "row" and name not in ROW_TEMPLATE_OPS)) \
-            and not callable(opdef.lowering.cuda):
-        problems.append("a row or attention op needs its own cuda renderer (Lowering.cuda): "
-                        "bendc/codegen/cuda.py's row template renders only softmax and log_softmax")
+    for renderer in REQUIRED_RENDERERS.get(opdef.lowering.kind, ()):
+        if not callable(getattr(opdef.lowering, renderer)):
+            problems.append(f"a {opdef.lowering.kind} op needs its own {renderer} renderer (Lowering.{renderer}); "
+                            "codegen writes only the generic kernels (REQUIRED_RENDERERS in bendc/ops/base.py)")
     if not (isinstance(opdef.doc, str) and name in opdef.doc and "`" in opdef.doc):
         problems.append(f"doc {opdef.doc!r} should show the printed form (in backticks, naming the op)")
     sample = SAMPLES.get(name)
@@ -379,6 +379,20 @@ if hasattr(F, "scaled_dot_product_attention"):
 
     COVERAGE_PROGRAMS["attention"] = (attention, ("w",), lambda: (
         _rng((1, 2, 3, 4), 0), _rng((1, 1, 3, 4), 1), _rng((1, 1, 3, 4), 2), _rng((1, 2, 3, 4), 3)))
+
+
+def _method_program(method: str):
+    """A program for an op that declares its Tensor method (OpDef.method): its value and gradient."""
+    def program(x, w):
+        loss = (getattr(x * w, method)()).sum()
+        loss.backward()
+        return loss, w.grad
+
+    return program
+
+
+for _method, _op in METHODS.items():  # ops that declare a method need no hand-written program
+    COVERAGE_PROGRAMS.setdefault(_op, (_method_program(_method), ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1))))
 
 
 # Ops that no user program can produce, only a VJP of a VJP (second derivatives);

@@ -101,7 +101,7 @@ def flat(outputs):
 
 def run_pass(name: str, graph: Graph) -> tuple[Graph, PassContext]:
     context = PassContext()
-    result = PASSES[name].run(graph.copy(), context)
+    result = PASSES[name].apply(graph.copy(), context)
     verify(result, name, allow_placeholders=False)
     return result, context
 

@@ -1,4 +1,6 @@
-"""bendc.jit: trace on the first call per signature, compile, reuse.
+"""bendc.jit: the jitted function: binding arguments to a signature, the fast path, introspection.
+
+The first call per signature compiles through the driver (bendc/compile.py); later calls reuse it.
 
 A signature is the parameters' shapes and dtypes, the leaves, the values of
 static Python scalars, and the target.
@@ -7,27 +9,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
-import tempfile
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bendc.autodiff import differentiate
+from bendc.compile import Executable, Progress, Request, compile_step, cuda_status, unflatten_result
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
-from bendc.ir.graph import Graph
-from bendc.artifact import index_bounds, write_artifact
-from bendc.codegen.plan import plan_stats
-from bendc.ir.parser import parse_graph
-from bendc.codegen.cache import default_cache_dir
-from bendc.targets import (Progress, build, build_cuda_artifact, cuda_status, load_cached, program_entry,
-                           program_key)
-from bendc.ir.printer import format_graph
 from bendc.ir.types import TensorType, dtype_name
-from bendc.ir.verify import verify
-from bendc.passes import PassContext, Pipeline, default_passes
-from bendc.trace import Tensor, Tracer
+from bendc.passes import Pipeline, default_passes
+from bendc.trace import Tensor
 from runtime.cuda import as_device_array, is_device_array
 
 TARGETS = ("auto", "cpu", "cuda", "reference")
@@ -83,20 +73,6 @@ def is_array_like(value: Any) -> bool:
         hasattr(value, attr) for attr in ("__array__", "__dlpack__", "__cuda_array_interface__"))
 
 
-@dataclass
-class Executable:
-    """One traced and compiled signature."""
-
-    graph: Graph
-    stages: dict[str, str]
-    tape: str
-    template: Any
-    report: str
-    run: Callable[[Sequence[np.ndarray]], list]
-    kernels: dict[str, str] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=dict)
-
-
 class JitFunction:
     """The callable that ``bendc.jit`` returns."""
 
@@ -135,7 +111,7 @@ class JitFunction:
         if hit is not None:  # the hot path: positional numpy arrays and scalars of a known signature
             executable, positions = hit
             self._last = executable
-            return _unflatten(executable.template, executable.run([args[i] for i in positions]))
+            return unflatten_result(executable.template, executable.run([args[i] for i in positions]))
         arrays, key, static = self._bind(args, kwargs)
         executable = self._cache.get(key)
         if executable is None:
@@ -147,7 +123,7 @@ class JitFunction:
             self._fast[fast] = (executable, [names.index(name) for name, _ in arrays])
         self._last = executable
         results = executable.run([value for _, value in arrays])
-        return _unflatten(executable.template, results)
+        return unflatten_result(executable.template, results)
 
     def _fast_key(self, args: tuple, kwargs: dict) -> tuple | None:
         """A signature key computed without binding, for calls with every parameter given
@@ -273,69 +249,9 @@ class JitFunction:
     def _compile(self, types: list[tuple[str, TensorType]], static: dict[str, Any], artifact: str | None = None,
                  progress: Progress | None = None, cuda_arch: str | None = None) -> Executable:
         """Trace, differentiate, run the passes and build; ``artifact``: write it there, cache unused."""
-        tracer = Tracer(self.fn.__name__)
-        tensors: dict[str, Tensor] = {}
-        for name, type in types:
-            tensors[name] = tracer.param(name, type, leaf=name in self.leaves)
-        call_args = {**static, **tensors}
-        ordered = {name: call_args[name] for name in self.signature.parameters}
-        with tracer.active():
-            result = self.fn(**ordered)
-        outputs: list[int] = []
-        template = _flatten(result, outputs, tracer)
-        traced = tracer.graph
-        traced.outputs = outputs
-        verify(traced, "traced")
-
-        stages: dict[str, str] = {}
-        dump = _Dumper(self.fn.__name__)
-
-        def on_stage(name: str, graph: Graph) -> None:
-            stages[name] = format_graph(graph)
-            dump.write(name, stages[name])
-
-        on_stage("traced", traced)
-        entry = None
-        if artifact is None and self.resolved_target == "cpu" and all(isinstance(p, str) for p in self.passes):
-            key = program_key(stages["traced"], list(self.passes), self.resolved_target, template, self.donate)
-            entry = program_entry(self.cache_dir, key)
-            cached = load_cached(entry, self.cache_dir)
-            if cached is not None:
-                return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
-                                  cached.template, cached.report, cached.run, cached.kernels, cached.stats)
-        graph = differentiate(traced)
-        verify(graph, "autodiff", allow_placeholders=False)
-        on_stage("autodiff", graph)
-        context = PassContext()
-        graph = Pipeline(self.passes).run(graph, context, on_stage)
-        on_stage("final", graph)
-        target = "cuda" if cuda_arch is not None else self.resolved_target
-        if cuda_arch is not None:
-            built = build_cuda_artifact(graph, self.cache_dir or default_cache_dir(), cuda_arch, progress)
-        else:
-            built = build(target, graph, self.cache_dir, self.donate, progress)
-        report = _report(self.fn.__name__, target, context, graph, built.report)
-        tape = tracer.tape()
-        destination = artifact if artifact is not None else entry
-        if destination is not None:
-            write_artifact(destination, function=self.fn.__name__, target=target,
-                           inputs=self._input_specs(types, graph), leaves=list(self.leaves), template=template,
-                           plan=built.plan, stages=stages, report=report, tape=tape,
-                           extra={"static": _json_static(static), "donate": list(self.donate),
-                                  **({"arch": cuda_arch} if cuda_arch else {})}, files=built.files)
-        stats = plan_stats(built.plan) if built.plan is not None else {}
-        return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
-
-    def _input_specs(self, types: list[tuple[str, TensorType]], graph: Graph) -> list[dict[str, Any]]:
-        """The manifest's inputs: name, dtype, shape, leaf, and index_bound for index parameters."""
-        bounds = index_bounds(graph)
-        specs = []
-        for name, type in types:
-            spec = {"name": name, "dtype": type.dtype, "shape": list(type.shape), "leaf": name in self.leaves}
-            if name in bounds:
-                spec["index_bound"] = bounds[name]
-            specs.append(spec)
-        return specs
+        return compile_step(Request(self.fn, tuple(self.signature.parameters), tuple(types), dict(static),
+                                    self.leaves, self.donate, tuple(self.passes), self.resolved_target,
+                                    self.cache_dir, artifact, progress, cuda_arch))
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -369,74 +285,6 @@ class JitFunction:
     def report(self) -> str:
         """The compile report: pass decisions with their reasons."""
         return self._executable().report
-
-
-def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str]) -> str:
-    lines = [f"bendc report for {name} (target {target})", f"final IR: {len(graph)} nodes"]
-    for pass_name, text in context.decisions:
-        lines.append(f"[{pass_name}] {text}")
-    if not context.decisions:
-        lines.append("no pass changed the graph")
-    lines.extend(f"[{target}] {line}" for line in backend)
-    return "\n".join(lines) + "\n"
-
-
-class _Dumper:
-    """Writes each stage to $BENDC_DUMP_DIR/<function>/<NN>-<stage>.ir (atomically)."""
-
-    def __init__(self, name: str) -> None:
-        root = os.environ.get("BENDC_DUMP_DIR")
-        self.folder = os.path.join(root, name) if root else None
-        self.count = 0
-
-    def write(self, stage: str, text: str) -> None:
-        if self.folder is None:
-            return
-        os.makedirs(self.folder, exist_ok=True)
-        path = os.path.join(self.folder, f"{self.count:02d}-{stage}.ir")
-        self.count += 1
-        handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".tmp-")
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-
-
-def _json_static(static: dict[str, Any]) -> dict[str, Any]:
-    """Static values for the manifest (JSON scalars; anything else as its repr)."""
-    plain = (bool, int, float, str, type(None))
-    return {name: value if isinstance(value, plain) else repr(value) for name, value in static.items()}
-
-
-# ------------------------------------------------------------------ outputs
-def _flatten(value: Any, outputs: list[int], tracer: Tracer) -> Any:
-    """The return value's structure with tensors replaced by output slots."""
-    if isinstance(value, Tensor):
-        outputs.append(value.id)
-        return ("out", len(outputs) - 1)
-    if value is None or isinstance(value, STATIC_TYPES + (str,)):
-        return ("static", value)
-    if isinstance(value, tuple):
-        return ("tuple", tuple(_flatten(v, outputs, tracer) for v in value))
-    if isinstance(value, list):
-        return ("list", [_flatten(v, outputs, tracer) for v in value])
-    if isinstance(value, dict):
-        return ("dict", {k: _flatten(v, outputs, tracer) for k, v in value.items()})
-    raise UnsupportedError(f"cannot return a {type(value).__name__} from a jitted function "
-                           "(tensors, None, scalars and tuples/lists/dicts of them)",
-                           loc=user_location(), op="return")
-
-
-def _unflatten(template: Any, results: list) -> Any:
-    kind, body = template
-    if kind == "out":
-        return results[body]
-    if kind == "static":
-        return body
-    if kind == "tuple":
-        return tuple(_unflatten(t, results) for t in body)
-    if kind == "list":
-        return [_unflatten(t, results) for t in body]
-    return {k: _unflatten(t, results) for k, t in body.items()}
 
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",

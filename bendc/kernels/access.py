@@ -1,4 +1,8 @@
-"""Strided reads for targets whose kernels index flat arrays (cuda).
+"""Strided access: where a value's elements live in the flat array of its root.
+
+Part of the kernel-text kit (imports nothing of bendc). Used by the cuda
+lowerings in op files and by codegen, which resolves every value's access
+(bendc/codegen/views.py).
 
 Every value a kernel reads is an element ``offset`` and ``strides`` into the
 flat array of its *root*: the parameter, constant or kernel output whose
@@ -14,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from bendc.codegen.plan import KernelPlan
-from bendc.ir.graph import Graph
+from runtime.dtypes import numel
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,7 @@ def indexed(access: Access, spec: Sequence) -> Access:
 def reshaped(access: Access, source: Sequence[int], shape: Sequence[int]) -> Access | None:
     """reshape without a copy, or None where no strides describe it (numpy's
     ``_attempt_nocopy_reshape``, C order, in elements)."""
-    count = 1
-    for size in source:
-        count *= size
-    if count == 0:
+    if numel(source) == 0:
         return dense(access.root, shape)
     old = [(size, stride) for size, stride in zip(source, access.strides) if size != 1]
     old_sizes = [size for size, _ in old]
@@ -120,46 +120,3 @@ def reshaped(access: Access, source: Sequence[int], shape: Sequence[int]) -> Acc
     return Access(access.root, access.offset, tuple(new_strides))
 
 
-def resolve_accesses(plan: KernelPlan, graph: Graph) -> tuple[dict[int, Access], list[str]]:
-    """The access of every value, in launch order; layout steps that need a copy become ``write`` steps.
-
-    Returns the accesses and the decisions (one line per materialized view).
-    """
-    access: dict[int, Access] = {p: dense(p, plan.values[p][1]) for p in plan.params}
-    outputs = set(plan.outputs)
-    decisions: list[str] = []
-    for step in plan.steps:
-        if step.convention == "write":
-            for value in step.outputs:
-                access[value] = dense(value, plan.values[value][1])
-            continue
-        (value,) = step.outputs
-        node = graph.node(value)
-        if step.kind == "source":
-            access[value] = dense(value, node.type.shape)
-            continue
-        view = view_access(graph, value, access[node.inputs[0]])
-        if view is not None and value not in outputs:
-            access[value] = view
-            continue
-        step.convention = "write"
-        access[value] = dense(value, node.type.shape)
-        why = "it is returned to the caller" if value in outputs else "no strides describe it"
-        decisions.append(f"{step.name}: %{value} = {node.op} is copied into its own buffer ({why})")
-    return access, decisions
-
-
-def view_access(graph: Graph, value: int, operand: Access) -> Access | None:
-    """The access of a layout node's result given its operand's, or None when it needs a copy."""
-    node = graph.node(value)
-    source = graph.node(node.inputs[0]).type.shape
-    attrs = node.attr
-    if node.op == "permute":
-        return permuted(operand, attrs["perm"])
-    if node.op == "expand":
-        return expanded(operand, source, node.type.shape)
-    if node.op == "index":
-        return indexed(operand, attrs["spec"])
-    if node.op == "reshape":
-        return reshaped(operand, source, node.type.shape)
-    raise AssertionError(f"no strided view for {node.op}")

@@ -1,0 +1,410 @@
+"""The one driver: trace -> autodiff -> passes -> plan -> build, with the on-disk cache,
+stage dumps and the compile report.
+
+``compile_step`` turns a :class:`Request` (a function and one signature) into
+an :class:`Executable`. Per target: ``reference`` interprets the graph with
+numpy; ``cpu`` builds the kernel plan, renders each step to source (codegen),
+writes and imports the kernel modules, plans memory, and binds the plan in
+the runtime; ``cuda`` does the same with numba.cuda kernels (codegen/cuda.py,
+runtime/cuda.py); it is not cached on disk as a program yet (its kernel
+modules are, by hash). A compiled cpu program is stored as an artifact under
+``<cache>/programs/<key>``, keyed by the traced IR, the passes, the target
+and the bendc/numba/numpy versions; a second process with the same signature
+loads it instead of compiling, and a corrupt entry is discarded and rebuilt.
+"""
+from __future__ import annotations
+
+import ctypes.util
+import functools
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from bendc.artifact import compiler_fingerprint, index_bounds, versions, write_artifact
+from bendc.autodiff import differentiate
+from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
+from bendc.codegen.cpu import render_plan
+from bendc.codegen.memory import plan_memory
+from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
+from bendc.errors import RuntimeCheckError, SourceLoc, UnsupportedError, user_location
+from bendc.ir.graph import Graph
+from bendc.ir.interp import Interpreter
+from bendc.ir.parser import parse_graph
+from bendc.ir.printer import format_graph
+from bendc.ir.types import TensorType
+from bendc.ir.verify import verify
+from bendc.passes import PassContext, Pipeline
+from bendc.trace import Tensor, Tracer
+from runtime.artifact import (ArtifactInvalid, load_kernel, load_module, load_program, read_stages, read_text,
+                              template_from_json)
+from runtime.cuda import numba_cuda_installed
+from runtime.cpu import CpuProgram, KernelError
+from runtime.files import atomic_write
+
+
+@dataclass
+class Executable:
+    """One traced and compiled signature."""
+
+    graph: Graph
+    stages: dict[str, str]
+    tape: str
+    template: Any
+    report: str
+    run: Callable[[Sequence[np.ndarray]], list]
+    kernels: dict[str, str] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_status() -> str | None:
+    """"gpu" where numba-cuda imports and a GPU is usable, "simulator" under NUMBA_ENABLE_CUDASIM=1
+    (numba's CUDA simulator, read when numba.cuda is imported), else None.
+
+    Cheap where there is no GPU: numba.cuda is imported only when a CUDA driver is present.
+    """
+    if not numba_cuda_installed():
+        return None
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return "simulator"
+    if not (os.path.exists("/dev/nvidiactl") or ctypes.util.find_library("cuda")):
+        return None
+    try:
+        from numba import cuda
+
+        return "gpu" if cuda.is_available() else None
+    except Exception:  # a broken driver or toolkit: no cuda target
+        return None
+
+
+@dataclass
+class Built:
+    """What a target made of a graph."""
+
+    run: Callable[[Sequence[np.ndarray]], list]
+    kernels: dict[str, str] = field(default_factory=dict)
+    report: list[str] = field(default_factory=list)
+    plan: KernelPlan | None = None
+    files: dict[str, str | bytes] = field(default_factory=dict)  # extra artifact files (PTX, cubin)
+
+
+def build_reference(graph: Graph) -> Built:
+    interpreter = Interpreter(graph)
+    aliases = set(graph.params)
+
+    def run(inputs: Sequence[np.ndarray]) -> list:
+        results = interpreter.run(inputs)
+        # An output that is a parameter (or a view of one) must not alias the caller's array.
+        return [np.array(r) if (o in aliases or r.base is not None) else r
+                for o, r in zip(graph.outputs, results)]
+
+    return Built(run)
+
+
+def cpu_runner(plan: dict, program: Any) -> Callable[[Sequence[np.ndarray]], list]:
+    """program.run (cpu or cuda), with a kernel's failed check raised as a BendcError at the user's line."""
+    steps = {step["name"]: step for step in plan["steps"]}
+
+    def run(inputs: Sequence[np.ndarray]) -> list:
+        try:
+            return program.run(inputs)
+        except KernelError as error:
+            step = steps[error.step]
+            path, _, line = step["loc"].rpartition(":")
+            loc = SourceLoc(path, int(line)) if path else None
+            raise RuntimeCheckError(error.detail, loc=loc, op=step["op"]) from None
+
+    return run
+
+
+Progress = Callable[[int, int, str], None]  # (kernel number from 1, kernel count, kernel name)
+
+
+def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress: Progress | None = None) -> Built:
+    plan = build_plan(graph)
+    render_plan(plan, graph)
+    donated = frozenset(p for p in graph.params if graph.node(p).attr["name"] in donate)
+    decisions = plan_memory(plan, donated)
+    kernels = {}
+    for number, step in enumerate(plan.steps, start=1):
+        if progress is not None:
+            progress(number, len(plan.steps), step.name)
+        step.module = write_kernel(cache_dir, step.source)
+        kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
+    plan_json = plan.to_json()
+    report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
+    return Built(cpu_runner(plan_json, CpuProgram(plan_json, kernels)),
+                 {s.name: s.source for s in plan.steps}, report, plan)
+
+
+@dataclass
+class CudaKernels:
+    """The cuda kernels of a graph, rendered and imported but not bound to a device."""
+
+    plan: KernelPlan
+    modules: dict[str, Any]  # step name -> imported kernel module
+    report: list[str]
+
+
+def render_cuda(graph: Graph, cache_dir: str) -> CudaKernels:
+    """Plan, render numba.cuda kernels (strided views resolved first), plan memory, import the modules.
+
+    Needs numba-cuda but no GPU: the PTX tests and ``bendc compile`` use it too.
+    Parameters are never donated on cuda: the caller's device arrays are only read.
+    """
+    from bendc.codegen.cuda import describe_launches, render_cuda_plan
+
+    plan = build_plan(graph)
+    views = render_cuda_plan(plan, graph)  # makes the copied views write steps: before the memory plan
+    decisions = plan_memory(plan)
+    modules = {}
+    for step in plan.steps:
+        step.module = write_kernel(cache_dir, step.source)
+        modules[step.name] = load_module(kernel_path(cache_dir, step.module), step.module)
+    report = (describe_plan(plan) + [f"layout: {d}" for d in views.decisions] + [f"memory: {d}" for d in decisions]
+              + [f"launch: {line}" for line in describe_launches(plan)])
+    return CudaKernels(plan, modules, report)
+
+
+def build_cuda(graph: Graph, cache_dir: str) -> Built:
+    """The cuda kernels bound on the GPU (or numba's simulator)."""
+    from runtime.cuda import CudaProgram
+
+    kernels = render_cuda(graph, cache_dir)
+    plan_json = kernels.plan.to_json()
+    return Built(cpu_runner(plan_json, CudaProgram(plan_json, kernels.modules)),
+                 {s.name: s.source for s in kernels.plan.steps}, kernels.report, kernels.plan)
+
+
+def build_cuda_artifact(graph: Graph, cache_dir: str, arch: str, progress: Progress | None = None) -> Built:
+    """The cuda kernels compiled ahead of time for ``arch``: PTX (NVVM) and cubin (nvJitLink) per
+    kernel, with registers, spills and shared memory in the report. Needs numba-cuda, not a GPU."""
+    from bendc.codegen.ptx import compile_plan
+
+    kernels = render_cuda(graph, cache_dir)
+    compiled = compile_plan(kernels.plan, kernels.modules, arch, progress)
+    files: dict[str, str | bytes] = {}
+    for kernel in compiled:
+        files[f"ptx/{kernel.step}.{kernel.kernel}.ptx"] = kernel.ptx
+        files[f"cubin/{kernel.step}.{kernel.kernel}.{arch}.cubin"] = kernel.cubin
+    report = kernels.report + [f"compiled: {kernel.describe()}" for kernel in compiled]
+
+    def run(inputs: Sequence[np.ndarray]) -> list:
+        raise RuntimeError("an ahead-of-time cuda build runs on a GPU: bendc run OUT there")
+
+    built = Built(run, {s.name: s.source for s in kernels.plan.steps}, report, kernels.plan)
+    built.files = files
+    return built
+
+
+def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str] = (),
+          progress: Progress | None = None) -> Built:
+    if target == "reference":
+        return build_reference(graph)
+    if target == "cpu":
+        return build_cpu(graph, cache_dir or default_cache_dir(), donate, progress)
+    if target == "cuda":
+        return build_cuda(graph, cache_dir or default_cache_dir())
+    raise AssertionError(f"no builder for target {target}")
+
+
+# ------------------------------------------------------------------ on-disk cache
+def program_key(traced_ir: str, passes: list[str], target: str, template: Any, donate: Sequence[str]) -> str:
+    blob = json.dumps([traced_ir, passes, target, repr(template), sorted(donate), versions(),
+                       compiler_fingerprint()], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def program_entry(cache_dir: str | None, key: str) -> str:
+    return os.path.join(cache_dir or default_cache_dir(), "programs", key)
+
+
+@dataclass
+class Cached:
+    stages: dict[str, str]
+    tape: str
+    template: Any
+    report: str
+    run: Callable
+    kernels: dict[str, str]
+    stats: dict[str, int]
+
+
+def load_cached(entry: str, cache_dir: str | None) -> Cached | None:
+    """The cached program at ``entry``, None when absent; a corrupt entry is removed."""
+    if not os.path.exists(entry):
+        return None
+    try:
+        kernel_dir = os.path.dirname(kernel_path(cache_dir or default_cache_dir(), "k"))
+        manifest, plan, program = load_program(entry, kernel_dir)
+        kernels = {step["name"]: read_text(entry, f"kernels/{step['module']}.py") for step in plan["steps"]}
+        stats = plan_stats(KernelPlan.from_json(plan))
+        return Cached(read_stages(entry, manifest), read_text(entry, "tape.txt"),
+                      template_from_json(manifest["template"]),
+                      read_text(entry, "report.txt") + "[cache] loaded from the on-disk cache\n",
+                      cpu_runner(plan, program), kernels, stats)
+    except (ArtifactInvalid, OSError, ValueError, KeyError) as error:
+        shutil.rmtree(entry, ignore_errors=True)
+        print(f"bendc: discarded a corrupt cache entry {entry}: {error}", flush=True)
+        return None
+
+
+# ------------------------------------------------------------------ the driver
+@dataclass(frozen=True)
+class Request:
+    """What to compile: a function, a signature (parameter types in order, static values), its
+    leaves and donations, the passes, the target; ``artifact``: write an artifact folder there
+    (the on-disk cache is then neither read nor written); ``cuda_arch``: build cuda kernels ahead
+    of time for that architecture."""
+
+    fn: Callable
+    parameters: tuple[str, ...]
+    types: tuple[tuple[str, TensorType], ...]
+    static: dict[str, Any]
+    leaves: tuple[str, ...]
+    donate: tuple[str, ...]
+    passes: tuple[Any, ...]
+    target: str
+    cache_dir: str | None = None
+    artifact: str | None = None
+    progress: Progress | None = None
+    cuda_arch: str | None = None
+
+
+def compile_step(request: Request) -> Executable:
+    """Trace, differentiate, run the passes and build (or load the cached program)."""
+    name = request.fn.__name__
+    tracer = Tracer(name)
+    tensors: dict[str, Tensor] = {}
+    for parameter, type in request.types:
+        tensors[parameter] = tracer.param(parameter, type, leaf=parameter in request.leaves)
+    call_args = {**request.static, **tensors}
+    ordered = {parameter: call_args[parameter] for parameter in request.parameters}
+    with tracer.active():
+        result = request.fn(**ordered)
+    outputs: list[int] = []
+    template = flatten_result(result, outputs)
+    traced = tracer.graph
+    traced.outputs = outputs
+    verify(traced, "traced")
+
+    stages: dict[str, str] = {}
+    dump = _Dumper(name)
+
+    def on_stage(stage: str, graph: Graph) -> None:
+        stages[stage] = format_graph(graph)
+        dump.write(stage, stages[stage])
+
+    on_stage("traced", traced)
+    entry = None
+    if request.artifact is None and request.target == "cpu" and all(isinstance(p, str) for p in request.passes):
+        key = program_key(stages["traced"], list(request.passes), request.target, template, request.donate)
+        entry = program_entry(request.cache_dir, key)
+        cached = load_cached(entry, request.cache_dir)
+        if cached is not None:
+            return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
+                              cached.template, cached.report, cached.run, cached.kernels, cached.stats)
+    graph = differentiate(traced)
+    verify(graph, "autodiff", allow_placeholders=False)
+    on_stage("autodiff", graph)
+    context = PassContext()
+    graph = Pipeline(request.passes).run(graph, context, on_stage)
+    on_stage("final", graph)
+    target = "cuda" if request.cuda_arch is not None else request.target
+    if request.cuda_arch is not None:
+        built = build_cuda_artifact(graph, request.cache_dir or default_cache_dir(), request.cuda_arch,
+                                    request.progress)
+    else:
+        built = build(target, graph, request.cache_dir, request.donate, request.progress)
+    report = _report(name, target, context, graph, built.report)
+    tape = tracer.tape()
+    destination = request.artifact if request.artifact is not None else entry
+    if destination is not None:
+        write_artifact(destination, function=name, target=target,
+                       inputs=_input_specs(request, graph), leaves=list(request.leaves), template=template,
+                       plan=built.plan, stages=stages, report=report, tape=tape,
+                       extra={"static": _json_static(request.static), "donate": list(request.donate),
+                              **({"arch": request.cuda_arch} if request.cuda_arch else {})}, files=built.files)
+    stats = plan_stats(built.plan) if built.plan is not None else {}
+    return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
+
+
+def _input_specs(request: Request, graph: Graph) -> list[dict[str, Any]]:
+    """The manifest's inputs: name, dtype, shape, leaf, and index_bound for index parameters."""
+    bounds = index_bounds(graph)
+    specs = []
+    for name, type in request.types:
+        spec = {"name": name, "dtype": type.dtype, "shape": list(type.shape), "leaf": name in request.leaves}
+        if name in bounds:
+            spec["index_bound"] = bounds[name]
+        specs.append(spec)
+    return specs
+
+
+def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str]) -> str:
+    lines = [f"bendc report for {name} (target {target})", f"final IR: {len(graph)} nodes"]
+    for pass_name, text in context.decisions:
+        lines.append(f"[{pass_name}] {text}")
+    if not context.decisions:
+        lines.append("no pass changed the graph")
+    lines.extend(f"[{target}] {line}" for line in backend)
+    return "\n".join(lines) + "\n"
+
+
+class _Dumper:
+    """Writes each stage to $BENDC_DUMP_DIR/<function>/<NN>-<stage>.ir (atomically)."""
+
+    def __init__(self, name: str) -> None:
+        root = os.environ.get("BENDC_DUMP_DIR")
+        self.folder = os.path.join(root, name) if root else None
+        self.count = 0
+
+    def write(self, stage: str, text: str) -> None:
+        if self.folder is None:
+            return
+        path = os.path.join(self.folder, f"{self.count:02d}-{stage}.ir")
+        self.count += 1
+        atomic_write(path, text)
+
+
+def _json_static(static: dict[str, Any]) -> dict[str, Any]:
+    """Static values for the manifest (JSON scalars; anything else as its repr)."""
+    plain = (bool, int, float, str, type(None))
+    return {name: value if isinstance(value, plain) else repr(value) for name, value in static.items()}
+
+
+# ------------------------------------------------------------------ outputs
+def flatten_result(value: Any, outputs: list[int]) -> Any:
+    """The return value's structure with tensors replaced by output slots."""
+    if isinstance(value, Tensor):
+        outputs.append(value.id)
+        return ("out", len(outputs) - 1)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return ("static", value)
+    if isinstance(value, tuple):
+        return ("tuple", tuple(flatten_result(v, outputs) for v in value))
+    if isinstance(value, list):
+        return ("list", [flatten_result(v, outputs) for v in value])
+    if isinstance(value, dict):
+        return ("dict", {k: flatten_result(v, outputs) for k, v in value.items()})
+    raise UnsupportedError(f"cannot return a {type(value).__name__} from a jitted function "
+                           "(tensors, None, scalars and tuples/lists/dicts of them)",
+                           loc=user_location(), op="return")
+
+
+def unflatten_result(template: Any, results: list) -> Any:
+    kind, body = template
+    if kind == "out":
+        return results[body]
+    if kind == "static":
+        return body
+    if kind == "tuple":
+        return tuple(unflatten_result(t, results) for t in body)
+    if kind == "list":
+        return [unflatten_result(t, results) for t in body]
+    return {k: unflatten_result(t, results) for k, t in body.items()}

@@ -1,0 +1,227 @@
+"""Writing numba.cuda kernels: launches, loops, tree reductions, kernel sources and limits.
+
+An op's own cuda lowering (``Lowering.cuda`` in its op file) is given a
+:class:`CudaNode` (the node, how to read each operand in place, the kernel's
+argument list) and returns :class:`Kernels`: the source of one or more
+``@cuda.jit`` functions and how to launch them. Generated kernels keep
+PyTorch's numbers: float32 constants (``np.float32(...)``), ``math.*``
+functions, no fastmath.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from bendc.ir.graph import Node
+from bendc.kernels.access import Access, reshaped
+from runtime.dtypes import numel
+
+WARP = 32
+MAX_BLOCK = 256   # threads per block for grid-stride and tree kernels
+MAX_GRID = 4096   # blocks of a grid-stride kernel (each thread then loops)
+MAX_ROWS = 65535  # blocks of a block-per-row kernel (each block then loops)
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory a block may declare
+
+
+@dataclass
+class Launch:
+    """One kernel launch of a step: ``kernel[grid, block]`` with static shared memory."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0
+
+    @property
+    def threads(self) -> int:
+        return numel(self.grid + self.block)
+
+    def describe(self) -> str:
+        shared = f", {self.shared_bytes} bytes of shared memory" if self.shared_bytes else ""
+        return f"{self.kernel}[grid={self.grid}, block={self.block}] ({self.threads} threads{shared})"
+
+
+@dataclass
+class Kernels:
+    """A rendered step: the kernel functions' source and how to launch them."""
+
+    summary: str
+    source: str
+    launches: list[Launch]
+    check: str = ""  # the error message of an index check ({index} is the bad index)
+    prelude: str = ""  # module-level constants (source steps)
+
+
+@dataclass(frozen=True)
+class CudaNode:
+    """What an op's own cuda renderer (``Lowering.cuda``) is given: one node of a step, how to read
+    each of its operands (argument name and strided access, so views are read in place) and the
+    kernel argument lists. The renderer returns :class:`Kernels`; its kernels take ``arguments``
+    (``in0..``, ``out0``), or ``checked_arguments`` (``..., err``) when they check indices, and
+    write ``out0`` densely in row-major order.
+    """
+
+    node: Node
+    shapes: tuple[tuple[int, ...], ...]  # of node.inputs, in operand order
+    names: tuple[str, ...]               # the kernel argument holding each operand (one per value)
+    accesses: tuple[Access, ...]         # where each operand's elements are in that argument
+    arguments: str
+    checked_arguments: str
+
+    @property
+    def attrs(self) -> dict:
+        return self.node.attr
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.node.type.shape
+
+    def read(self, operand: int, index: Sequence[str]) -> str:
+        """The element of operand ``operand`` at one index expression per axis ("0" for a fixed axis)."""
+        return f"{self.names[operand]}[{self.accesses[operand].flat(index)}]"
+
+    def read_rows(self, operand: int, lead: int, row: str, column: str, prefix: str) -> tuple[list[str], str]:
+        """Operand ``operand`` as a matrix: its first ``lead`` axes flattened into rows, the rest into
+        columns. Returns the statements that split ``row`` and ``column`` into axis indexes (none
+        where strides describe the matrix, as for any contiguous operand) and the element read."""
+        shape = self.shapes[operand]
+        rows, columns = numel(shape[:lead]), numel(shape[lead:])
+        matrix = reshaped(self.accesses[operand], shape, (rows, columns))
+        if matrix is not None:
+            return [], f"{self.names[operand]}[{matrix.flat([row, column])}]"
+        row_split, row_names = unflatten(row, shape[:lead], f"{prefix}r")
+        column_split, column_names = unflatten(column, shape[lead:], f"{prefix}c")
+        return row_split + column_split, self.read(operand, row_names + column_names)
+
+
+def argument_list(inputs: int, outputs: int, checked: bool = False) -> str:
+    """``in0, .., out0, ..`` (and ``err``, two int64 words, for kernels that check indices)."""
+    names = [f"in{k}" for k in range(inputs)] + [f"out{k}" for k in range(outputs)]
+    return ", ".join(names + (["err"] if checked else []))
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def power_of_two_at_least(n: int) -> int:
+    size = 1
+    while size < n:
+        size *= 2
+    return size
+
+
+def grid_stride_launch(kernel: str, cells: int) -> Launch:
+    """Blocks of up to MAX_BLOCK threads (a multiple of the warp), at most MAX_GRID blocks."""
+    block = min(MAX_BLOCK, WARP * ceil_div(max(cells, 1), WARP))
+    grid = max(1, min(ceil_div(cells, block), MAX_GRID))
+    return Launch(kernel, (grid, 1, 1), (block, 1, 1))
+
+
+def block_per_row_launch(kernel: str, rows: int, block: int, shared_bytes: int) -> Launch:
+    """One block per row (at most MAX_ROWS blocks; each block then loops over rows)."""
+    return Launch(kernel, (max(1, min(rows, MAX_ROWS)), 1, 1), (block, 1, 1), shared_bytes)
+
+
+def tree_block(extent: int) -> int:
+    """Threads of a block-per-row kernel: a power of two (the tree halves it), one warp to MAX_BLOCK."""
+    return min(MAX_BLOCK, max(WARP, power_of_two_at_least(extent)))
+
+
+def unflatten(flat: str, shape, prefix: str) -> tuple[list[str], list[str]]:
+    """Statements splitting a row-major flat index into one index per axis, and the index names.
+
+    Axes of size 1 get the index "0" and no statement; the outermost axis takes the quotient.
+    """
+    live = [axis for axis, size in enumerate(shape) if size != 1]
+    names = [f"{prefix}{axis}" if size != 1 else "0" for axis, size in enumerate(shape)]
+    lines = []
+    rest = flat
+    for position, axis in enumerate(reversed(live)):
+        if position == len(live) - 1:
+            lines.append(f"{names[axis]} = {rest}")
+            break
+        lines.append(f"{names[axis]} = {rest} % {shape[axis]}")
+        lines.append(f"{prefix}rest = {rest} // {shape[axis]}")
+        rest = f"{prefix}rest"
+    return lines, names
+
+
+def used(split: list[str], rest: list[str]) -> list[str]:
+    """The statements of ``split`` (``name = expression`` lines) that ``rest`` needs, in order."""
+    kept = list(split)
+    changed = True
+    while changed:
+        changed = False
+        for position, line in enumerate(kept):
+            name = line.split(" = ", 1)[0]
+            later = "\n".join(kept[position + 1:] + rest)
+            if not re.search(rf"\b{re.escape(name)}\b", later):
+                del kept[position]
+                changed = True
+                break
+    return kept
+
+
+def grid_stride_loop(cells: int, body: list[str], variable: str = "cell") -> list[str]:
+    """A grid-stride loop over ``cells`` around ``body`` (kernel-level indentation)."""
+    return ([f"{variable} = cuda.grid(1)", "stride = cuda.gridsize(1)", f"while {variable} < {cells}:"]
+            + ["    " + line for line in body] + [f"    {variable} += stride"])
+
+
+def kernel_source(name: str, arguments: str, body: list[str], doc: str = "") -> str:
+    """The source of one ``@cuda.jit`` kernel ``name(arguments)`` with ``body`` (kernel-level lines)."""
+    lines = ["", "", "@cuda.jit", f"def {name}({arguments}):"]
+    if doc:
+        lines.append(f'    """{doc}"""')
+    lines.extend("    " + line if line else "" for line in body)
+    return "\n".join(lines) + "\n"
+
+
+def zero_kernel(arguments: str, sizes: dict[str, int], what: str) -> tuple[str, Launch]:
+    """A kernel writing +0.0 into outputs (by argument name and size) before they are accumulated into."""
+    cells = max(sizes.values())
+    body: list[str] = []
+    for name, size in sizes.items():
+        if size < cells:
+            body += [f"if cell < {size}:", f"    {name}[cell] = np.float32(0.0)"]
+        else:
+            body.append(f"{name}[cell] = np.float32(0.0)")
+    source = kernel_source("zero", arguments, grid_stride_loop(cells, body), f"Clear {what}.")
+    return source, grid_stride_launch("zero", cells)
+
+
+def tree_lines(operation: str, arrays: Sequence[str] = ("partial",)) -> list[str]:
+    """Combine ``partial[0..BLOCK)`` into ``partial[0]``: halve the active threads each level.
+
+    Several shared arrays (``arrays``) are combined level by level in one tree (one
+    ``syncthreads`` per level for all of them). ``t`` is the thread index, BLOCK a power of two.
+    """
+    combine = []
+    for array in arrays:
+        combine += ([f"    other = {array}[t + half]", f"    if other > {array}[t]:", f"        {array}[t] = other"]
+                    if operation == "max" else [f"    {array}[t] += {array}[t + half]"])
+    return (["cuda.syncthreads()", "half = BLOCK // 2", "while half > 0:", "    if t < half:"]
+            + ["    " + line for line in combine] + ["    cuda.syncthreads()", "    half //= 2"])
+
+
+def checked_read(index_read: str, size: int, on_error: list[str], on_success: list[str]) -> list[str]:
+    """Read an index; outside [0, size) record it in ``err`` (flag, value) instead of using it."""
+    return ([f"j = {index_read}", f"if j < 0 or j >= {size}:", "    err[0] = 1", "    err[1] = j"]
+            + ["    " + line for line in on_error] + ["else:"] + ["    " + line for line in on_success])
+
+
+def scatter_kernels(op: CudaNode, split: list[str], body: list[str], what: str, checked: bool,
+                    check: str = "") -> Kernels:
+    """A scatter into a cleared output: a ``zero`` kernel, then ``body`` once per element of the
+    source (operand 0; ``split`` gives its indexes from ``cell``)."""
+    node = op.node
+    body = used(split, body) + body
+    cells = numel(op.shapes[0])
+    arguments = op.checked_arguments if checked else op.arguments
+    zero, zero_launch = zero_kernel(arguments, {"out0": numel(op.shape)}, f"the output of {node.op}")
+    source = zero + kernel_source("kernel", arguments, grid_stride_loop(cells, body),
+                                  f"{node.op}: one source element per thread ({what}).")
+    return Kernels(f"{node.op} into [{','.join(map(str, op.shape))}] ({what})", source,
+                   [zero_launch, grid_stride_launch("kernel", cells)], check=check)
