@@ -1,27 +1,36 @@
 """Writing artifacts (the format lives in runtime/artifact.py, which reads them).
 
 Everything is written into a temporary folder beside the destination and
-renamed into place, so an interrupted build leaves nothing behind.
+renamed into place, so an interrupted build leaves nothing that a reader
+trusts (a killed writer's temporary folder is removed by a later write once
+it is old). Concurrent writers of one destination are safe: each renames a
+complete folder, and one that finds the destination taken keeps what is
+there when it is the same artifact (or, for the cache, any valid one).
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from typing import Any
 
 import numba
 import numpy as np
 
-from bendc.version import __version__
+from bendc.codegen.cache import STALE_SECONDS
 from bendc.codegen.plan import KernelPlan
 from bendc.ir.graph import Graph
 from bendc.ops import OPS
 from bendc.ops.base import indexed_size
-from runtime.artifact import FORMAT_VERSION, KIND, MANIFEST, content_hash, file_hash
+from bendc.version import __version__
+from runtime.artifact import (FORMAT_VERSION, KIND, MANIFEST, ArtifactInvalid, content_hash, file_hash,
+                              read_manifest)
 
 
 
@@ -53,10 +62,18 @@ def template_to_json(template: Any) -> Any:
 
 def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict], leaves: list[str],
                    template: Any, plan: KernelPlan, stages: dict[str, str], report: str, tape: str,
-                   extra: dict[str, Any] | None = None, files: dict[str, str | bytes] | None = None) -> None:
-    """Write a complete artifact to ``folder`` atomically (replacing an old one)."""
+                   extra: dict[str, Any] | None = None, files: dict[str, str | bytes] | None = None,
+                   replace: bool = True) -> None:
+    """Write a complete artifact to ``folder`` atomically.
+
+    An artifact already at ``folder`` is replaced (``replace``, as ``bendc
+    compile`` does) unless it is this same one; with ``replace=False`` (a
+    cache entry, which another process may be writing or reading too) any
+    valid artifact there is kept and only a damaged one is replaced.
+    """
     parent = os.path.dirname(os.path.abspath(folder)) or "."
     os.makedirs(parent, exist_ok=True)
+    sweep_stale_folders(parent)
     staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.tmp-")
     try:
         extra_files = files or {}
@@ -88,16 +105,85 @@ def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict
         manifest["content_hash"] = content_hash(manifest)
         with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as stream:
             json.dump(manifest, stream, indent=1)
-        if os.path.exists(folder):
-            retired = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.old-")
+        _move_into_place(staging, folder, manifest["content_hash"], replace)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone unless this write lost to another
+
+
+def _move_into_place(staging: str, folder: str, ours: str, replace: bool) -> None:
+    """Rename ``staging`` to ``folder``; what is at ``folder`` meanwhile is kept or retired."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    for _ in range(100):  # each round another writer got in between; bounded all the same
+        try:
+            os.rename(staging, folder)  # atomic; fails where a folder with files is
+            return
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                raise
+        try:
+            theirs = read_manifest(folder)["content_hash"]
+        except ArtifactInvalid:
+            theirs = None  # damaged or half-retired: replace it
+        except OSError:
+            continue  # changing under us: look again
+        if theirs == ours or (theirs is not None and not replace):
+            return  # the same artifact (or, for a cache entry, an equally good one) is in place
+        retired = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.old-")
+        try:
             os.rename(folder, os.path.join(retired, "old"))
-            os.rename(staging, folder)
+        except FileNotFoundError:
+            pass  # another writer retired it first
+        finally:
             shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.rename(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    raise OSError(f"could not move {staging} to {folder}: other processes keep writing it")
+
+
+# Temporary folders of write_artifact and discard_artifact: .NAME.tmp-XXXXXXXX (mkdtemp's suffix).
+_TEMPORARY = re.compile(r"^\..+\.(tmp|old|bad)-[A-Za-z0-9_]{8}$")
+
+
+def sweep_stale_folders(parent: str, older_than: float = STALE_SECONDS) -> None:
+    """Remove the temporary folders that killed writers left in ``parent`` once they are old.
+
+    They are never read (a reader opens only the destination's own name); a
+    recent one may be another process's build in progress and is left alone.
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if not _TEMPORARY.match(name):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path) and now - os.lstat(path).st_mtime > older_than:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def discard_artifact(folder: str) -> bool:
+    """Remove a damaged artifact (a cache entry) unless a valid one has taken its place meanwhile.
+
+    Returns False, removing nothing, when ``folder`` now holds a valid
+    artifact (another process replaced it while it was read). The folder is
+    renamed away first, so other readers see it whole or not at all.
+    """
+    try:
+        read_manifest(folder)
+        return False
+    except (ArtifactInvalid, OSError):
+        pass
+    parent = os.path.dirname(os.path.abspath(folder))
+    trash = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.bad-")
+    try:
+        os.rename(folder, os.path.join(trash, "bad"))
+    except OSError:
+        pass  # already gone
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
 
 
 def index_bounds(graph: Graph) -> dict[str, int]:

@@ -19,13 +19,12 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bendc.artifact import compiler_fingerprint, index_bounds, versions, write_artifact
+from bendc.artifact import compiler_fingerprint, discard_artifact, index_bounds, versions, write_artifact
 from bendc.autodiff import differentiate
 from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
 from bendc.codegen.cpu import render_plan
@@ -235,8 +234,9 @@ class Cached:
     stats: dict[str, int]
 
 
-def load_cached(entry: str, cache_dir: str | None) -> Cached | None:
-    """The cached program at ``entry``, None when absent; a corrupt entry is removed."""
+def load_cached(entry: str, cache_dir: str | None, _retry: bool = True) -> Cached | None:
+    """The cached program at ``entry``, None when absent; a corrupt entry is removed (unless another
+    process put a valid one in its place while this one read it: then that one is loaded)."""
     if not os.path.exists(entry):
         return None
     try:
@@ -249,7 +249,8 @@ def load_cached(entry: str, cache_dir: str | None) -> Cached | None:
                       read_text(entry, "report.txt") + "[cache] loaded from the on-disk cache\n",
                       cpu_runner(plan, program), kernels, stats)
     except (ArtifactInvalid, OSError, ValueError, KeyError) as error:
-        shutil.rmtree(entry, ignore_errors=True)
+        if not discard_artifact(entry):  # valid now: replaced while read
+            return load_cached(entry, cache_dir, _retry=False) if _retry else None
         print(f"bendc: discarded a corrupt cache entry {entry}: {error}", flush=True)
         return None
 
@@ -329,7 +330,8 @@ def compile_step(request: Request) -> Executable:
                        inputs=_input_specs(request, graph), leaves=list(request.leaves), template=template,
                        plan=built.plan, stages=stages, report=report, tape=tape,
                        extra={"static": _json_static(request.static), "donate": list(request.donate),
-                              **({"arch": request.cuda_arch} if request.cuda_arch else {})}, files=built.files)
+                              **({"arch": request.cuda_arch} if request.cuda_arch else {})}, files=built.files,
+                       replace=request.artifact is not None)  # a cache entry: keep a concurrent writer's
     stats = plan_stats(built.plan) if built.plan is not None else {}
     return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
 

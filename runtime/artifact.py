@@ -15,12 +15,18 @@ Format 2 added ``content_hash`` and, on integer inputs used as indices,
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: numba's cache index is updated without a lock
+    fcntl = None
 
 import numpy as np
 
@@ -133,6 +139,29 @@ def _check_no_unknown_files(folder: str, files: dict[str, str]) -> None:
                 raise ArtifactInvalid(f"{folder}: {relative} is not in the manifest (foreign file)")
 
 
+def strip_comments(source: str) -> str:
+    """The structural part of a kernel module's source: docstring header and comments removed
+    (kernels that differ only there share one module file)."""
+    lines = source.split('"""', 2)[-1].splitlines() if source.startswith('"""') else source.splitlines()
+    return "\n".join(line.split("  #", 1)[0].rstrip() for line in lines)
+
+
+def module_name(source: str) -> str:
+    """The name of a kernel module: ``k_`` and the hash of its structural source."""
+    return "k_" + hashlib.sha256(strip_comments(source).encode()).hexdigest()[:24]
+
+
+def is_module_file(path: str, module: str) -> bool:
+    """Whether ``path`` holds a complete kernel module named ``module`` (by its structural hash):
+    the kernel folder is shared by programs, and a damaged file there must never be imported."""
+    try:
+        with open(path, "rb") as stream:
+            source = stream.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    return module_name(source) == module
+
+
 def load_module(path: str, module: str) -> Any:
     """Import a generated module from its file (once per process and path)."""
     key = os.path.abspath(path)
@@ -142,8 +171,64 @@ def load_module(path: str, module: str) -> Any:
         loaded = importlib.util.module_from_spec(spec)
         sys.modules[name] = loaded
         spec.loader.exec_module(loaded)
+        for value in vars(loaded).values():
+            _harden_numba_cache(value)
         _LOADED[key] = loaded
     return _LOADED[key]
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    if fcntl is None:
+        yield
+        return
+    with open(path, "a") as stream:
+        fcntl.flock(stream, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(stream, fcntl.LOCK_UN)
+
+
+def _harden_numba_cache(dispatcher: Any) -> None:
+    """Make numba's on-disk cache of one ``cache=True`` function safe to share between processes.
+
+    numba writes each index (.nbi) and data (.nbc) file under a temporary name and renames it,
+    but reads them without a check: a damaged file (a truncated one, say) raises at the first
+    call, and two processes saving at once each rewrite the index from what they read before
+    (one's entry is lost, and two signatures can be given one data file). Here a damaged index
+    reads as empty and damaged data as absent (the function is compiled again and the files
+    rewritten), and saving holds a lock on the index.
+    """
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if cache_file is None or getattr(cache_file, "_bendc_hardened", False):
+        return
+    if not all(hasattr(cache_file, name) for name in ("_load_index", "_load_data", "save", "_index_path")):
+        return  # another numba: leave its cache as it is
+    load_index, load_data, save = cache_file._load_index, cache_file._load_data, cache_file.save
+
+    def tolerant_index() -> dict:
+        try:
+            return load_index()
+        except Exception:  # noqa: BLE001 - truncated or garbled: no entries
+            return {}
+
+    def tolerant_data(name: str) -> Any:
+        try:
+            return load_data(name)
+        except OSError:
+            raise
+        except Exception as error:  # noqa: BLE001 - numba's load() reads an OSError as a miss
+            raise OSError(f"damaged numba cache file {name}: {error}") from error
+
+    def locked_save(key: Any, data: Any) -> None:
+        with _locked(cache_file._index_path + ".lock"):
+            save(key, data)
+
+    cache_file._load_index = tolerant_index
+    cache_file._load_data = tolerant_data
+    cache_file.save = locked_save
+    cache_file._bendc_hardened = True
 
 
 def load_kernel(path: str, module: str) -> Callable:
@@ -173,7 +258,9 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
     """(manifest, plan, bound program) of a verified cpu artifact.
 
     ``kernel_dir`` may name a folder of the same kernel modules (named by
-    structural hash) whose compiled code numba has already cached.
+    structural hash) whose compiled code numba has already cached; a module
+    there is imported only when its source has the hash of its name, else the
+    artifact's own copy is.
     """
     manifest = read_manifest(folder)
     if manifest["target"] == "cuda":
@@ -183,9 +270,11 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
     plan = read_plan(folder, manifest)
     kernels = {}
     for step in plan["steps"]:
-        path = os.path.join(folder, "kernels", f"{step['module']}.py")
-        if kernel_dir is not None and os.path.isfile(os.path.join(kernel_dir, f"{step['module']}.py")):
-            path = os.path.join(kernel_dir, f"{step['module']}.py")
+        path = os.path.join(folder, "kernels", f"{step['module']}.py")  # verified against the manifest
+        if kernel_dir is not None:
+            shared = os.path.join(kernel_dir, f"{step['module']}.py")
+            if os.path.abspath(shared) in _LOADED or is_module_file(shared, step["module"]):
+                path = shared
         kernels[step["name"]] = load_kernel(path, step["module"])
     return manifest, plan, CpuProgram(plan, kernels)
 

@@ -1,18 +1,20 @@
 """Generated source on disk: one module per kernel, named by its structural hash.
 
-A module is written to a temporary name and renamed into place, then
-imported from its file (runtime.artifact.load_kernel), so tracebacks show
+A module is written to a temporary name and linked into place (the first
+writer wins, so a file once there never changes under numba's cache, which
+is keyed by the file's time stamp), then imported from its file (runtime.artifact.load_kernel), so tracebacks show
 the generated line and numba's ``cache=True`` keeps the compiled machine code
 beside it (second processes load it instead of compiling). Kernels that differ only in comments share a
 file.
 """
 from __future__ import annotations
 
-import hashlib
+import functools
 import os
+import tempfile
+import time
 
-from bendc.codegen.cpu import strip_comments
-from runtime.files import atomic_write
+from runtime.artifact import is_module_file, module_name
 
 
 def default_cache_dir() -> str:
@@ -24,7 +26,11 @@ def default_cache_dir() -> str:
 
 
 def structural_hash(source: str) -> str:
-    return hashlib.sha256(strip_comments(source).encode()).hexdigest()[:24]
+    return module_name(source)[2:]
+
+
+# Temporaries older than this are left by a killed process (a write takes milliseconds).
+STALE_SECONDS = 3600
 
 
 def kernel_path(cache_dir: str, module: str) -> str:
@@ -32,9 +38,55 @@ def kernel_path(cache_dir: str, module: str) -> str:
 
 
 def write_kernel(cache_dir: str, source: str) -> str:
-    """Write the kernel module (once) and return its module name."""
-    module = "k_" + structural_hash(source)
+    """Write the kernel module (once) and return its module name.
+
+    The kernel folder is shared by every program and process: a file already
+    there is kept when it is complete (its structural hash is its name; another
+    process may have written it with other comments) and replaced when damaged.
+    """
+    module = module_name(source)
     path = kernel_path(cache_dir, module)
-    if not os.path.exists(path):
-        atomic_write(path, source)
+    folder = os.path.dirname(path)
+    _sweep_once(folder)
+    if is_module_file(path, module):
+        return module
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(source.encode())
+        try:
+            os.link(temporary, path)  # only where no file is: a concurrent writer's stays
+        except FileExistsError:
+            if not is_module_file(path, module):
+                os.replace(temporary, path)  # a damaged file: never imported, replaced whole
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
     return module
+
+
+@functools.lru_cache(maxsize=None)
+def _sweep_once(folder: str) -> None:
+    """Remove temporaries that killed processes left in a kernel folder (once per process)."""
+    sweep_stale(folder, lambda name: name.startswith(".tmp-"))
+    # numba writes its cache files as NAME.tmp.<hex> and renames them.
+    sweep_stale(os.path.join(folder, "__pycache__"), lambda name: ".tmp." in name)
+
+
+def sweep_stale(folder: str, matches, older_than: float = STALE_SECONDS) -> None:
+    """Remove the files in ``folder`` whose names match and that are older than ``older_than``."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if not matches(name):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if os.path.isfile(path) and now - os.lstat(path).st_mtime > older_than:
+                os.unlink(path)
+        except OSError:
+            pass  # gone already, or not ours to remove

@@ -51,12 +51,6 @@ def render_step(step: Step, graph: Graph) -> str:
     return HEADER.format(name=step.name, summary=summary, nodes=listing) + "\n" + body
 
 
-def strip_comments(source: str) -> str:
-    """The structural part of a kernel source: docstring header and comments removed."""
-    lines = source.split('"""', 2)[-1].splitlines() if source.startswith('"""') else source.splitlines()
-    return "\n".join(line.split("  #", 1)[0].rstrip() for line in lines)
-
-
 # ------------------------------------------------------------------ elementwise
 def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
     loops = [f"i{axis}" for axis in range(len(domain))]
