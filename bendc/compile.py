@@ -30,11 +30,11 @@ from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
 from bendc.codegen.cpu import render_plan
 from bendc.codegen.memory import plan_memory
 from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
-from bendc.errors import RuntimeCheckError, SourceLoc, UnsupportedError, user_location
+from bendc.errors import InternalError, RuntimeCheckError, SourceLoc, UnsupportedError, user_location
 from bendc.ir.graph import Graph
 from bendc.ir.interp import Interpreter
 from bendc.ir.parser import parse_graph
-from bendc.ir.printer import format_graph
+from bendc.ir.printer import format_context, format_graph
 from bendc.ir.types import TensorType
 from bendc.ir.verify import verify
 from bendc.passes import PassContext, Pipeline
@@ -42,7 +42,7 @@ from bendc.trace import Tensor, Tracer
 from runtime.artifact import (ArtifactInvalid, load_kernel, load_module, load_program, read_stages, read_text,
                               template_from_json)
 from runtime.cuda import numba_cuda_installed
-from runtime.cpu import CpuProgram, KernelError
+from runtime.cpu import CpuProgram, KernelError, KernelFailure
 from runtime.files import atomic_write
 
 
@@ -105,8 +105,26 @@ def build_reference(graph: Graph) -> Built:
     return Built(run)
 
 
-def cpu_runner(plan: dict, program: Any) -> Callable[[Sequence[np.ndarray]], list]:
-    """program.run (cpu or cuda), with a kernel's failed check raised as a BendcError at the user's line."""
+def _step_loc(step: dict) -> SourceLoc | None:
+    path, _, line = step["loc"].rpartition(":")
+    return SourceLoc(path, int(line)) if path else None
+
+
+def kernel_failure(error: KernelFailure, plan: dict, final_ir: Callable[[], Graph]) -> InternalError:
+    """A generated kernel that failed (not a check): an InternalError naming the kernel, its op and
+    user's line, with the IR of its nodes (``final_ir`` gives the graph, read only now)."""
+    step = next((s for s in plan["steps"] if s["name"] == error.step), None)
+    if step is None:
+        return InternalError(f"kernel {error.step} failed: {error}")
+    lines = [line.strip() for line in str(error.error).splitlines() if line.strip()][:8]
+    return InternalError(f"kernel {step['name']} ({step['kind']}, module {step.get('module', '?')}) failed: "
+                         f"{type(error.error).__name__}: " + "\n    ".join(lines),
+                         loc=_step_loc(step), op=step["op"], context=format_context(final_ir(), step["nodes"]))
+
+
+def cpu_runner(plan: dict, program: Any, final_ir: Callable[[], Graph]) -> Callable[[Sequence[np.ndarray]], list]:
+    """program.run (cpu or cuda), with a kernel's failed check raised as a BendcError at the user's line
+    and a kernel that fails otherwise as an InternalError naming it."""
     steps = {step["name"]: step for step in plan["steps"]}
 
     def run(inputs: Sequence[np.ndarray]) -> list:
@@ -114,11 +132,22 @@ def cpu_runner(plan: dict, program: Any) -> Callable[[Sequence[np.ndarray]], lis
             return program.run(inputs)
         except KernelError as error:
             step = steps[error.step]
-            path, _, line = step["loc"].rpartition(":")
-            loc = SourceLoc(path, int(line)) if path else None
-            raise RuntimeCheckError(error.detail, loc=loc, op=step["op"]) from None
+            raise RuntimeCheckError(error.detail, loc=_step_loc(step), op=step["op"]) from None
+        except KernelFailure as error:
+            raise kernel_failure(error, plan, final_ir) from error.error
 
     return run
+
+
+def bind_cpu(plan: dict, kernels: dict[str, Callable], final_ir: Callable[[], Graph]) -> CpuProgram:
+    """The plan bound on the CPU (hoisted steps run now): a failed kernel is an InternalError."""
+    try:
+        return CpuProgram(plan, kernels)
+    except KernelError as error:
+        step = next(s for s in plan["steps"] if s["name"] == error.step)
+        raise RuntimeCheckError(error.detail, loc=_step_loc(step), op=step["op"]) from None
+    except KernelFailure as error:
+        raise kernel_failure(error, plan, final_ir) from error.error
 
 
 Progress = Callable[[int, int, str], None]  # (kernel number from 1, kernel count, kernel name)
@@ -137,7 +166,8 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
         kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
     plan_json = plan.to_json()
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
-    return Built(cpu_runner(plan_json, CpuProgram(plan_json, kernels)),
+    final_ir = lambda: graph  # noqa: E731
+    return Built(cpu_runner(plan_json, bind_cpu(plan_json, kernels, final_ir), final_ir),
                  {s.name: s.source for s in plan.steps}, report, plan)
 
 
@@ -176,7 +206,7 @@ def build_cuda(graph: Graph, cache_dir: str) -> Built:
 
     kernels = render_cuda(graph, cache_dir)
     plan_json = kernels.plan.to_json()
-    return Built(cpu_runner(plan_json, CudaProgram(plan_json, kernels.modules)),
+    return Built(cpu_runner(plan_json, CudaProgram(plan_json, kernels.modules), lambda: graph),
                  {s.name: s.source for s in kernels.plan.steps}, kernels.report, kernels.plan)
 
 
@@ -244,11 +274,13 @@ def load_cached(entry: str, cache_dir: str | None, _retry: bool = True) -> Cache
         manifest, plan, program = load_program(entry, kernel_dir)
         kernels = {step["name"]: read_text(entry, f"kernels/{step['module']}.py") for step in plan["steps"]}
         stats = plan_stats(KernelPlan.from_json(plan))
-        return Cached(read_stages(entry, manifest), read_text(entry, "tape.txt"),
-                      template_from_json(manifest["template"]),
+        stages = read_stages(entry, manifest)
+        return Cached(stages, read_text(entry, "tape.txt"), template_from_json(manifest["template"]),
                       read_text(entry, "report.txt") + "[cache] loaded from the on-disk cache\n",
-                      cpu_runner(plan, program), kernels, stats)
-    except (ArtifactInvalid, OSError, ValueError, KeyError) as error:
+                      cpu_runner(plan, program, lambda: parse_graph(stages["final"])), kernels, stats)
+    # A program that does not bind (a kernel failing in a hoisted step) is rebuilt, which then
+    # reports the failure as compiling does.
+    except (ArtifactInvalid, OSError, ValueError, KeyError, KernelFailure) as error:
         if not discard_artifact(entry):  # valid now: replaced while read
             return load_cached(entry, cache_dir, _retry=False) if _retry else None
         print(f"bendc: discarded a corrupt cache entry {entry}: {error}", flush=True)

@@ -104,7 +104,15 @@ class ArtifactError(BendcError):
 
 
 class InternalError(BendcError):
-    """A bug in bendc: names the pass and the IR line where it went wrong."""
+    """A bug in bendc: names the pass or kernel that failed and prints the IR around it, with the
+    user's source lines (``# file:line`` on each IR line), so that it can be reported."""
+
+    def __init__(self, message: str, *, loc: SourceLoc | None = None, op: str | None = None,
+                 context: str = "") -> None:
+        self.context = context
+        super().__init__(message, loc=loc, op=op)
+        tail = "\n  the IR around it:\n" + "\n".join("    " + line for line in context.splitlines()) if context else ""
+        self.args = (self.args[0] + tail + "\n  (a bug in bendc: please report it with this message)",)
 
 
 def format_shapes(*types) -> str:

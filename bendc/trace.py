@@ -461,12 +461,21 @@ def _index_spec(type: TensorType, key, loc) -> tuple:
     """Basic indexing key -> spec of ints and (start, stop, step), trailing full slices dropped."""
     if not isinstance(key, tuple):
         key = (key,)
-    if sum(1 for k in key if k is Ellipsis) > 1:
-        raise ShapeError("an index can hold one ellipsis", loc=loc, op="index")
-    position = next((i for i, k in enumerate(key) if k is Ellipsis), None)  # `in` would call Tensor.__eq__
-    if position is not None:
-        fill = type.ndim - (len(key) - 1)
-        key = key[:position] + (slice(None),) * max(fill, 0) + key[position + 1:]
+    # PyTorch's rule, which takes several ellipses: each one skips the dimensions the other
+    # entries leave (x[..., 0, ...] is x[..., 0]); an entry past the last dimension is an error
+    # (x[..., ..., 1:] of a 3-d x). `is`, not `in`: `in` would call Tensor.__eq__.
+    if any(k is Ellipsis for k in key):
+        skip = type.ndim - sum(1 for k in key if k is not Ellipsis)
+        expanded: list = []
+        for entry in key:
+            if entry is Ellipsis:
+                expanded += [slice(None)] * max(skip, 0)
+            elif len(expanded) >= type.ndim:
+                raise ShapeError(f"too many indices for {type}: {len(expanded) + 1} dimensions indexed after "
+                                 "expanding the ellipses", loc=loc, op="index")
+            else:
+                expanded.append(entry)
+        key = tuple(expanded[:type.ndim])
     if len(key) > type.ndim:
         raise ShapeError(f"too many indices ({len(key)}) for {type}", loc=loc, op="index")
     spec: list = []

@@ -32,6 +32,16 @@ class KernelError(Exception):
         self.detail = detail
 
 
+class KernelFailure(Exception):
+    """A generated kernel failed to compile or run for another reason than a check (a bug in the
+    compiler, not the user's): the step and the error."""
+
+    def __init__(self, step: str, error: BaseException) -> None:
+        super().__init__(f"{step}: {type(error).__name__}: {str(error).strip()}")
+        self.step = step
+        self.error = error
+
+
 def _typed(buffer: np.ndarray, dtype: str, shape: Sequence[int]) -> np.ndarray:
     count = numel(shape)
     return buffer.view(DTYPES[dtype])[:count].reshape(tuple(shape))
@@ -96,7 +106,12 @@ class CpuProgram:
             entry = (step["name"], kernels[step["name"]], [slot[i] for i in step["inputs"]],
                      [slot[o] for o in step["outputs"]], view, fresh)
             if step["hoisted"]:
-                self._run_step(entry)
+                try:
+                    self._run_step(entry)
+                except IndexError as error:
+                    raise KernelError(step["name"], str(error)) from None
+                except Exception as error:
+                    raise KernelFailure(step["name"], error) from error
             else:
                 program.append(entry)
         self.program = program
@@ -111,7 +126,7 @@ class CpuProgram:
         """The launch list as one straight-line Python function: a call costs a function
         call per kernel, with no loop, list building or lookups by name."""
         namespace: dict[str, Any] = {"recycled": _recycled, "array": np.array, "KernelError": KernelError,
-                                     "returned": self.returned}
+                                     "KernelFailure": KernelFailure, "returned": self.returned}
         bound = {index for index, value in enumerate(self.values) if value is not None}
 
         def ref(index: int) -> str:
@@ -123,29 +138,32 @@ class CpuProgram:
         lines = [f"def run(inputs):"]
         if self.param_slots:
             lines.append(f"    {', '.join(f'v{i}' for i in self.param_slots)}, = inputs")
-        lines.append("    step = -1")
-        lines.append("    try:")
         names = []
+        calls: list[str] = []  # the body of the try block: one call per step, with its outputs
         for number, (step, kernel, ins, outs, view, fresh) in enumerate(self.program):
             names.append(step)
             namespace[f"k{number}"] = kernel
-            lines.append(f"        step = {number}  # {step}")
+            calls.append(f"        step = {number}  # {step}")
             for index, shape, dtype in fresh:
                 if dtype is None:
-                    lines.append(f"        v{index} = v{shape}  # written in place over a donated input")
+                    calls.append(f"        v{index} = v{shape}  # written in place over a donated input")
                 else:
                     namespace[f"t{index}"] = dtype
                     slot = len(self.returned)
                     self.returned.append(None)
-                    lines.append(f"        v{index} = returned[{slot}] = recycled(returned[{slot}], "
+                    calls.append(f"        v{index} = returned[{slot}] = recycled(returned[{slot}], "
                                  f"{tuple(shape)!r}, t{index})")
             args = ", ".join(ref(i) for i in ins)
             if view:
-                lines.append(f"        {ref(outs[0])} = k{number}({args})")
+                calls.append(f"        {ref(outs[0])} = k{number}({args})")
             else:
-                lines.append(f"        k{number}({', '.join([args] * bool(args) + [ref(o) for o in outs])})")
-        lines.append("    except IndexError as error:")
-        lines.append("        raise KernelError(NAMES[step] if step >= 0 else '?', str(error)) from None")
+                calls.append(f"        k{number}({', '.join([args] * bool(args) + [ref(o) for o in outs])})")
+        if calls:  # no try block when every step was hoisted or the function only returns
+            lines += ["    step = -1", "    try:"] + calls + [
+                "    except IndexError as error:",
+                "        raise KernelError(NAMES[step] if step >= 0 else '?', str(error)) from None",
+                "    except Exception as error:",
+                "        raise KernelFailure(NAMES[step] if step >= 0 else '?', error) from error"]
         results = [ref(index) if owned else f"array({ref(index)})" for index, owned in self.output_slots]
         lines.append(f"    return [{', '.join(results)}]")
         namespace["NAMES"] = names

@@ -27,6 +27,15 @@ def assert_bitwise(actual, expected, what: str = "") -> None:
                              f"{where.tolist()}: {actual[tuple(where[0])]!r} vs {expected[tuple(where[0])]!r}")
 
 
+def ulp_distance(actual, expected) -> np.ndarray:
+    """How many float32 values lie between each pair (0: the same bits; +0.0 and -0.0 are 1 apart)."""
+    def ordered(x):
+        bits = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the float's value
+
+    return np.abs(ordered(actual) - ordered(expected))
+
+
 # Tolerances for results that are not bit-exact (transcendentals, reductions, products).
 RTOL = 1e-5
 ATOL = 1e-6

@@ -131,7 +131,8 @@ def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
         return Step(f"k{unit[1]}", "elementwise", "write", ids, inputs, outputs, cells, lines=lines)
     node = nodes[0]
     lowering = OPS[node.op].lowering
-    return Step(f"{node.op}{node.id}", lowering.kind, lowering.convention, ids, list(dict.fromkeys(node.inputs)),
+    # One input per operand, in order, as the op's kernel takes them: x @ x reads x twice.
+    return Step(f"{node.op}{node.id}", lowering.kind, lowering.convention, ids, list(node.inputs),
                 [node.id], node.type.numel, lines=lines)
 
 

@@ -47,6 +47,19 @@ def value_name(graph: Graph, id: int) -> str:
     return f"%{id}"
 
 
+def format_context(graph: Graph, ids, limit: int = 40) -> str:
+    """The IR lines of ``ids`` with their operands and users, in order: what an internal error
+    shows of the graph (at most ``limit`` lines, the named nodes first)."""
+    named = [id for id in ids if id in graph]
+    around = {i for id in named for i in graph.node(id).inputs + tuple(graph.users(id))} - set(named)
+    shown = (named + sorted(around))[:limit]
+    order = {id: position for position, id in enumerate(graph.order())}
+    lines = [("=>" if id in named else "  ") + " " + format_node(graph, graph.node(id))
+             for id in sorted(shown, key=order.get)]
+    hidden = len(named) + len(around) - len(shown)
+    return "\n".join(lines + ([f"   ... {hidden} more"] if hidden > 0 else []))
+
+
 def node_comment(node: Node) -> str:
     """``[k3] vjp of %12 (mlp.py:36)``: fused kernel, VJP origin, user's line."""
     parts = []

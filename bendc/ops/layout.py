@@ -111,11 +111,10 @@ def index_key(spec) -> tuple:
 
 
 def index_text(spec) -> str:
-    """Python index text for a spec: ``1, 2:5:1``; ``...`` for an empty spec."""
+    """Python index text for a spec, ending in ``...`` so that the result is always an array
+    view: ``1, 2:5:1, ...``; ``a[1, ...]`` is a 0-d view where ``a[1]`` would be a numpy scalar."""
     parts = [str(e) if isinstance(e, int) else f"{e[0]}:{e[1]}:{e[2]}" for e in spec]
-    if len(parts) == 1:
-        return parts[0] + ","
-    return ", ".join(parts) if parts else "..."
+    return ", ".join(parts + ["..."])
 
 
 def index_shape(shape, spec) -> tuple[int, ...]:

@@ -1,6 +1,8 @@
 """Values that enter the graph: parameters, scalar constants, gradient slots."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from bendc.ir.types import TensorType
@@ -38,6 +40,12 @@ def _reference_const(values, attrs):
 
 
 def _scalar_const(value: float) -> str:
+    """A float32 constant in generated source (math is imported there): ``np.float32(0.5)``;
+    infinities and NaNs through ``math`` (a NaN keeps its sign), since ``repr`` gives a bare
+    ``inf``/``nan`` that is no Python name."""
+    if math.isinf(value) or math.isnan(value):
+        name = "math.inf" if math.isinf(value) else "math.nan"
+        return f"np.float32({'-' if math.copysign(1.0, value) < 0 else ''}{name})"
     return f"np.float32({value!r})"
 
 

@@ -174,33 +174,81 @@ def kernel_cycle(graph: Graph, groups: dict[int, Group]) -> list[int] | None:
     return None
 
 
+def late_members(graph: Graph, groups: dict[int, Group], gid: int) -> set[int]:
+    """The members of group ``gid`` that need a value computed after the group's kernel: a member
+    reading a kernel (or node) downstream of the group, and the members that read those.
+
+    On a cycle of kernels such members always exist, and so do members that are not late (the
+    group's first member in topological order reads nothing downstream of the group), so
+    splitting the group into the two makes progress.
+    """
+    unit_of: dict[int, tuple] = {m: ("k", g.id) for g in groups.values() for m in g.members}
+
+    def unit(id: int) -> tuple:
+        return unit_of.get(id, ("n", id))
+
+    contracted = graph.contract(unit)
+    downstream: set[tuple] = set()
+    frontier = [("k", gid)]
+    while frontier:  # the units reachable from the group's kernel
+        for successor in contracted.successors(frontier.pop()):
+            if successor not in downstream:
+                downstream.add(successor)
+                frontier.append(successor)
+    downstream.discard(("k", gid))
+    late: set[int] = set()
+    members = groups[gid].members
+    for id in graph.order():
+        if id in members and any(o in late or (o not in members and unit(o) in downstream)
+                                 for o in graph.node(id).inputs):
+            late.add(id)
+    return late
+
+
 def break_cycles(graph: Graph, groups: dict[int, Group], context: PassContext | None) -> None:
-    """Split groups until the kernels can be ordered: first drop a group's epilogue sums,
-    then dissolve a group into one kernel per node. Bounded: each round removes a group
-    or its epilogues."""
+    """Split groups until the kernels can be ordered.
+
+    A group on a cycle of kernels is split in two where it can be: the members that need a value
+    computed after its kernel (late_members) move to a kernel of their own, with their epilogue
+    sums, and the rest stay. Where no group on the cycle splits so (every member of each is late),
+    a group of several members is split node by node; one always exists, since a cycle of
+    one-node kernels would be a cycle of the graph. Bounded: each round adds a group and leaves
+    none empty, so there are at most as many rounds as members.
+    """
     next_id = max(groups, default=-1) + 1
-    for _ in range(2 * len(groups) + 1):
+
+    def add(members: set[int], epilogues: list[int], domain: tuple[int, ...]) -> None:
+        nonlocal next_id
+        if any(OPS[graph.node(m).op].lowering.kind == "elementwise" for m in members):
+            groups[next_id] = Group(next_id, domain, set(members), epilogues)
+            next_id += 1
+        # else: only layout members, which go back to being views
+
+    for _ in range(sum(len(g.members) for g in groups.values()) + 1):
         cycle = kernel_cycle(graph, groups)
         if cycle is None:
             return
-        with_epilogues = [g for g in cycle if groups[g].epilogues]
-        if with_epilogues:
-            group = groups[with_epilogues[0]]
-            for epilogue in group.epilogues:
-                group.members.discard(epilogue)
-            note = f"epilogue sums {' '.join(f'%{e}' for e in group.epilogues)} left their kernel"
-            group.epilogues = []
+        lates = {gid: late_members(graph, groups, gid) for gid in cycle}
+        proper = [gid for gid in cycle if lates[gid] and lates[gid] != groups[gid].members]
+        if proper:
+            gid = min(proper, key=lambda g: (len(lates[g]), g))
+            group, late = groups.pop(gid), lates[gid]
+            add(group.members - late, [e for e in group.epilogues if e not in late], group.domain)
+            add(late, [e for e in group.epilogues if e in late], group.domain)
+            note = f"the kernel of {_listing(group.members)} was split: {_listing(late)} need values computed after it"
         else:
-            group = groups.pop(min(cycle, key=lambda g: len(groups[g].members)))
+            gid = min((g for g in cycle if len(groups[g].members) > 1), key=lambda g: (len(groups[g].members), g))
+            group = groups.pop(gid)
             for member in sorted(group.members):
-                node = graph.node(member)
-                if OPS[node.op].lowering.kind == "elementwise":  # layout members go back to being views
-                    groups[next_id] = Group(next_id, node.type.shape, {member})
-                    next_id += 1
-            note = f"the kernel of {' '.join(f'%{m}' for m in sorted(group.members))} was split node by node"
+                add({member}, [], graph.node(member).type.shape)
+            note = f"the kernel of {_listing(group.members)} was split node by node"
         if context is not None:
-            context.decide("fuse", f"{note}: the kernels of {len(cycle)} groups needed each other")
+            context.decide("fuse", f"{note} (the kernels of {len(cycle)} groups needed each other)")
     raise InternalError("fuse: kernels still need each other after splitting every group")
+
+
+def _listing(ids) -> str:
+    return " ".join(f"%{m}" for m in sorted(ids))
 
 
 @register("fuse", "Group elementwise forward and VJP nodes into kernels over one iteration space.")

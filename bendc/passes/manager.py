@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from bendc.errors import UnsupportedError, user_location
+from bendc.errors import BendcError, InternalError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
+from bendc.ir.printer import format_graph
 from bendc.ir.verify import verify
 
 
@@ -82,8 +83,21 @@ class Pipeline:
 
     def run(self, graph: Graph, context: PassContext, on_stage: StageCallback) -> Graph:
         for pass_ in self.passes:
-            graph = pass_.apply(graph.copy(), context)
+            try:
+                graph = pass_.apply(graph.copy(), context)
+            except BendcError:
+                raise
+            except Exception as error:  # a bug in the pass: name it and show what it was given
+                raise InternalError(f"pass {pass_.name!r} failed: {type(error).__name__}: {error}",
+                                    op=pass_.name, context=_graph_head(graph)) from error
             verify(graph, pass_.name, allow_placeholders=False)
             on_stage(pass_.name, graph)
         return graph
 
+
+def _graph_head(graph: Graph, limit: int = 40) -> str:
+    """The pass's input graph as IR text, cut to ``limit`` lines (BENDC_DUMP_DIR has every stage)."""
+    lines = format_graph(graph).splitlines()
+    if len(lines) <= limit:
+        return "\n".join(lines)
+    return "\n".join(lines[:limit] + [f"... {len(lines) - limit} more lines (BENDC_DUMP_DIR=dir writes every stage)"])
