@@ -44,8 +44,8 @@ from bendc.ir.graph import Graph, Node
 from bendc.ir.printer import format_node
 from bendc.ir.types import numel
 from bendc.kernels.access import Access, dense
-from bendc.kernels.cuda_kit import (CudaNode, Kernels, Launch, argument_list, grid_stride_launch, grid_stride_loop,
-                                    kernel_source, unflatten, used, zero_kernel)
+from bendc.kernels.cuda_kit import (FASTMATH_DECORATOR, JIT_DEFINITION, KERNEL_DECORATOR, CudaNode, Kernels, Launch, argument_list,
+                                    grid_stride_launch, grid_stride_loop, kernel_source, unflatten, used, zero_kernel)
 from bendc.ops import OPS
 from runtime.dtypes import NUMBA_NAMES
 
@@ -57,12 +57,14 @@ Generated from:
 Launches:
 {launches}
 """
+import functools
 import math
 
 import numba
 import numpy as np
 from numba import cuda
 
+{jit}
 SIGNATURE = "{signature}"
 '''
 
@@ -92,10 +94,10 @@ def render_step(step: Step, graph: Graph, access: dict[int, Access], options: Cu
     listing = "\n".join("    " + format_node(graph, n) for n in nodes)
     launches = "\n".join("    " + launch.describe() for launch in kernels.launches) or "    none"
     header = HEADER.format(name=step.name, summary=kernels.summary, nodes=listing, launches=launches,
-                           signature=_signature(step, graph, bool(kernels.check)))
+                           jit=JIT_DEFINITION, signature=_signature(step, graph, bool(kernels.check)))
     source = header + kernels.prelude + kernels.source
     if options.fastmath:
-        source = source.replace("@cuda.jit\n", "@cuda.jit(fastmath=True)\n")
+        source = source.replace(KERNEL_DECORATOR + "\n", FASTMATH_DECORATOR + "\n")
     step.source = source
     step.launches = [asdict(launch) for launch in kernels.launches]
     step.check = kernels.check

@@ -17,6 +17,17 @@ from bendc.ir.graph import Node
 from bendc.kernels.access import Access, reshaped
 from runtime.dtypes import numel
 
+# Every generated kernel is compiled without link-time optimization: with LTO (numba-cuda's
+# default where nvJitLink is present) machine code is made inside nvJitLink, which never sees
+# NVVM's fma=False and contracts a*b+c into FFMA (tests/cuda/test_sass.py shows both). Kernels
+# are decorated with ``@jit``, which a generated module defines as JIT_DEFINITION says: the
+# options go through functools.partial because numba-cuda 0.30.4's ``@cuda.jit(lto=False)``
+# form drops ``lto`` (its autojitwrapper does not pass it on); numba's simulator has no linker
+# and takes no ``lto``.
+JIT_DEFINITION = "jit = cuda.jit if numba.config.ENABLE_CUDASIM else functools.partial(cuda.jit, lto=False)"
+KERNEL_DECORATOR = "@jit"
+FASTMATH_DECORATOR = "@functools.partial(jit, fastmath=True)"
+
 WARP = 32
 MAX_BLOCK = 256   # threads per block for grid-stride and tree kernels
 MAX_GRID = 4096   # blocks of a grid-stride kernel (each thread then loops)
@@ -172,7 +183,7 @@ def grid_stride_loop(cells: int, body: list[str], variable: str = "cell") -> lis
 
 def kernel_source(name: str, arguments: str, body: list[str], doc: str = "") -> str:
     """The source of one ``@cuda.jit`` kernel ``name(arguments)`` with ``body`` (kernel-level lines)."""
-    lines = ["", "", "@cuda.jit", f"def {name}({arguments}):"]
+    lines = ["", "", KERNEL_DECORATOR, f"def {name}({arguments}):"]
     if doc:
         lines.append(f'    """{doc}"""')
     lines.extend("    " + line if line else "" for line in body)
