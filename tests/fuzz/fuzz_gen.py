@@ -39,9 +39,9 @@ ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4)]
 # elementwise families are listed several times (weights).
 FAMILIES = ("arith_tensor", "arith_scalar", "unary", "pow", "identity", "nonfinite", "reduce", "rows",
             "layout", "index", "matmul", "gelu", "norm", "rope_family", "attention", "index_select",
-            "gather", "cross_entropy", "mse", "sgd", "adam", "backward", "zero_grad", "grad_read")
+            "gather", "cross_entropy", "mse", "sgd", "adam", "combine", "backward", "zero_grad", "grad_read")
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
-                                "reduce", "layout", "index", "matmul")
+                                "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
 EXACT_FAMILIES = {"arith_tensor", "arith_scalar", "neg", "relu", "pow", "identity", "layout", "index"}
 
@@ -282,6 +282,7 @@ class Builder:
         self.grad_set: dict[str, bool] = {}  # leaf -> its .grad is not None now
         self.counter = 0
         self.backwards = 0
+        self.roots: list[Value] = []   # the values backward() was called on
 
     # ------------------------------------------------------------- helpers
     def new_input(self, shape, kind="f32", leaf=None, high=0) -> Value:
@@ -304,13 +305,17 @@ class Builder:
         return f"{prefix}{self.counter}"
 
     def emit(self, expr: str, shape, bound: float, operands, family: str, exact: bool | None = None,
-             torch_expr: str | None = None, poison=False) -> Value:
+             torch_expr: str | None = None, poison=False, grad_exact: bool | None = None) -> Value:
+        """``exact``: the value rounds as torch's does (bitwise); ``grad_exact``: so does its VJP (defaults
+        to ``exact``; reciprocal's VJP, -g * (y * y), is a formula whose order may differ)."""
         name = self.fresh()
         deps = frozenset().union(*[o.deps for o in operands]) if operands else frozenset()
         if exact is None:
             exact = family in EXACT_FAMILIES
+        if grad_exact is None:
+            grad_exact = exact
         exact = exact and all(o.exact for o in operands)
-        if not exact:
+        if not (exact and grad_exact):
             self.exact_grads = False
         value = Value(name, tuple(shape), float(bound), deps, exact, poison)
         self.lines.append((f"{name} = {expr}", f"{name} = {torch_expr or expr}"))
@@ -379,6 +384,8 @@ class Builder:
                 return False
             bound = abs(s)
             expr = f"{_scalar_text(s)} / ({x.name} * {x.name} + 1.0)"
+            self.emit(expr, x.shape, bound, (x,), "arith_scalar", grad_exact=False)  # a reciprocal
+            return True
         else:
             s = draw(_SCALARS)
             bound = x.bound + abs(s) if op in "+-" else x.bound * abs(s)
@@ -393,7 +400,7 @@ class Builder:
         x = self.pick()
         if x is None:
             return False
-        op = draw(st.sampled_from(["neg", "exp", "log", "sqrt", "tanh", "sigmoid", "relu"]))
+        op = draw(st.sampled_from(["relu", "neg", "exp", "tanh", "sigmoid", "log", "sqrt"]))
         method = draw(st.booleans())
         if op == "neg":
             self.emit(f"-{x.name}", x.shape, x.bound, (x,), "neg")
@@ -434,7 +441,7 @@ class Builder:
             if bound > LIMIT:
                 return False
             expr, exact = f"{x.name} ** {e}", True
-        self.emit(expr, x.shape, bound, (x,), "pow", exact=exact)
+        self.emit(expr, x.shape, bound, (x,), "pow", exact=exact, grad_exact=exact and e != -1)
         return True
 
     def identity(self) -> bool:
@@ -442,7 +449,7 @@ class Builder:
         x = self.pick()
         if x is None:
             return False
-        forms = ["{x} / 1", "{x} * 1", "{x} ** 1", "{x}.reshape({shape})", "{x}[...]", "{x}[..., ...]",
+        forms = ["{x} / 1", "{x}.reshape({shape})", "{x}[..., ...]", "{x} * 1", "{x} ** 1", "{x}[...]",
                  "+{x}", "{x} + 0", "{x}.view({shape})"]
         if x.shape:
             forms += ["{x}[:]", "{x}.permute({perm})"]
@@ -798,6 +805,34 @@ class Builder:
         self.exact_grads = False
         return True
 
+    def combine(self) -> bool:
+        """a.<f>().mean() * b.<g>().sum(): scalar reductions of two values (two inputs) combined (known bug 5)."""
+        draw = self.draw
+        x, y = self.pick(), self.pick()
+        if x is None:
+            return False
+        parts = []
+        for v in (x, y):
+            f = draw(st.sampled_from(["", ".exp()", ".sigmoid()", ".tanh()"]))
+            if f == ".exp()" and v.bound > 2:
+                f = ".tanh().exp()"
+            r = draw(st.sampled_from(["sum", "mean"]))
+            bound = (math.e ** min(v.bound, 1.0) if "exp" in f else 1.0 if f else v.bound) * \
+                (_numel(v.shape) if r == "sum" else 1)
+            parts.append((f"{v.name}{f}.{r}()", bound))
+        op = draw(st.sampled_from("*+-"))
+        bound = parts[0][1] * parts[1][1] if op == "*" else parts[0][1] + parts[1][1]
+        if bound > LIMIT:
+            return False
+        out = self.emit(f"{parts[0][0]} {op} {parts[1][0]}", (), bound, (x, y), "combine")
+        if out.deps and draw(st.booleans()):  # out.backward() at once
+            self.lines.append((f"{out.name}.backward()", f"{out.name}.backward(retain_graph=True)"))
+            for leaf in out.deps:
+                self.grad_set[leaf] = True
+            self.backwards += 1
+            self.roots.append(out)
+        return True
+
     def backward(self) -> bool:
         draw = self.draw
         x = self.pick(lambda v: bool(v.deps) and math.isfinite(v.bound))
@@ -812,6 +847,7 @@ class Builder:
             self.lines.append((f"{root} = {expr}",) * 2)
             self.values.append(Value(root, (), x.bound * max(1, _numel(x.shape)), x.deps, False))
         self.lines.append((f"{root}.backward()", f"{root}.backward(retain_graph=True)"))
+        self.roots.append(self.values[-1] if root != x.name else x)
         for leaf in x.deps:
             self.grad_set[leaf] = True
         self.families.add("backward")
@@ -858,6 +894,8 @@ def programs(draw, families=WEIGHTED_FAMILIES) -> Program:
     # returns: some values (inputs, poisoned ones and losses included), then some leaves' .grad
     values = [v for v in b.values]
     chosen = draw(st.lists(st.sampled_from(values), min_size=0, max_size=3, unique_by=lambda v: v.name))
+    if b.roots and draw(st.booleans()) and b.roots[-1] not in chosen:  # the loss, beside the grads
+        chosen.append(b.roots[-1])
     if not chosen:
         chosen = [values[-1]]
     outputs = [Output(v.name, v.name, v.exact, "loss" if v.name.startswith("loss") else f"value {v.name}")
@@ -869,3 +907,18 @@ def programs(draw, families=WEIGHTED_FAMILIES) -> Program:
             outputs.append(Output(f"{leaf}.grad", f"_grad({leaf})", b.exact_grads, f"grad of {leaf}"))
     bare = len(outputs) == 1 and draw(st.booleans())
     return Program(tuple(b.inputs), tuple(b.lines), tuple(outputs), bare, frozenset(b.families))
+
+
+def explicit_program(inputs, lines, outputs, bare_return=False) -> Program:
+    """A hand-written program: inputs as (name, shape, leaf), lines and returned expressions in bendc's
+    spelling (the torch spelling is derived: retain_graph on backward, _grad for .grad)."""
+    import re
+
+    def torch_text(text: str) -> str:
+        text = text.replace(".backward()", ".backward(retain_graph=True)")
+        return re.sub(r"(\w+)\.grad\b", r"_grad(\1)", text)
+
+    items = tuple(Input(name, tuple(shape), "f32", leaf, 7 + position)
+                  for position, (name, shape, leaf) in enumerate(inputs))
+    outs = tuple(Output(text, torch_text(text), False, text) for text in outputs)
+    return Program(items, tuple((line, torch_text(line)) for line in lines), outs, bare_return, frozenset())

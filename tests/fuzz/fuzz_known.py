@@ -37,7 +37,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(4, "non-finite constant", "def step(x): return x * math.inf", ("cpu",), "TypingError",
              r"name '(inf|nan)' is not defined"),
     KnownBug(5, "fusion cycle", "out = x.exp().mean() * y.sigmoid().sum(); out.backward()  (x f32[4,8], "
-             "y f32[6,3] leaves)", ("cpu",), "InternalError", r"kernels still need each other"),
+             "y f32[6,3] leaves; x.grad and y.grad returned)", ("cpu", "reference"), "InternalError", r"kernels still need each other"),
     KnownBug(6, "a[..., ...] rejected", "def step(a): return a[..., ...]", ("cpu", "reference"), "ShapeError",
              r"an index can hold one ellipsis"),
 )
@@ -46,3 +46,25 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
 
 def known_bug(error: BaseException, target: str) -> KnownBug | None:
     return next((bug for bug in KNOWN_BUGS if bug.matches(error, target)), None)
+
+
+# Each bug's program (fuzz_gen.explicit_program arguments), run in every sample as a hypothesis
+# @example, and a regex over generated sources showing the generator draws programs of that shape
+# (test_fuzz.test_generator_draws_known_bug_shapes).
+KNOWN_BUG_PROGRAMS = {
+    1: ([("x", (3, 4), False)], [], ["x"]),
+    2: ([("x", (3, 3), False)], ["y = x @ x"], ["y"]),
+    3: ([("v", (3, 4), False)], ["y = v[1, 2] * 2.0"], ["y"]),
+    4: ([("x", (3, 4), False)], ["y = x * math.inf"], ["y"]),
+    5: ([("x", (4, 8), True), ("y", (6, 3), True)],
+        ["out = x.exp().mean() * y.sigmoid().sum()", "out.backward()"], ["out", "x.grad", "y.grad"]),
+    6: ([("a", (3, 4), False)], ["y = a[..., ...]"], ["y"]),
+}
+KNOWN_BUG_SHAPES = {
+    1: r"^def step\([^)]*\):\n    return",
+    2: r"(\w+) @ \1\b|scaled_dot_product_attention\((\w+), \2, \2",
+    3: r"\w+\[-?\d+, -?\d+\]",
+    4: r"math\.(inf|nan)",
+    5: r"\w+\.\w+\(\)\.mean\(\) \* \w+\.\w+\(\)\.sum\(\)",
+    6: r"\[\.\.\., \.\.\.\]",
+}

@@ -43,7 +43,7 @@ OP_TABLE: dict[str, OpEntry] = {
     "mul": OpEntry(D, "a * b (broadcast), a * 2.0, 2.0 * a, x * x, x ** 2, x ** 3", "same",
                    ("arith_tensor", "arith_scalar", "pow")),
     "div": OpEntry(D, "a / (b*b + 1) (broadcast), a / 2.0; mean() divides by the count", "same",
-                   ("arith_tensor", "arith_scalar", "reduce")),
+                   ("arith_tensor", "arith_scalar", "reduce", "combine")),
     "reciprocal": OpEntry(D, "2.0 / (x*x + 1) (scalar / tensor), (x*x + 1) ** -1", "same",
                           ("arith_scalar", "pow")),
     "neg": OpEntry(D, "-x", "-x", ("unary",)),

@@ -24,13 +24,15 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
+import re
+
+from hypothesis import HealthCheck, example, find, given, seed, settings
 
 import bendc
 from bendc.ir.parser import parse_graph
 from bendc.ops import OPS
-from fuzz_gen import FAMILIES, Program, programs, run_bendc, run_torch
-from fuzz_known import KNOWN_BUGS, known_bug
+from fuzz_gen import FAMILIES, Program, explicit_program, programs, run_bendc, run_torch
+from fuzz_known import KNOWN_BUG_PROGRAMS, KNOWN_BUG_SHAPES, KNOWN_BUGS, known_bug
 from fuzz_ops import OP_TABLE
 
 # ---------------------------------------------------------------- tolerances
@@ -110,17 +112,17 @@ def check_outputs(program: Program, ours, t32, t64, target: str) -> list[str]:
             continue
         ok = finite & np.isfinite(e)
         scale = max(1.0, float(np.max(np.abs(e[ok])))) if ok.any() else 1.0
-        err = np.abs(r64 - e)[ok]
-        tol = C * np.abs(a32 - e)[ok] + FLOOR * scale
+        err = np.abs(r64[ok] - e[ok])
+        tol = C * np.abs(a32[ok] - e[ok]) + FLOOR * scale
         if STATS is not None and err.size:
             noisy = err > 1e-7 * scale
-            ref = np.abs(a32 - e)[ok]
+            ref = np.abs(a32[ok] - e[ok])
             c_needed = float(np.max(err[noisy] / np.maximum(ref[noisy], 1e-300))) if noisy.any() else 0.0
             STATS.append((float(np.max(err)) / scale, c_needed, float(np.max(np.maximum(err - C * ref, 0))) / scale))
         if (err > tol).any() or not np.isfinite(r64[ok]).all():
             worst = int(np.argmax(err - tol))
             problems.append(f"{what}: |bendc - torch64| = {err[worst]:.3g} > tolerance {tol[worst]:.3g} "
-                            f"(torch32 error {np.abs(a32 - e)[ok][worst]:.3g}, scale {scale:.3g}); "
+                            f"(torch32 error {np.abs(a32[ok] - e[ok])[worst]:.3g}, scale {scale:.3g}); "
                             f"{int((err > tol).sum())} of {err.size} elements")
     return problems
 
@@ -155,10 +157,17 @@ def _report_known(target: str) -> None:
 
 
 # ---------------------------------------------------------------- the differential tests
+def _with_known_bug_examples(test):
+    for inputs, lines, outputs in KNOWN_BUG_PROGRAMS.values():
+        test = example(program=explicit_program(inputs, lines, outputs))(test)
+    return test
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_programs_match_torch(target: str) -> None:
     @_settings(target)
     @given(program=programs())
+    @_with_known_bug_examples
     def check(program: Program) -> None:
         run_and_check(program, target)
 
@@ -192,21 +201,38 @@ def _ir_ops(jitted) -> set[str]:
 
 
 def test_sample_reaches_every_op() -> None:
-    """Every family is drawn, and every op in OPS appears in the IR of some program of a fixed sample."""
-    seen_ops: set[str] = set()
-    seen_families: set[str] = set()
+    """Every op in OPS appears in the IR (some stage) of a fixed sample drawn from the families that
+    OP_TABLE says reach it (each family with backward calls mixed in)."""
+    seen: dict[str, set[str]] = {}
 
-    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
-    @given(program=programs())
-    def collect(program: Program) -> None:
-        seen_families.update(program.families)
-        try:
-            jitted, _ = run_bendc(program, "reference", CACHE_DIR)
-        except bendc.BendcError:
-            return
-        seen_ops.update(_ir_ops(jitted))
+    for family in FAMILIES:
+        ops = seen.setdefault(family, set())
 
-    collect()
-    assert not set(FAMILIES) - seen_families, f"families never drawn: {set(FAMILIES) - seen_families}"
-    assert not set(OPS) - seen_ops, f"ops never reached in the sample: {sorted(set(OPS) - seen_ops)}"
+        @settings(max_examples=30, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(program=programs(families=(family, family, "backward")))
+        def collect(program: Program) -> None:
+            try:
+                jitted, _ = run_bendc(program, "reference", CACHE_DIR)
+            except bendc.BendcError:
+                return
+            ops.update(_ir_ops(jitted))
+
+        collect()
+    missing = []
+    for name, entry in OP_TABLE.items():
+        if entry.kind == "source":
+            continue
+        if not any(name in seen[f] for f in entry.families):
+            missing.append(f"{name} (families {entry.families})")
+    assert not missing, f"ops not reached by the families OP_TABLE names: {missing}"
+
+
+@pytest.mark.parametrize("number", sorted(KNOWN_BUG_SHAPES))
+def test_generator_draws_known_bug_shapes(number: int) -> None:
+    """The generator draws programs of each known bug's shape (not only the hand-written example)."""
+    pattern = re.compile(KNOWN_BUG_SHAPES[number], re.M)
+    found = find(programs(), lambda p: pattern.search(p.source()) is not None,
+                 settings=settings(max_examples=5000, database=None, derandomize=True, deadline=None,
+                                   suppress_health_check=list(HealthCheck)))
+    assert pattern.search(found.source())
