@@ -211,7 +211,9 @@ def run_bendc(program: Program, target: str, cache_dir: str | None) -> tuple:
     fn = compile_step(program.source("bendc"), {"F": F, "bendc": bendc, "math": math})
     jitted = bendc.jit(fn, leaves=program.leaves, target=target, cache_dir=cache_dir)
     result = jitted(*[item.array() for item in program.inputs])
-    return jitted, tuple(None if r is None else np.asarray(r) for r in _as_tuple(result))
+    def host(r):
+        return r.copy_to_host() if hasattr(r, "copy_to_host") else np.asarray(r)  # cuda: device arrays
+    return jitted, tuple(None if r is None else host(r) for r in _as_tuple(result))
 
 
 # ================================================================== the strategy
