@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from fuzz_gen import Program, run_bendc, run_torch
+from fuzz_gen import Output, Program, run_bendc, run_torch
 from fuzz_known import known_bug
 
 STRICT = os.environ.get("BENDC_FUZZ_STRICT") == "1"
@@ -80,25 +82,80 @@ def check_outputs(program: Program, ours, t32, t64, target: str) -> list[str]:
     return problems
 
 
-def run_and_check(program: Program, target: str, cache_dir: str | None) -> None:
+def evaluate(program: Program, target: str, cache_dir: str | None, count_known: bool = True):
+    """(None, None) when bendc agrees with torch (or hits a known bug), else (signature, message):
+    the signature is the exception's type, or "mismatch", or "torch" where torch rejects the program."""
     try:
         t64 = run_torch(program, torch.float64)
         t32 = run_torch(program, torch.float32)
     except Exception as error:  # a generator bug: it must draw only programs torch accepts
-        raise AssertionError(f"torch rejects a generated program ({type(error).__name__}: {error}):\n"
-                             f"{program.repro(target)}") from error
+        return "torch", f"torch rejects a generated program ({type(error).__name__}: {error})"
     try:
         _, ours = run_bendc(program, target, cache_dir)
     except Exception as error:
         bug = None if STRICT else known_bug(error, target)
         if bug is not None:
-            KNOWN_HITS[(target, bug.number, bug.name)] += 1
-            return
-        raise AssertionError(f"bendc ({target}) raised {type(error).__name__}: {str(error)[:2000]}\n\n"
-                             f"minimal repro:\n{program.repro(target)}") from error
+            if count_known:
+                KNOWN_HITS[(target, bug.number, bug.name)] += 1
+            return None, None
+        return type(error).__name__, f"bendc ({target}) raised {type(error).__name__}: {str(error)[:2000]}"
     problems = check_outputs(program, ours, t32, t64, target)
     if problems:
-        raise AssertionError(f"bendc ({target}) differs from torch:\n  " + "\n  ".join(problems) +
-                             f"\n\nminimal repro:\n{program.repro(target)}")
+        return "mismatch", f"bendc ({target}) differs from torch:\n  " + "\n  ".join(problems)
+    return None, None
 
 
+def _smaller(program: Program):
+    """Programs with one line, one output or one unused input fewer."""
+    for i in range(len(program.lines) - 1, -1, -1):
+        yield replace(program, lines=program.lines[:i] + program.lines[i + 1:])
+    if len(program.outputs) > 1:
+        for i in range(len(program.outputs)):
+            yield replace(program, outputs=program.outputs[:i] + program.outputs[i + 1:])
+    defined = [m.group(1) for line, _ in program.lines for m in [re.match(r"(\w+) = ", line)] if m]
+    for i, out in enumerate(program.outputs):  # return an earlier value instead (lets its users go)
+        for name in defined:
+            if name != out.text and ".grad" not in out.text and defined.index(name) < len(defined) - 1:
+                yield replace(program, outputs=program.outputs[:i] + (Output(name, name, False, f"value {name}"),)
+                              + program.outputs[i + 1:])
+    text = program.source()
+    for i, item in enumerate(program.inputs):
+        if len(re.findall(rf"\b{item.name}\b", text)) == 1:  # only in the signature
+            yield replace(program, inputs=program.inputs[:i] + program.inputs[i + 1:])
+
+
+def minimize(program: Program, target: str, cache_dir: str | None, signature: str, budget: int = 150):
+    """Greedy line/output/input deletion after hypothesis's shrinking (which cannot delete a step in
+    the middle of a program: later steps name values by position). Keeps the failure signature."""
+    tries = 0
+    progress = True
+    while progress and tries < budget:
+        progress = False
+        for candidate in _smaller(program):
+            tries += 1
+            if evaluate(candidate, target, cache_dir, count_known=False)[0] == signature:
+                program, progress = candidate, True
+                break
+            if tries >= budget:
+                break
+    return program
+
+
+LAST_FAILURE: dict = {}   # target -> the last failing program (hypothesis replays the minimal one last)
+
+
+def run_and_check(program: Program, target: str, cache_dir: str | None) -> None:
+    signature, message = evaluate(program, target, cache_dir)
+    if signature is not None:
+        LAST_FAILURE[target] = (program, signature)
+        raise AssertionError(f"{message}\n\nrepro (shrunk by hypothesis):\n{program.repro(target)}")
+
+
+def minimized_report(target: str, cache_dir: str | None) -> str:
+    """The last failure of ``target``, minimized further, with its message: for the test's final error."""
+    if target not in LAST_FAILURE:
+        return ""
+    program, signature = LAST_FAILURE.pop(target)
+    small = minimize(program, target, cache_dir, signature)
+    _, message = evaluate(small, target, cache_dir, count_known=False)
+    return f"{message}\n\nminimal repro ({signature}):\n{small.repro(target)}"

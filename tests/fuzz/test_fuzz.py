@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, example, find, given, seed, settings
 import bendc
 from bendc.ir.parser import parse_graph
 from bendc.ops import OPS
-from fuzz_check import KNOWN_HITS, run_and_check
+from fuzz_check import KNOWN_HITS, minimized_report, run_and_check
 from fuzz_gen import FAMILIES, Program, explicit_program, programs, run_bendc
 from fuzz_known import KNOWN_BUG_PROGRAMS, KNOWN_BUG_SHAPES
 from fuzz_ops import OP_TABLE
@@ -79,6 +79,11 @@ def test_programs_match_torch(target: str) -> None:
 
     try:
         _seeded(check)()
+    except AssertionError as error:
+        report = minimized_report(target, CACHE_DIR)
+        if report:
+            raise AssertionError(f"{report}\n\n---- hypothesis's failure:\n{error}") from error
+        raise
     finally:
         _report_known(target)
 
