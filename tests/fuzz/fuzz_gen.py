@@ -33,6 +33,9 @@ MAX_RANK = 4
 # Shapes come from a small pool so generated kernels (whose sources hold the shapes) repeat
 # across programs and numba's compiles are shared. (4, 8) and (6, 3) are the shapes of known bug 5.
 BASE_SHAPES = [(), (1,), (3,), (4,), (1, 4), (4, 1), (2, 3), (3, 4), (4, 4), (2, 1, 4), (2, 3, 4), (4, 8), (6, 3)]
+# At least bendc.ops.base.PARALLEL_CELLS (65536) cells: CPU kernels this large run their cells with
+# prange. Drawn rarely (each such program compiles its own parallel kernels).
+LARGE_SHAPES = [(256, 256), (16, 64, 64)]
 ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4)]
 
 # Families of generated steps. Each is drawn with nonzero probability (``draw_family``); core
@@ -903,7 +906,8 @@ class Builder:
 def programs(draw, families=WEIGHTED_FAMILIES) -> Program:
     b = Builder(draw)
     for _ in range(draw(st.integers(1, 3))):
-        b.new_input(draw(st.sampled_from(BASE_SHAPES)))
+        large = draw(st.integers(0, 29)) == 0
+        b.new_input(draw(st.sampled_from(LARGE_SHAPES if large else BASE_SHAPES)))
     length = draw(st.sampled_from((0,) + tuple(range(1, 11)) * 2))  # 0 (no ops) 1 in 21
     for _ in range(length):
         for _attempt in range(6):
