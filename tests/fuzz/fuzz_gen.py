@@ -38,6 +38,15 @@ BASE_SHAPES = [(), (1,), (3,), (4,), (1, 4), (4, 1), (2, 3), (3, 4), (4, 4), (2,
 LARGE_SHAPES = [(256, 256), (16, 64, 64)]
 ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4)]
 
+# Pass pipelines (bendc.jit(passes=...)): the default most of the time, else a forced attention
+# schedule, or some passes left out (no fusion, no cse/dce).
+PIPELINES = (None, None, None, None,
+             ("dce", "canonicalize", "cse", "attention_schedule_dense", "fuse"),
+             ("dce", "canonicalize", "cse", "attention_schedule_triangular", "fuse"),
+             ("dce", "canonicalize", "cse", "attention_schedule"),
+             ("canonicalize", "attention_schedule", "fuse"),
+             ("attention_schedule",))
+
 # Families of generated steps. Each is drawn with nonzero probability (``draw_family``); core
 # elementwise families are listed several times (weights).
 FAMILIES = ("arith_tensor", "arith_scalar", "unary", "pow", "identity", "nonfinite", "reduce", "rows",
@@ -90,6 +99,7 @@ class Program:
     outputs: tuple[Output, ...]
     bare_return: bool                         # `return v` rather than a tuple
     families: frozenset[str]
+    passes: tuple[str, ...] | None = None      # bendc.jit(passes=...): None is the default pipeline
 
     @property
     def leaves(self) -> tuple[str, ...]:
@@ -105,7 +115,8 @@ class Program:
 
     def repro(self, target: str) -> str:
         head = ["import math", "import numpy as np", "import bendc", "import bendc.functional as F", "",
-                f"@bendc.jit(leaves={self.leaves!r}, target={target!r})"]
+                f"@bendc.jit(leaves={self.leaves!r}, target={target!r}"
+                + ("" if self.passes is None else f", passes={list(self.passes)!r}") + ")"]
         inputs = [f"{i.name} = {i.numpy_source()}  # {i.kind}{list(i.shape)}{' leaf' if i.leaf else ''}"
                   for i in self.inputs]
         call = f"print(step({', '.join(i.name for i in self.inputs)}))"
@@ -212,7 +223,8 @@ def run_bendc(program: Program, target: str, cache_dir: str | None) -> tuple:
     import bendc
     import bendc.functional as F
     fn = compile_step(program.source("bendc"), {"F": F, "bendc": bendc, "math": math})
-    jitted = bendc.jit(fn, leaves=program.leaves, target=target, cache_dir=cache_dir)
+    jitted = bendc.jit(fn, leaves=program.leaves, target=target, cache_dir=cache_dir,
+                       passes=None if program.passes is None else list(program.passes))
     def host(r):
         return r.copy_to_host() if hasattr(r, "copy_to_host") else np.asarray(r)  # cuda: device arrays
 
@@ -537,8 +549,9 @@ class Builder:
         if x is None:
             return False
         rank = len(x.shape)
-        form = draw(st.sampled_from(["reshape", "view", "permute", "transpose", "T", "unsqueeze"]))
-        if form in ("reshape", "view"):
+        # (x.view is drawn only as an identity: torch refuses other views of non-contiguous tensors)
+        form = draw(st.sampled_from(["reshape", "permute", "transpose", "T", "unsqueeze"]))
+        if form == "reshape":
             target = _factor_shape(draw, _numel(x.shape))
             spelled = list(target)
             if spelled and draw(st.booleans()):
@@ -933,7 +946,8 @@ def programs(draw, families=WEIGHTED_FAMILIES) -> Program:
         if draw(st.integers(0, 3)) > 0:
             outputs.append(Output(f"{leaf}.grad", f"_grad({leaf})", b.exact_grads, f"grad of {leaf}"))
     bare = len(outputs) == 1 and draw(st.booleans())
-    return Program(tuple(b.inputs), tuple(b.lines), tuple(outputs), bare, frozenset(b.families))
+    passes = draw(st.sampled_from(PIPELINES))
+    return Program(tuple(b.inputs), tuple(b.lines), tuple(outputs), bare, frozenset(b.families), passes)
 
 
 def explicit_program(inputs, lines, outputs, bare_return=False) -> Program:
