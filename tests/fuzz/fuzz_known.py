@@ -60,6 +60,9 @@ KNOWN_BUG_PROGRAMS = {
         ["out = x.exp().mean() * y.sigmoid().sum()", "out.backward()"], ["out", "x.grad", "y.grad"]),
     6: ([("a", (3, 4), False)], ["y = a[..., ...]"], ["y"]),
 }
+# The families searched for each shape (every family is also drawn by the full mix).
+KNOWN_BUG_FAMILIES = {1: ("identity", "backward"), 2: ("matmul", "attention"), 3: ("index", "arith_scalar"),
+                      4: ("nonfinite",), 5: ("combine", "unary", "backward"), 6: ("identity",)}
 KNOWN_BUG_SHAPES = {
     1: r"^def step\([^)]*\):\n    return",
     2: r"(\w+) @ \1\b|scaled_dot_product_attention\((\w+), \2, \2",
