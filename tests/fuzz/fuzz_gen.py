@@ -918,10 +918,10 @@ class Builder:
 
 
 @st.composite
-def programs(draw, families=WEIGHTED_FAMILIES) -> Program:
+def programs(draw, families=WEIGHTED_FAMILIES, large_shapes: bool = True) -> Program:
     b = Builder(draw)
     for _ in range(draw(st.integers(1, 3))):
-        large = draw(st.integers(0, 29)) == 0
+        large = large_shapes and draw(st.integers(0, 29)) == 0
         b.new_input(draw(st.sampled_from(LARGE_SHAPES if large else BASE_SHAPES)))
     length = draw(st.sampled_from((0,) + tuple(range(1, 11)) * 2))  # 0 (no ops) 1 in 21
     for _ in range(length):
