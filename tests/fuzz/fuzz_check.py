@@ -119,7 +119,9 @@ def evaluate(program: Program, target: str, cache_dir: str | None, count_known: 
 
 
 def _smaller(program: Program):
-    """Programs with one line, one output or one unused input fewer."""
+    """Programs with one line, one output or one unused input fewer, or the default pass pipeline."""
+    if program.passes is not None:
+        yield replace(program, passes=None)
     for i in range(len(program.lines) - 1, -1, -1):
         yield replace(program, lines=program.lines[:i] + program.lines[i + 1:])
     if len(program.outputs) > 1:
