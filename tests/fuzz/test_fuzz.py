@@ -32,7 +32,7 @@ from fuzz_gen import FAMILIES, Program, explicit_program, programs, run_bendc
 from fuzz_known import KNOWN_BUG_FAMILIES, KNOWN_BUG_PROGRAMS, KNOWN_BUG_SHAPES
 from fuzz_ops import OP_TABLE
 
-SAMPLE = {"reference": 300, "cpu": 300}  # programs per target in `make test` (plus the known-bug examples)
+SAMPLE = {"reference": 300, "cpu": 250}  # programs per target in `make test` (plus the known-bug examples)
 FUZZ_N = int(os.environ.get("BENDC_FUZZ_N", "0"))
 FUZZ_SEED = os.environ.get("BENDC_FUZZ_SEED")
 TARGETS = os.environ.get("BENDC_FUZZ_TARGETS", "reference,cpu").split(",")
