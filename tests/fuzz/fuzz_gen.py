@@ -1,0 +1,967 @@
+"""Random programs over bendc's public API, rendered as Python source.
+
+A drawn ``Program`` is Python source for one function ``step(...)`` plus its inputs. The same
+source runs three times: under ``bendc.jit`` (F = bendc.functional), and as plain torch eager
+code in float32 and in float64 (F = ``TorchF`` below, a shim with torch's functions under
+bendc's names). Only two spellings differ between the bendc and the torch rendering:
+``.backward()`` gets ``retain_graph=True`` (programs call backward several times over shared
+graphs) and a ``leaf.grad`` read is ``_grad(leaf)``, a clone (torch accumulates into an
+existing ``.grad`` in place; bendc's ``.grad`` is a value). ``Program.repro(target)`` is the
+standalone snippet printed with a failure.
+
+Values stay finite as in tests/test_properties.py: inputs are uniform in [-2, 2], a tensor
+divisor y becomes (y*y + 1.0), log/sqrt take (x*x + 1.0), exp takes x.tanh() once |x| may
+exceed 2, and a magnitude bound on every value refuses products that would pass ``LIMIT``.
+Non-finite constants (x * math.inf, x * math.nan) make "poisoned" values that are only returned,
+never fed to further ops or losses.
+"""
+from __future__ import annotations
+
+import linecache
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as TF
+from hypothesis import strategies as st
+
+LIMIT = 1e3
+MAX_RANK = 4
+
+# Shapes come from a small pool so generated kernels (whose sources hold the shapes) repeat
+# across programs and numba's compiles are shared. (4, 8) and (6, 3) are the shapes of known bug 5.
+BASE_SHAPES = [(), (1,), (3,), (4,), (1, 4), (4, 1), (2, 3), (3, 4), (4, 4), (2, 1, 4), (2, 3, 4), (4, 8), (6, 3)]
+# At least bendc.ops.base.PARALLEL_CELLS (65536) cells: CPU kernels this large run their cells with
+# prange. Drawn rarely (each such program compiles its own parallel kernels).
+LARGE_SHAPES = [(256, 256), (16, 64, 64)]
+ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4)]
+
+# Pass pipelines (bendc.jit(passes=...)): the default most of the time, else a forced attention
+# schedule, or some passes left out (no fusion, no cse/dce).
+PIPELINES = (None, None, None, None,
+             ("dce", "canonicalize", "cse", "attention_schedule_dense", "fuse"),
+             ("dce", "canonicalize", "cse", "attention_schedule_triangular", "fuse"),
+             ("dce", "canonicalize", "cse", "attention_schedule"),
+             ("canonicalize", "attention_schedule", "fuse"),
+             ("attention_schedule",))
+
+# Families of generated steps. Each is drawn with nonzero probability (``draw_family``); core
+# elementwise families are listed several times (weights).
+FAMILIES = ("arith_tensor", "arith_scalar", "unary", "pow", "identity", "nonfinite", "reduce", "rows",
+            "layout", "index", "matmul", "gelu", "norm", "rope_family", "attention", "index_select",
+            "gather", "cross_entropy", "mse", "sgd", "adam", "combine", "backward", "zero_grad", "grad_read")
+WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
+                                "reduce", "layout", "index", "matmul", "combine", "combine")
+# Families whose results round once per element exactly as torch's do (bitwise comparable).
+EXACT_FAMILIES = {"arith_tensor", "arith_scalar", "neg", "relu", "pow", "identity", "layout", "index"}
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    shape: tuple[int, ...]
+    kind: str            # "f32", "i64" (indices below ``high``), "step" (0-d float32 Adam step count)
+    leaf: bool
+    seed: int
+    high: int = 0
+
+    def array(self) -> np.ndarray:
+        rng = np.random.default_rng(self.seed)
+        if self.kind == "i64":
+            return rng.integers(0, self.high, size=self.shape).astype(np.int64)
+        if self.kind == "step":
+            return np.array(float(1 + self.seed % 5), dtype=np.float32)
+        return rng.uniform(-2.0, 2.0, size=self.shape).astype(np.float32)
+
+    def numpy_source(self) -> str:
+        if self.kind == "i64":
+            return (f"np.random.default_rng({self.seed}).integers(0, {self.high}, size={self.shape})"
+                    ".astype(np.int64)")
+        if self.kind == "step":
+            return f"np.array({float(1 + self.seed % 5)!r}, dtype=np.float32)"
+        return f"np.random.default_rng({self.seed}).uniform(-2.0, 2.0, size={self.shape}).astype(np.float32)"
+
+
+@dataclass(frozen=True)
+class Output:
+    text: str            # the returned expression (bendc spelling)
+    torch_text: str
+    exact: bool          # bitwise comparable with torch float32
+    what: str            # "value", "loss" or "grad of x0"
+
+
+@dataclass(frozen=True)
+class Program:
+    inputs: tuple[Input, ...]
+    lines: tuple[tuple[str, str], ...]      # (bendc line, torch line)
+    outputs: tuple[Output, ...]
+    bare_return: bool                         # `return v` rather than a tuple
+    families: frozenset[str]
+    passes: tuple[str, ...] | None = None      # bendc.jit(passes=...): None is the default pipeline
+
+    @property
+    def leaves(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs if i.leaf)
+
+    def source(self, flavor: str = "bendc") -> str:
+        params = ", ".join(i.name for i in self.inputs)
+        body = [line if flavor == "bendc" else torch_line for line, torch_line in self.lines]
+        rets = [o.text if flavor == "bendc" else o.torch_text for o in self.outputs]
+        ret = rets[0] if self.bare_return else "(" + ", ".join(rets) + ("," if len(rets) == 1 else "") + ")"
+        text = [f"def step({params}):"] + [f"    {line}" for line in body] + [f"    return {ret}"]
+        return "\n".join(text) + "\n"
+
+    def repro(self, target: str) -> str:
+        head = ["import math", "import numpy as np", "import bendc", "import bendc.functional as F", "",
+                f"@bendc.jit(leaves={self.leaves!r}, target={target!r}"
+                + ("" if self.passes is None else f", passes={list(self.passes)!r}") + ")"]
+        inputs = [f"{i.name} = {i.numpy_source()}  # {i.kind}{list(i.shape)}{' leaf' if i.leaf else ''}"
+                  for i in self.inputs]
+        call = f"print(step({', '.join(i.name for i in self.inputs)}))"
+        return "\n".join(head) + "\n" + self.source("bendc") + "\n" + "\n".join(inputs + [call]) + "\n"
+
+    def __repr__(self) -> str:
+        return "\n" + self.repro("cpu")
+
+    def _repr_pretty_(self, printer, cycle) -> None:  # hypothesis prints falsifying examples with this
+        printer.text(repr(self))
+
+
+# ================================================================== torch equivalents of bendc.functional
+class TorchF:
+    """torch's functions under bendc.functional's names (float32 or float64 alike)."""
+
+    relu = staticmethod(torch.relu)
+    sigmoid = staticmethod(torch.sigmoid)
+    tanh = staticmethod(torch.tanh)
+    exp = staticmethod(torch.exp)
+    log = staticmethod(torch.log)
+    sqrt = staticmethod(torch.sqrt)
+    gelu = staticmethod(TF.gelu)
+    softmax = staticmethod(torch.softmax)
+    log_softmax = staticmethod(torch.log_softmax)
+    linear = staticmethod(TF.linear)
+    layer_norm = staticmethod(TF.layer_norm)
+    group_norm = staticmethod(TF.group_norm)
+    mse_loss = staticmethod(TF.mse_loss)
+    cross_entropy = staticmethod(TF.cross_entropy)
+    index_select = staticmethod(torch.index_select)
+    gather = staticmethod(torch.gather)
+    scaled_dot_product_attention = staticmethod(TF.scaled_dot_product_attention)
+
+    @staticmethod
+    def rope(x, cos, sin):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    @staticmethod
+    def sgd_step(param, grad, lr, momentum=0.0, buf=None):
+        if momentum == 0.0:
+            return param - lr * grad
+        new_buf = grad if buf is None else buf * momentum + grad
+        return param - lr * new_buf, new_buf
+
+    @staticmethod
+    def adam_step(param, grad, m, v, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        # torch.optim.AdamW's single-tensor update, written out of place.
+        beta1, beta2 = betas
+        step = float(step)
+        if weight_decay != 0.0:
+            param = param * (1.0 - lr * weight_decay)
+        m = torch.lerp(m, grad, 1.0 - beta1)
+        v = v * beta2 + (1.0 - beta2) * grad * grad
+        step_size = lr / (1.0 - beta1 ** step)
+        denom = v.sqrt() / math.sqrt(1.0 - beta2 ** step) + eps
+        return param + (-step_size) * (m / denom), m, v
+
+
+class TorchBendc:
+    @staticmethod
+    def zero_grad(*leaves):
+        for leaf in leaves:
+            leaf.grad = None
+
+
+def _torch_grad(leaf):
+    return None if leaf.grad is None else leaf.grad.detach().clone()
+
+
+# ================================================================== running
+_COUNTER = [0]
+
+
+def compile_step(source: str, namespace: dict) -> Any:
+    """exec the source; register it with linecache so tracebacks and inspect see the lines."""
+    _COUNTER[0] += 1
+    filename = f"<fuzz program {_COUNTER[0]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["step"]
+
+
+def _as_tuple(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def run_torch(program: Program, dtype: torch.dtype) -> tuple:
+    fn = compile_step(program.source("torch"), {"F": TorchF, "bendc": TorchBendc, "math": math,
+                                                "_grad": _torch_grad, "torch": torch})
+    tensors = []
+    for item in program.inputs:
+        array = item.array()
+        tensor = torch.from_numpy(array)
+        if item.kind == "f32":
+            tensor = tensor.to(dtype).requires_grad_(item.leaf)
+        tensors.append(tensor)
+    return tuple(None if r is None else r.detach().to(torch.float64).numpy() for r in _as_tuple(fn(*tensors)))
+
+
+def run_bendc(program: Program, target: str, cache_dir: str | None, repeat: bool = True) -> tuple:
+    import bendc
+    import bendc.functional as F
+    fn = compile_step(program.source("bendc"), {"F": F, "bendc": bendc, "math": math})
+    jitted = bendc.jit(fn, leaves=program.leaves, target=target, cache_dir=cache_dir,
+                       passes=None if program.passes is None else list(program.passes))
+    def host(r):
+        return r.copy_to_host() if hasattr(r, "copy_to_host") else np.asarray(r)  # cuda: device arrays
+
+    first = _as_tuple(jitted(*[item.array() for item in program.inputs]))
+    kept = tuple(None if r is None else host(r).copy() for r in first)
+    if not repeat:
+        return jitted, kept
+    # a second call (the compiled program reused; output buffers may be recycled) must give the same
+    # bits and leave the first call's outputs, still held here, alone
+    second = tuple(None if r is None else host(r) for r in _as_tuple(jitted(*[i.array() for i in program.inputs])))
+    for position, (a, b, c) in enumerate(zip(kept, (None if r is None else host(r) for r in first), second)):
+        if a is None:
+            continue
+        if not (np.array_equal(a, b, equal_nan=True) and np.array_equal(a, c, equal_nan=True)):
+            raise RepeatCallError(f"output {position}: a second call changed the first call's result or "
+                                  f"differs from it:\nfirst {a!r}\nfirst after the second call {b!r}\nsecond {c!r}")
+    return jitted, kept
+
+
+class RepeatCallError(AssertionError):
+    """A jitted program gave different bits on a second identical call, or overwrote earlier outputs."""
+
+
+# ================================================================== the strategy
+@dataclass
+class Value:
+    name: str
+    shape: tuple[int, ...]
+    bound: float
+    deps: frozenset          # leaves in its autograd graph (empty: requires_grad False)
+    exact: bool
+    poison: bool = False
+
+
+def _broadcast(a, b):
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        return None
+
+
+def _matmul_shape(a, b):
+    if not a or not b:
+        return None
+    try:
+        return np.matmul(np.zeros(a, np.float32), np.zeros(b, np.float32)).shape
+    except ValueError:
+        return None
+
+
+def _numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _factor_shape(draw, numel: int) -> tuple[int, ...]:
+    factors, n, p = [], numel, 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    rank = draw(st.integers(1 if numel > 1 else 0, 3))
+    if rank == 0:
+        return ()
+    dims = [1] * rank
+    for factor in factors:
+        dims[draw(st.integers(0, rank - 1))] *= factor
+    return tuple(dims)
+
+
+def _scalar_text(value) -> str:
+    return repr(value)
+
+
+_SCALARS = st.one_of(st.sampled_from([2, -1, 3, 1, 0.5, -2.0]),
+                     st.builds(lambda m, neg: -m if neg else m, st.floats(0.25, 3.0, width=32), st.booleans()))
+_DIVISORS = st.one_of(st.sampled_from([2, -4, 1, 0.5]),
+                      st.builds(lambda m, neg: -m if neg else m, st.floats(0.5, 3.0, width=32), st.booleans()))
+
+
+class Builder:
+    def __init__(self, draw) -> None:
+        self.draw = draw
+        self.inputs: list[Input] = []
+        self.values: list[Value] = []
+        self.lines: list[tuple[str, str]] = []
+        self.families: set[str] = set()
+        self.exact_grads = True           # every step exact and no broadcast operand
+        self.grad_set: dict[str, bool] = {}  # leaf -> its .grad is not None now
+        self.counter = 0
+        self.backwards = 0
+        self.roots: list[Value] = []   # the values backward() was called on
+
+    # ------------------------------------------------------------- helpers
+    def new_input(self, shape, kind="f32", leaf=None, high=0) -> Value:
+        draw = self.draw
+        if leaf is None:
+            leaf = kind == "f32" and draw(st.booleans())
+        prefix = {"f32": "x", "i64": "i", "step": "s"}[kind]
+        name = f"{prefix}{sum(1 for i in self.inputs if i.name[0] == prefix)}"
+        item = Input(name, tuple(shape), kind, leaf, draw(st.integers(0, 2 ** 16)), high)
+        self.inputs.append(item)
+        value = Value(name, tuple(shape), 2.0, frozenset([name]) if leaf else frozenset(), True)
+        if kind == "f32":
+            self.values.append(value)
+            if leaf:
+                self.grad_set[name] = False
+        return value
+
+    def fresh(self, prefix="v") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def emit(self, expr: str, shape, bound: float, operands, family: str, exact: bool | None = None,
+             torch_expr: str | None = None, poison=False, grad_exact: bool | None = None) -> Value:
+        """``exact``: the value rounds as torch's does (bitwise); ``grad_exact``: so does its VJP (defaults
+        to ``exact``; reciprocal's VJP, -g * (y * y), is a formula whose order may differ)."""
+        name = self.fresh()
+        deps = frozenset().union(*[o.deps for o in operands]) if operands else frozenset()
+        if exact is None:
+            exact = family in EXACT_FAMILIES
+        if grad_exact is None:
+            grad_exact = exact
+        exact = exact and all(o.exact for o in operands)
+        if not (exact and grad_exact):
+            self.exact_grads = False
+        value = Value(name, tuple(shape), float(bound), deps, exact, poison)
+        self.lines.append((f"{name} = {expr}", f"{name} = {torch_expr or expr}"))
+        self.values.append(value)
+        self.families.add(family)
+        return value
+
+    def usable(self, pred=lambda v: True) -> list[Value]:
+        return [v for v in self.values if not v.poison and pred(v)]
+
+    def pick(self, pred=lambda v: True) -> Value | None:
+        options = self.usable(pred)
+        if not options:
+            return None
+        if self.draw(st.booleans()):
+            return options[-1]
+        return self.draw(st.sampled_from(options))
+
+    def pick_or_new(self, shape, pred=None) -> Value:
+        options = self.usable(lambda v: v.shape == tuple(shape) and (pred is None or pred(v)))
+        if options and self.draw(st.booleans()):
+            return self.draw(st.sampled_from(options))
+        return self.new_input(shape)
+
+    # ------------------------------------------------------------- families
+    def arith_tensor(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        op = draw(st.sampled_from("+-*/"))
+        partners = self.usable(lambda v: _broadcast(v.shape, x.shape) is not None)
+        y = x if draw(st.integers(0, 4)) == 0 else draw(st.sampled_from(partners))  # repeated operands
+        left, right = (x, y) if draw(st.booleans()) else (y, x)
+        out = _broadcast(left.shape, right.shape)
+        if op in "+-":
+            bound = left.bound + right.bound
+        elif op == "*":
+            bound = left.bound * right.bound
+        else:
+            if right.bound ** 2 + 1 > LIMIT:
+                return False
+            bound = left.bound
+        if bound > LIMIT:
+            return False
+        rtext = f"({right.name} * {right.name} + 1.0)" if op == "/" else right.name
+        if left.shape != right.shape:
+            self.exact_grads = False
+        self.emit(f"{left.name} {op} {rtext}", out, bound, (left, right), "arith_tensor")
+        return True
+
+    def arith_scalar(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        op = draw(st.sampled_from("+-*/"))
+        side = draw(st.sampled_from(["right", "left"]))
+        if op == "/" and side == "right":
+            s = draw(_DIVISORS)
+            bound = x.bound / abs(s)
+            expr = f"{x.name} / {_scalar_text(s)}"
+        elif op == "/":
+            s = draw(_SCALARS)
+            if x.bound ** 2 + 1 > LIMIT:
+                return False
+            bound = abs(s)
+            expr = f"{_scalar_text(s)} / ({x.name} * {x.name} + 1.0)"
+            self.emit(expr, x.shape, bound, (x,), "arith_scalar", grad_exact=False)  # a reciprocal
+            return True
+        else:
+            s = draw(_SCALARS)
+            bound = x.bound + abs(s) if op in "+-" else x.bound * abs(s)
+            expr = f"{x.name} {op} {_scalar_text(s)}" if side == "right" else f"{_scalar_text(s)} {op} {x.name}"
+        if bound > LIMIT:
+            return False
+        self.emit(expr, x.shape, bound, (x,), "arith_scalar")
+        return True
+
+    def unary(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        op = draw(st.sampled_from(["relu", "neg", "exp", "tanh", "sigmoid", "log", "sqrt"]))
+        method = draw(st.booleans())
+        if op == "neg":
+            self.emit(f"-{x.name}", x.shape, x.bound, (x,), "neg")
+            return True
+        operand = x.name
+        if op == "exp" and x.bound > 2.0:
+            operand, bound = f"{x.name}.tanh()", math.e
+        elif op == "exp":
+            bound = math.exp(x.bound)
+        elif op in ("log", "sqrt"):
+            if x.bound ** 2 + 1 > LIMIT:
+                return False
+            operand = f"({x.name} * {x.name} + 1.0)"
+            bound = math.log(x.bound ** 2 + 1) if op == "log" else math.sqrt(x.bound ** 2 + 1)
+        elif op in ("tanh", "sigmoid"):
+            bound = 1.0
+        else:
+            bound = x.bound
+        expr = f"{operand}.{op}()" if method else f"F.{op}({operand})"
+        self.emit(expr, x.shape, bound, (x,), "relu" if op == "relu" else "unary")
+        self.families.add("unary")
+        return True
+
+    def pow(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        e = draw(st.sampled_from([2, 3, 1, 0.5, -1]))
+        if e in (0.5, -1):
+            if x.bound ** 2 + 1 > LIMIT:
+                return False
+            expr = f"({x.name} * {x.name} + 1.0) ** {e}"
+            bound = math.sqrt(x.bound ** 2 + 1) if e == 0.5 else 1.0
+            exact = e == -1
+        else:
+            bound = x.bound ** e
+            if bound > LIMIT:
+                return False
+            expr, exact = f"{x.name} ** {e}", True
+        # torch differentiates x ** 3 as g * (3 * x ** 2) and x ** -1 as -g * y * y; bendc's x * x * x and
+        # reciprocal VJPs round differently (close, not bitwise); x ** 2's 2 * (g * x) is exact both ways
+        self.emit(expr, x.shape, bound, (x,), "pow", exact=exact, grad_exact=exact and e in (1, 2))
+        return True
+
+    def identity(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        forms = ["{x} / 1", "{x}.reshape({shape})", "{x}[..., ...]", "{x} * 1", "{x} ** 1", "{x}[...]",
+                 "+{x}", "{x} + 0", "{x}.view({shape})"]
+        if x.shape:
+            forms += ["{x}[:]", "{x}.permute({perm})"]
+        form = draw(st.sampled_from(forms))
+        expr = form.format(x=x.name, shape=tuple(x.shape), perm=", ".join(map(str, range(len(x.shape)))))
+        self.emit(expr, x.shape, x.bound, (x,), "identity")
+        return True
+
+    def nonfinite(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        c = draw(st.sampled_from(["math.inf", "-math.inf", "math.nan"]))
+        expr = f"{x.name} * {c}" if draw(st.booleans()) else f"{c} * {x.name}"
+        self.emit(expr, x.shape, math.inf, (x,), "nonfinite", exact=True, poison=True)
+        return True
+
+    def reduce(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        op = draw(st.sampled_from(["sum", "mean"]))
+        rank = len(x.shape)
+        form = draw(st.sampled_from(["int", "all", "tuple", "none"]))
+        if form in ("all", "none"):
+            dim, axes = None, list(range(rank))
+        elif form == "int" or rank == 0:
+            dim = draw(st.integers(-max(rank, 1), max(rank, 1) - 1))
+            axes = [dim % rank] if rank else []
+        else:
+            axes = draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+            dim = tuple(a - rank if draw(st.booleans()) else a for a in axes)
+        keepdim = draw(st.booleans()) if form != "none" else False
+        out = ([1 if a in axes else d for a, d in enumerate(x.shape)] if keepdim
+               else [d for a, d in enumerate(x.shape) if a not in axes])
+        count = _numel([x.shape[a] for a in axes])
+        bound = x.bound * count if op == "sum" else x.bound
+        if bound > LIMIT:
+            return False
+        expr = f"{x.name}.{op}()" if form == "none" else f"{x.name}.{op}(dim={dim!r}, keepdim={keepdim})"
+        self.emit(expr, out, bound, (x,), "reduce")
+        return True
+
+    def rows(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        op = draw(st.sampled_from(["softmax", "log_softmax"]))
+        rank = len(x.shape)
+        dim = draw(st.integers(-max(rank, 1), max(rank, 1) - 1))
+        size = x.shape[dim] if rank else 1
+        bound = 1.0 if op == "softmax" else 2 * x.bound + math.log(size) + 1
+        expr = f"{x.name}.{op}({dim})" if draw(st.booleans()) else f"F.{op}({x.name}, {dim})"
+        self.emit(expr, x.shape, bound, (x,), "rows")
+        return True
+
+    def layout(self) -> bool:
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        rank = len(x.shape)
+        # (x.view is drawn only as an identity: torch refuses other views of non-contiguous tensors)
+        form = draw(st.sampled_from(["reshape", "permute", "transpose", "T", "unsqueeze"]))
+        if form == "reshape":
+            target = _factor_shape(draw, _numel(x.shape))
+            spelled = list(target)
+            if spelled and draw(st.booleans()):
+                spelled[draw(st.integers(0, len(spelled) - 1))] = -1
+            self.emit(f"{x.name}.{form}({tuple(spelled)!r})", target, x.bound, (x,), "layout")
+        elif form == "permute":
+            if rank < 2:
+                return False
+            perm = tuple(draw(st.permutations(range(rank))))
+            perm = tuple(p - rank if draw(st.booleans()) else p for p in perm)
+            self.emit(f"{x.name}.permute({', '.join(map(str, perm))})", tuple(x.shape[p] for p in perm),
+                      x.bound, (x,), "layout")
+        elif form == "transpose":
+            if rank < 2:
+                return False
+            d0, d1 = draw(st.integers(-rank, rank - 1)), draw(st.integers(-rank, rank - 1))
+            out = list(x.shape)
+            out[d0], out[d1] = out[d1], out[d0]
+            self.emit(f"{x.name}.transpose({d0}, {d1})", out, x.bound, (x,), "layout")
+        elif form == "T":
+            if rank != 2:
+                return False
+            self.emit(f"{x.name}.T", x.shape[::-1], x.bound, (x,), "layout")
+        else:
+            if rank >= MAX_RANK:
+                return False
+            d = draw(st.integers(-rank - 1, rank))
+            out = list(x.shape)
+            out.insert(d % (rank + 1), 1)
+            self.emit(f"{x.name}.unsqueeze({d})", out, x.bound, (x,), "layout")
+        return True
+
+    def index(self) -> bool:
+        draw = self.draw
+        x = self.pick(lambda v: len(v.shape) > 0)
+        if x is None:
+            return False
+        rank = len(x.shape)
+        style = draw(st.sampled_from(["prefix", "all_int", "ellipsis"]))
+        axes = list(range(rank))
+        if style == "prefix":
+            axes = axes[:draw(st.integers(1, rank))]
+        elif style == "ellipsis":
+            axes = axes[rank - draw(st.integers(1, rank)):]
+        parts, out = [], list(x.shape)
+        dropped = []
+        for axis in axes:
+            size = x.shape[axis]
+            kind = "int" if style == "all_int" else draw(st.sampled_from(["int", "slice", "full"]))
+            if kind == "int":
+                parts.append(str(draw(st.integers(-size, size - 1))))
+                dropped.append(axis)
+            elif kind == "full":
+                parts.append(":")
+            else:
+                start = draw(st.integers(0, size - 1))
+                stop = draw(st.integers(start + 1, size))
+                stride = draw(st.sampled_from([None, 1, 2]))
+                s_start = start - size if draw(st.booleans()) else start
+                s_stop = "" if stop == size and draw(st.booleans()) else str(stop)
+                parts.append(f"{s_start}:{s_stop}" + ("" if stride is None else f":{stride}"))
+                out[axis] = len(range(start, stop, stride or 1))
+        out = [d for a, d in enumerate(out) if a not in dropped]
+        if style == "ellipsis":
+            parts = ["..."] + parts
+        self.emit(f"{x.name}[{', '.join(parts)}]", out, x.bound, (x,), "index")
+        return True
+
+    def matmul(self) -> bool:
+        draw = self.draw
+        x = self.pick(lambda v: len(v.shape) > 0)
+        if x is None:
+            return False
+        if draw(st.integers(0, 3)) == 0:  # F.linear(x, w, b?)
+            n_out = draw(st.sampled_from([1, 3, 4]))
+            w = self.pick_or_new((n_out, x.shape[-1]))
+            b = self.pick_or_new((n_out,)) if draw(st.booleans()) else None
+            bound = x.bound * w.bound * x.shape[-1] + (b.bound if b else 0)
+            if bound > LIMIT:
+                return False
+            args = f"{x.name}, {w.name}" + (f", {b.name}" if b else "")
+            operands = (x, w) + ((b,) if b else ())
+            self.emit(f"F.linear({args})", tuple(x.shape[:-1]) + (n_out,), bound, operands, "matmul")
+            return True
+        partners = [(v, _matmul_shape(x.shape, v.shape)) for v in self.usable()]
+        partners = [(v, out) for v, out in partners
+                    if out is not None and x.bound * v.bound * x.shape[-1] <= LIMIT]
+        same = [(v, out) for v, out in partners if v is x]
+        if same and draw(st.booleans()):
+            y, out = same[0]                        # x @ x
+        elif partners and draw(st.integers(0, 3)) > 0:
+            y, out = draw(st.sampled_from(partners))
+        else:
+            k = x.shape[-1]
+            shape = draw(st.sampled_from([(k,), (k, 3), (k, 1), (2, k, 4)]))
+            if x.bound * 2 * k > LIMIT:
+                return False
+            y, out = self.new_input(shape), _matmul_shape(x.shape, shape)
+            if out is None:
+                return False
+        self.exact_grads = False
+        self.emit(f"{x.name} @ {y.name}", out, x.bound * y.bound * x.shape[-1], (x, y), "matmul")
+        return True
+
+    def gelu(self) -> bool:
+        x = self.pick()
+        if x is None:
+            return False
+        approx = self.draw(st.sampled_from(["none", "tanh", None]))
+        arg = "" if approx is None else f", approximate={approx!r}"
+        self.emit(f"F.gelu({x.name}{arg})", x.shape, x.bound, (x,), "gelu")
+        return True
+
+    def norm(self) -> bool:
+        draw = self.draw
+        if draw(st.booleans()):
+            x = self.pick(lambda v: len(v.shape) >= 1)
+            if x is None:
+                return False
+            k = draw(st.integers(1, len(x.shape)))
+            normalized = tuple(x.shape[-k:])
+            w = self.pick_or_new(normalized) if draw(st.booleans()) else None
+            b = self.pick_or_new(normalized) if draw(st.booleans()) else None
+            args = f"{x.name}, {normalized!r}" + (f", {w.name}" if w else ", None" if b else "") + \
+                   (f", {b.name}" if b else "")
+            groups = None
+        else:
+            x = self.pick(lambda v: len(v.shape) >= 2)
+            if x is None:
+                return False
+            c = x.shape[1]
+            spatial = _numel(x.shape[2:])
+            options = [g for g in range(1, c + 1) if c % g == 0 and c // g * spatial > 1]  # torch needs > 1
+            if not options:
+                return False
+            groups = draw(st.sampled_from(options))
+            b = self.pick_or_new((c,)) if draw(st.booleans()) else None
+            # torch 2.13's group_norm backward fails ("tensor does not have a device") with a bias and no
+            # weight: a weight always comes with a bias here
+            w = self.pick_or_new((c,)) if b is not None or draw(st.booleans()) else None
+            args = f"{x.name}, {groups}" + (f", {w.name}" if w else ", None" if b else "") + \
+                   (f", {b.name}" if b else "")
+            normalized = x.shape[1:]
+        scale = math.sqrt(_numel(normalized)) + 1
+        bound = scale * (w.bound if w else 1.0) + (b.bound if b else 0.0)
+        if bound > LIMIT:
+            return False
+        fn = "layer_norm" if groups is None else "group_norm"
+        self.emit(f"F.{fn}({args})", x.shape, bound, tuple(o for o in (x, w, b) if o), "norm")
+        return True
+
+    def rope_family(self) -> bool:
+        x = self.pick(lambda v: len(v.shape) >= 2 and v.shape[-1] % 2 == 0)
+        if x is None:
+            return False
+        t, half = x.shape[-2], x.shape[-1] // 2
+        cos, sin = self.pick_or_new((t, half)), self.pick_or_new((t, half))
+        bound = 2 * x.bound * max(cos.bound, sin.bound)
+        if bound > LIMIT:
+            return False
+        self.emit(f"F.rope({x.name}, {cos.name}, {sin.name})", x.shape, bound, (x, cos, sin), "rope_family")
+        return True
+
+    def attention(self) -> bool:
+        draw = self.draw
+        q = self.pick(lambda v: len(v.shape) == 4 and v.bound <= 8) if draw(st.booleans()) else None
+        if q is None:
+            q = self.new_input(draw(st.sampled_from(ATTENTION_SHAPES)))
+        b, h, t, d = q.shape
+        if draw(st.integers(0, 2)) == 0:
+            k = v = q
+            gqa = False
+        else:
+            hkv = draw(st.sampled_from([g for g in range(1, h + 1) if h % g == 0]))
+            k = self.pick_or_new((b, hkv, t, d), lambda v: v.bound <= 8)
+            v = k if draw(st.integers(0, 3)) == 0 else self.pick_or_new((b, hkv, t, d))
+            gqa = hkv != h
+        args = [q.name, k.name, v.name]
+        if draw(st.booleans()):
+            args.append(f"is_causal={draw(st.booleans())}")
+        if draw(st.booleans()):
+            args.append(f"scale={draw(st.sampled_from([0.5, 1.0, 0.25]))!r}")
+        if gqa:
+            args.append("enable_gqa=True")
+        self.emit(f"F.scaled_dot_product_attention({', '.join(args)})", q.shape, v.bound, (q, k, v), "attention")
+        return True
+
+    def index_select(self) -> bool:
+        draw = self.draw
+        x = self.pick(lambda v: len(v.shape) >= 1)
+        if x is None:
+            return False
+        rank = len(x.shape)
+        dim = draw(st.integers(-rank, rank - 1))
+        length = draw(st.integers(1, 4))
+        idx = self.new_input((length,), "i64", False, high=x.shape[dim])
+        out = list(x.shape)
+        out[dim] = length
+        self.emit(f"F.index_select({x.name}, {dim}, {idx.name})", out, x.bound, (x,), "index_select")
+        return True
+
+    def gather(self) -> bool:
+        draw = self.draw
+        x = self.pick(lambda v: len(v.shape) >= 1)
+        if x is None:
+            return False
+        rank = len(x.shape)
+        dim = draw(st.integers(-rank, rank - 1))
+        shape = [draw(st.integers(1, 4)) if a == dim % rank else draw(st.integers(1, x.shape[a]))
+                 for a in range(rank)]
+        idx = self.new_input(tuple(shape), "i64", False, high=x.shape[dim])
+        self.emit(f"F.gather({x.name}, {dim}, {idx.name})", shape, x.bound, (x,), "gather")
+        return True
+
+    def cross_entropy(self) -> bool:
+        x = self.pick(lambda v: len(v.shape) == 2)
+        if x is None:
+            return False
+        n, c = x.shape
+        target = self.new_input((n,), "i64", False, high=c)
+        self.emit(f"F.cross_entropy({x.name}, {target.name})", (), 2 * x.bound + math.log(c) + 1, (x,),
+                  "cross_entropy")
+        return True
+
+    def mse(self) -> bool:
+        x = self.pick()
+        if x is None:
+            return False
+        y = self.pick_or_new(x.shape)
+        bound = (x.bound + y.bound) ** 2
+        if bound > LIMIT:
+            return False
+        self.emit(f"F.mse_loss({x.name}, {y.name})", (), bound, (x, y), "mse")
+        return True
+
+    def sgd(self) -> bool:
+        draw = self.draw
+        p = self.pick()
+        if p is None:
+            return False
+        g = self.pick_or_new(p.shape)
+        lr = draw(st.sampled_from([0.1, 0.01, 1.0]))
+        if draw(st.booleans()):
+            self.emit(f"F.sgd_step({p.name}, {g.name}, {lr!r})", p.shape, p.bound + lr * g.bound, (p, g), "sgd")
+            return True
+        buf = self.pick_or_new(p.shape) if draw(st.booleans()) else None
+        new_buf_bound = g.bound + (0.9 * buf.bound if buf else 0)
+        bound = p.bound + lr * new_buf_bound
+        if bound > LIMIT:
+            return False
+        pname, bname = self.fresh(), self.fresh()
+        operands = (p, g) + ((buf,) if buf else ())
+        call = f"F.sgd_step({p.name}, {g.name}, {lr!r}, momentum=0.9" + (f", buf={buf.name})" if buf else ")")
+        self.lines.append((f"{pname}, {bname} = {call}",) * 2)
+        deps = frozenset().union(*[o.deps for o in operands])
+        buf_deps = g.deps | (buf.deps if buf else frozenset())
+        self.values += [Value(pname, p.shape, bound, deps, False),
+                        Value(bname, p.shape, new_buf_bound, buf_deps, False)]
+        self.families.add("sgd")
+        self.exact_grads = False
+        return True
+
+    def adam(self) -> bool:
+        draw = self.draw
+        p = self.pick()
+        if p is None:
+            return False
+        g = self.pick_or_new(p.shape)
+        m = self.pick_or_new(p.shape)
+        v = self.pick_or_new(p.shape, lambda u: u.bound <= 30)
+        if draw(st.booleans()):
+            step = self.new_input((), "step", False).name
+        else:
+            step = str(draw(st.integers(1, 4)))
+        lr = draw(st.sampled_from([0.1, 0.001]))
+        wd = draw(st.sampled_from([0.0, 0.0, 0.01]))
+        call = f"F.adam_step({p.name}, {g.name}, {m.name}, {v.name} * {v.name}, {step}, {lr!r}" + \
+               (f", weight_decay={wd!r})" if wd else ")")
+        names = [self.fresh() for _ in range(3)]
+        self.lines.append((f"{', '.join(names)} = {call}",) * 2)
+        deps = frozenset().union(p.deps, g.deps, m.deps, v.deps)
+        # the step is at most lr / (1 - beta1) * |m / sqrt(v)| ~ lr * 10 * sqrt(1 / (1 - beta2)) ~ 32 lr,
+        # large where v ~ 0; the bound keeps these out of products
+        self.values += [Value(names[0], p.shape, LIMIT, deps, False),
+                        Value(names[1], p.shape, g.bound + m.bound, g.deps | m.deps, False),
+                        Value(names[2], p.shape, (v.bound ** 2) + g.bound ** 2, g.deps | v.deps, False)]
+        self.families.add("adam")
+        self.exact_grads = False
+        return True
+
+    def combine(self) -> bool:
+        """a.<f>().mean() * b.<g>().sum(): scalar reductions of two values (two inputs) combined (known bug 5)."""
+        draw = self.draw
+        x, y = self.pick(), self.pick()
+        if x is None:
+            return False
+        parts = []
+        for v in (x, y):
+            f = draw(st.sampled_from(["", ".exp()", ".sigmoid()", ".tanh()"]))
+            if f == ".exp()" and v.bound > 2:
+                f = ".tanh().exp()"
+            r = draw(st.sampled_from(["sum", "mean"]))
+            bound = (math.e ** min(v.bound, 1.0) if "exp" in f else 1.0 if f else v.bound) * \
+                (_numel(v.shape) if r == "sum" else 1)
+            parts.append((f"{v.name}{f}.{r}()", bound))
+        op = draw(st.sampled_from("*+-"))
+        bound = parts[0][1] * parts[1][1] if op == "*" else parts[0][1] + parts[1][1]
+        if bound > LIMIT:
+            return False
+        out = self.emit(f"{parts[0][0]} {op} {parts[1][0]}", (), bound, (x, y), "combine")
+        if out.deps and draw(st.booleans()):  # out.backward() at once
+            self.lines.append((f"{out.name}.backward()", f"{out.name}.backward(retain_graph=True)"))
+            for leaf in out.deps:
+                self.grad_set[leaf] = True
+            self.backwards += 1
+            self.roots.append(out)
+        return True
+
+    def backward(self) -> bool:
+        draw = self.draw
+        x = self.pick(lambda v: bool(v.deps) and math.isfinite(v.bound))
+        if x is None:
+            return False
+        if x.shape == () and draw(st.booleans()):
+            root = x.name
+        else:
+            form = draw(st.sampled_from(["sum", "mean", "scaled"]))
+            root = self.fresh("loss")
+            expr = {"sum": f"{x.name}.sum()", "mean": f"{x.name}.mean()", "scaled": f"({x.name} * 0.5).sum()"}[form]
+            self.lines.append((f"{root} = {expr}",) * 2)
+            self.values.append(Value(root, (), x.bound * max(1, _numel(x.shape)), x.deps, False))
+        self.lines.append((f"{root}.backward()", f"{root}.backward(retain_graph=True)"))
+        self.roots.append(self.values[-1] if root != x.name else x)
+        for leaf in x.deps:
+            self.grad_set[leaf] = True
+        self.families.add("backward")
+        self.backwards += 1
+        return True
+
+    def zero_grad(self) -> bool:
+        leaves = [name for name in self.grad_set]
+        if not leaves:
+            return False
+        chosen = self.draw(st.lists(st.sampled_from(leaves), min_size=1, max_size=len(leaves), unique=True))
+        self.lines.append((f"bendc.zero_grad({', '.join(chosen)})",) * 2)
+        for leaf in chosen:
+            self.grad_set[leaf] = False
+        self.families.add("zero_grad")
+        return True
+
+    def grad_read(self) -> bool:
+        leaves = [name for name, set_ in self.grad_set.items() if set_]
+        if not leaves:
+            return False
+        leaf = self.draw(st.sampled_from(leaves))
+        shape = next(i.shape for i in self.inputs if i.name == leaf)
+        name = self.fresh("g")
+        self.lines.append((f"{name} = {leaf}.grad", f"{name} = _grad({leaf})"))
+        self.values.append(Value(name, shape, LIMIT / 2, frozenset(), self.exact_grads))
+        self.families.add("grad_read")
+        return True
+
+
+@st.composite
+def programs(draw, families=WEIGHTED_FAMILIES, large_shapes: bool = True) -> Program:
+    b = Builder(draw)
+    for _ in range(draw(st.integers(1, 3))):
+        large = large_shapes and draw(st.integers(0, 29)) == 0
+        b.new_input(draw(st.sampled_from(LARGE_SHAPES if large else BASE_SHAPES)))
+    length = draw(st.sampled_from((0,) + tuple(range(1, 11)) * 2))  # 0 (no ops) 1 in 21
+    for _ in range(length):
+        for _attempt in range(6):
+            family = draw(st.sampled_from(families))
+            if getattr(b, family)():
+                break
+    if b.backwards == 0 and draw(st.integers(0, 3)) > 0:
+        b.backward()
+    # returns: some values (inputs, poisoned ones and losses included), then some leaves' .grad
+    values = [v for v in b.values]
+    chosen = draw(st.lists(st.sampled_from(values), min_size=0, max_size=3, unique_by=lambda v: v.name))
+    if b.roots and draw(st.booleans()) and b.roots[-1] not in chosen:  # the loss, beside the grads
+        chosen.append(b.roots[-1])
+    if not chosen:
+        chosen = [values[-1]]
+    if draw(st.integers(0, 7)) == 0:  # one value returned twice
+        chosen.append(chosen[0])
+    outputs = [Output(v.name, v.name, v.exact, "loss" if v.name.startswith("loss") else f"value {v.name}")
+               for v in chosen]
+    if draw(st.booleans()) and draw(st.booleans()):  # a leaf the program never uses
+        b.new_input(draw(st.sampled_from(BASE_SHAPES)), leaf=True)
+    for leaf in b.grad_set:
+        if draw(st.integers(0, 3)) > 0:
+            outputs.append(Output(f"{leaf}.grad", f"_grad({leaf})", b.exact_grads, f"grad of {leaf}"))
+    bare = len(outputs) == 1 and draw(st.booleans())
+    passes = draw(st.sampled_from(PIPELINES))
+    return Program(tuple(b.inputs), tuple(b.lines), tuple(outputs), bare, frozenset(b.families), passes)
+
+
+def explicit_program(inputs, lines, outputs, bare_return=False) -> Program:
+    """A hand-written program: inputs as (name, shape, leaf), lines and returned expressions in bendc's
+    spelling (the torch spelling is derived: retain_graph on backward, _grad for .grad)."""
+    import re
+
+    def torch_text(text: str) -> str:
+        text = text.replace(".backward()", ".backward(retain_graph=True)")
+        return re.sub(r"(\w+)\.grad\b", r"_grad(\1)", text)
+
+    items = tuple(Input(name, tuple(shape), "f32", leaf, 7 + position)
+                  for position, (name, shape, leaf) in enumerate(inputs))
+    outs = tuple(Output(text, torch_text(text), False, text) for text in outputs)
+    return Program(items, tuple((line, torch_text(line)) for line in lines), outs, bare_return, frozenset())

@@ -1,0 +1,108 @@
+"""How a user program reaches every IR op in ``bendc.ops.OPS``.
+
+One entry per op name. ``test_fuzz.test_every_op_has_an_entry`` fails when an op in OPS has
+no entry here (or an entry names an op that no longer exists), so a newly defined op has to be
+given a front-end spelling (and a generator family in ``fuzz_gen.FAMILIES``) or a reason it is
+reached only indirectly before the suite passes again.
+
+Fields:
+- ``kind``: "direct" (a user spelling emits it), "indirect" (emitted only by a VJP rule, by
+  autodiff or by a composite), or "source" (graph inputs and constants).
+- ``spelling``: the front-end spelling(s) and their argument/shape constraints.
+- ``torch``: the torch eager equivalent the fuzzer compares with.
+- ``families``: names of generator families (``fuzz_gen.FAMILIES``) that emit it. Every direct
+  op needs at least one; indirect ops name the families whose *backward* (or composite) reaches
+  them, and ``test_fuzz.test_sample_reaches_every_op`` checks a fixed sample's IR holds each one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    kind: str
+    spelling: str
+    torch: str
+    families: tuple[str, ...]
+
+
+D, I, S = "direct", "indirect", "source"
+
+OP_TABLE: dict[str, OpEntry] = {
+    # ---------------------------------------------------------------- sources
+    "param": OpEntry(S, "every array parameter of the jitted function", "torch.tensor(..., requires_grad=leaf)",
+                     ()),
+    "const": OpEntry(S, "Python scalars in arithmetic (2.0 * x, x / 3, x * math.inf), constants of VJP rules",
+                     "Python scalars", ("arith_scalar", "nonfinite")),
+    "grad": OpEntry(D, "leaf.grad after a backward() (placeholder resolved by autodiff); zero_grad empties it",
+                    "leaf.grad (cloned: torch accumulates into it in place)", ("grad_read",)),
+    # ---------------------------------------------------------------- elementwise
+    "add": OpEntry(D, "a + b (broadcast), a + 2.0, 2.0 + a, x + x", "same", ("arith_tensor", "arith_scalar")),
+    "sub": OpEntry(D, "a - b (broadcast), a - 2.0, 2.0 - a", "same", ("arith_tensor", "arith_scalar")),
+    "mul": OpEntry(D, "a * b (broadcast), a * 2.0, 2.0 * a, x * x, x ** 2, x ** 3", "same",
+                   ("arith_tensor", "arith_scalar", "pow")),
+    "div": OpEntry(D, "a / (b*b + 1) (broadcast), a / 2.0; mean() divides by the count", "same",
+                   ("arith_tensor", "arith_scalar", "reduce", "combine")),
+    "reciprocal": OpEntry(D, "2.0 / (x*x + 1) (scalar / tensor), (x*x + 1) ** -1", "same",
+                          ("arith_scalar", "pow")),
+    "neg": OpEntry(D, "-x", "-x", ("unary",)),
+    "exp": OpEntry(D, "x.exp(), F.exp(x) (x.tanh() first where |x| may exceed 2)", "torch.exp", ("unary",)),
+    "log": OpEntry(D, "(x*x + 1).log(), F.log", "torch.log", ("unary",)),
+    "sqrt": OpEntry(D, "(x*x + 1).sqrt(), (x*x + 1) ** 0.5", "torch.sqrt", ("unary", "pow")),
+    "tanh": OpEntry(D, "x.tanh(), F.tanh", "torch.tanh", ("unary",)),
+    "sigmoid": OpEntry(D, "x.sigmoid(), F.sigmoid", "torch.sigmoid", ("unary",)),
+    "relu": OpEntry(D, "x.relu(), F.relu", "torch.relu", ("unary",)),
+    "gelu": OpEntry(D, "F.gelu(x, approximate='none'|'tanh')", "torch.nn.functional.gelu", ("gelu",)),
+    "gelu_vjp": OpEntry(I, "backward of F.gelu", "autograd of gelu", ("gelu",)),
+    "le": OpEntry(I, "backward of relu (mask y <= 0)", "autograd of relu", ("unary",)),
+    "where": OpEntry(I, "backward of relu (select 0 or the gradient)", "autograd of relu", ("unary",)),
+    # ---------------------------------------------------------------- reductions and rows
+    "sum": OpEntry(D, "x.sum(dim=None|int|tuple, keepdim), x.mean(...), the loss reduction", "same",
+                   ("reduce", "backward")),
+    "sum_to_size": OpEntry(I, "gradient of a broadcast operand (autodiff) and of batched matmul operands",
+                           "autograd's sum over broadcast dims", ("arith_tensor", "matmul")),
+    "expand": OpEntry(I, "backward of sum/mean and of norm_mean", "autograd of sum", ("reduce", "norm")),
+    "softmax": OpEntry(D, "x.softmax(dim), F.softmax(x, dim) (any rank, 0-d included)", "torch.softmax",
+                       ("rows",)),
+    "log_softmax": OpEntry(D, "x.log_softmax(dim), F.log_softmax; F.cross_entropy", "torch.log_softmax",
+                           ("rows", "cross_entropy")),
+    "norm_mean": OpEntry(D, "F.layer_norm(x, x.shape[-k:], w?, b?), F.group_norm(x (N,C,*), G, w?, b?)",
+                         "torch.nn.functional.layer_norm / group_norm", ("norm",)),
+    "norm_rstd": OpEntry(D, "F.layer_norm, F.group_norm (as norm_mean)", "as norm_mean", ("norm",)),
+    # ---------------------------------------------------------------- layout
+    "reshape": OpEntry(D, "x.reshape(shape) / x.view (-1 allowed; same shape is an identity), x.unsqueeze(d), "
+                          "1-D matmul operands", "same", ("layout", "matmul")),
+    "permute": OpEntry(D, "x.permute(*dims), x.transpose(d0, d1), x.T (2-D); F.linear's w.T", "same",
+                       ("layout", "matmul")),
+    "index": OpEntry(D, "x[key]: ints, slices with steps, negative indices, ellipsis, full slices", "same",
+                     ("index", "rope_family")),
+    "index_scatter": OpEntry(I, "backward of x[key]", "autograd of indexing", ("index",)),
+    # ---------------------------------------------------------------- products, attention, rope
+    "matmul": OpEntry(D, "a @ b (1-D promotion, batched, broadcast batch dims, x @ x), F.linear(x, w, b?)",
+                      "torch.matmul / F.linear", ("matmul",)),
+    "attention": OpEntry(D, "F.scaled_dot_product_attention(q, k, v, is_causal, scale, enable_gqa); "
+                            "q (B,H,T,D), k/v (B,Hkv,T,D); q, q, q allowed",
+                         "torch.nn.functional.scaled_dot_product_attention", ("attention",)),
+    "attention_probs": OpEntry(I, "backward of attention (recomputed P)", "autograd of SDPA", ("attention",)),
+    "attention_score_grad": OpEntry(I, "backward of attention (score gradient G)", "autograd of SDPA",
+                                    ("attention",)),
+    "attention_vjp": OpEntry(I, "backward of attention (dq, dk, dv from P and G)", "autograd of SDPA",
+                             ("attention",)),
+    "rope": OpEntry(D, "F.rope(x (..., t, 2h), cos (t, h), sin (t, h)); backward is rope(inverse=True)",
+                    "cat(x1*cos - x2*sin, x2*cos + x1*sin)", ("rope_family",)),
+    # ---------------------------------------------------------------- integer indices
+    "index_select": OpEntry(D, "F.index_select(x, dim, idx) with idx an int64 1-D input in range",
+                            "torch.index_select", ("index_select",)),
+    "index_add": OpEntry(I, "backward of index_select", "autograd of index_select", ("index_select",)),
+    "gather": OpEntry(D, "F.gather(x, dim, idx) (idx int64, same rank, in range), F.cross_entropy",
+                      "torch.gather", ("gather", "cross_entropy")),
+    "scatter_add": OpEntry(I, "backward of gather / cross_entropy", "autograd of gather",
+                           ("gather", "cross_entropy")),
+    # ---------------------------------------------------------------- optimizers
+    "adam_step_size": OpEntry(D, "F.adam_step(..., step=<0-d array parameter>, ...)",
+                              "torch.optim.Adam's update formulas (single-tensor), step as a float",
+                              ("adam",)),
+    "adam_bias_root": OpEntry(D, "F.adam_step with a traced 0-d step (as adam_step_size)", "as adam_step_size",
+                              ("adam",)),
+}
