@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import linecache
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ PIPELINES = (None, None, None, None,
 
 # Families of generated steps. Each is drawn with nonzero probability (``draw_family``); core
 # elementwise families are listed several times (weights).
-FAMILIES = ("arith_tensor", "arith_scalar", "unary", "pow", "identity", "nonfinite", "reduce", "rows",
+FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity", "nonfinite", "reduce", "rows",
             "layout", "index", "matmul", "gelu", "norm", "rope_family", "attention", "index_select",
             "gather", "cross_entropy", "mse", "sgd", "adam", "combine", "backward", "zero_grad", "grad_read")
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
@@ -129,9 +129,36 @@ class Program:
         printer.text(repr(self))
 
 
+def _method_bounds() -> dict[str, float]:
+    """Each registry method's largest magnitude over [-1, 1] (its numpy reference on a grid), for ops
+    that are unary and finite there; others need a family of their own."""
+    from bendc.ops import OPS
+    from bendc.ops.base import METHODS
+
+    grid = np.linspace(-1.0, 1.0, 2001, dtype=np.float32)
+    bounds = {}
+    for name, op in METHODS.items():
+        if OPS[op].arity != 1:
+            continue
+        with np.errstate(all="ignore"):
+            values = np.asarray(OPS[op].reference([grid], {}), dtype=np.float64)
+        if np.isfinite(values).all():
+            bounds[name] = max(1.0, float(np.abs(values).max()))
+    return bounds
+
+
+REGISTRY_METHODS = _method_bounds()
+
+
 # ================================================================== torch equivalents of bendc.functional
 class TorchF:
-    """torch's functions under bendc.functional's names (float32 or float64 alike)."""
+    """torch's functions under bendc.functional's names (float32 or float64 alike); an op that
+    declares its method (OpDef.method) is torch's function of that name."""
+
+    def __getattr__(self, name):
+        if name in REGISTRY_METHODS:
+            return getattr(torch, name)
+        raise AttributeError(name)
 
     relu = staticmethod(torch.relu)
     sigmoid = staticmethod(torch.sigmoid)
@@ -207,7 +234,7 @@ def _as_tuple(result) -> tuple:
 
 
 def run_torch(program: Program, dtype: torch.dtype) -> tuple:
-    fn = compile_step(program.source("torch"), {"F": TorchF, "bendc": TorchBendc, "math": math,
+    fn = compile_step(program.source("torch"), {"F": TorchF(), "bendc": TorchBendc, "math": math,
                                                 "_grad": _torch_grad, "torch": torch})
     tensors = []
     for item in program.inputs:
@@ -456,6 +483,18 @@ class Builder:
         expr = f"{operand}.{op}()" if method else f"F.{op}({operand})"
         self.emit(expr, x.shape, bound, (x,), "relu" if op == "relu" else "unary")
         self.families.add("unary")
+        return True
+
+    def method(self) -> bool:
+        """An op that declares its Tensor method in its op file (OpDef.method: PyTorch's name and
+        semantics), on an operand squashed into [-1, 1]: new such ops are fuzzed with no edit here."""
+        x = self.pick()
+        if x is None or not REGISTRY_METHODS:
+            return False
+        name = self.draw(st.sampled_from(sorted(REGISTRY_METHODS)))
+        spelling = f"{x.name}.tanh().{name}()" if self.draw(st.booleans()) else f"F.{name}({x.name}.tanh())"
+        self.emit(spelling, x.shape, REGISTRY_METHODS[name], (x,), "method")
+        self.families.add("method")
         return True
 
     def pow(self) -> bool:

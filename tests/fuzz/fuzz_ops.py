@@ -106,3 +106,17 @@ OP_TABLE: dict[str, OpEntry] = {
     "adam_bias_root": OpEntry(D, "F.adam_step with a traced 0-d step (as adam_step_size)", "as adam_step_size",
                               ("adam",)),
 }
+
+
+def _registry_method_entries() -> None:
+    """Ops that declare their Tensor method (OpDef.method) are reached by the ``method`` family."""
+    from bendc.ops import OPS
+    from bendc.ops.base import METHODS
+
+    for name, op in METHODS.items():
+        if op not in OP_TABLE and OPS[op].arity == 1:
+            OP_TABLE[op] = OpEntry(D, f"x.{name}(), F.{name}(x) (declared in its op file)", f"torch.{name}",
+                                   ("method",))
+
+
+_registry_method_entries()
