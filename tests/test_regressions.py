@@ -205,3 +205,13 @@ def test_a_pass_that_fails_is_named_with_its_input_ir():
     text = str(info.value)
     assert "pass 'broken' failed: KeyError" in text
     assert "mul %x" in text and "the IR around it" in text
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_unfused_elementwise_node_reading_one_value_twice(target):
+    """Without the fuse pass an elementwise node is a step of its own; x + x reads x once."""
+    step = bendc.jit(lambda x: (x + x, x * x), target=target, passes=["dce", "canonicalize", "cse"])
+    x = rng((3, 4), 10)
+    got = step(x)
+    assert_bitwise(got[0], x + x)
+    assert_bitwise(got[1], x * x)

@@ -131,8 +131,10 @@ def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
         return Step(f"k{unit[1]}", "elementwise", "write", ids, inputs, outputs, cells, lines=lines)
     node = nodes[0]
     lowering = OPS[node.op].lowering
-    # One input per operand, in order, as the op's kernel takes them: x @ x reads x twice.
-    return Step(f"{node.op}{node.id}", lowering.kind, lowering.convention, ids, list(node.inputs),
+    # An op's own kernel takes one input per operand, in order (x @ x reads x twice); the generic
+    # elementwise kernel (an unfused elementwise node) one per value, as a fused group's does.
+    inputs = list(dict.fromkeys(node.inputs)) if lowering.kind == "elementwise" else list(node.inputs)
+    return Step(f"{node.op}{node.id}", lowering.kind, lowering.convention, ids, inputs,
                 [node.id], node.type.numel, lines=lines)
 
 
