@@ -65,6 +65,8 @@ SAMPLES: dict[str, Sample] = {
     "reciprocal": Sample((T("f32[2,3]"),), positive=(0,)),
     "adam_step_size": Sample((T("f32[]"),), {"lr": 0.001, "beta1": 0.9}, positive=(0,)),
     "adam_bias_root": Sample((T("f32[]"),), {"beta2": 0.999}, positive=(0,)),
+    "adam_lr_step_size": Sample((T("f32[]"), T("f32[]")), {"beta1": 0.9}, positive=(0, 1)),
+    "bias_correction": Sample((T("f32[]"), T("f32[]")), positive=(0, 1)),
     "relu": Sample((T("f32[2,3]"),)),
     "gelu": Sample((T("f32[2,3]"),), {"approximate": "tanh"}),
     "gelu_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"approximate": "none"}),

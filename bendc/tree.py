@@ -1,0 +1,270 @@
+"""Pytrees: nested containers of arrays, flattened to leaves and a structure (treedef).
+
+```python
+leaves, treedef = bendc.tree.flatten({"w": w, "layers": [a, b], "bias": None})
+tree = bendc.tree.unflatten(treedef, leaves)
+grads = bendc.tree.map(lambda p: p.grad, params)
+```
+
+Containers: ``dict`` (keys kept in insertion order), ``list``, ``tuple``,
+named tuples and dataclasses (their ``init`` fields), nested. ``None`` is an
+empty container, as in JAX: it has no leaves and comes back as ``None``.
+Everything else (arrays, traced tensors, Python scalars, strings) is a leaf.
+bendc itself binds a jitted function's arguments and builds its return value
+with this module.
+
+On disk (an artifact's manifest) a treedef is JSON (:func:`to_json`): named
+tuples and dataclasses record their type as ``module:qualname``;
+:func:`from_json` rebuilds that type where it imports, else a ``dict`` of
+the fields (and the runtime alone, which imports no user code, always gives
+a ``dict``).
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+CONTAINERS = ("none", "tuple", "list", "dict", "namedtuple", "dataclass")
+
+
+@dataclass(frozen=True)
+class TreeDef:
+    """The structure of a pytree: ``kind`` is "leaf" or one of CONTAINERS; ``keys`` are a dict's keys
+    or a named tuple's/dataclass's field names; ``type`` the named tuple or dataclass type."""
+
+    kind: str
+    children: tuple["TreeDef", ...] = ()
+    keys: tuple[Any, ...] = ()
+    type: Any = None
+
+    @property
+    def num_leaves(self) -> int:
+        if self.kind == "leaf":
+            return 1
+        return sum(child.num_leaves for child in self.children)
+
+    def paths(self, prefix: str = "") -> list[str]:
+        """Each leaf's path, in leaf order: ``params['w']``, ``state[0]``, ``opt.step``."""
+        if self.kind == "leaf":
+            return [prefix]
+        out: list[str] = []
+        for index, child in enumerate(self.children):
+            if self.kind == "dict":
+                step = f"[{self.keys[index]!r}]"
+            elif self.kind in ("namedtuple", "dataclass"):
+                step = f".{self.keys[index]}"
+            else:
+                step = f"[{index}]"
+            out.extend(child.paths(prefix + step))
+        return out
+
+    def __repr__(self) -> str:
+        return f"TreeDef({_describe(self)})"
+
+
+LEAF = TreeDef("leaf")
+NONE = TreeDef("none")
+
+
+def _describe(treedef: TreeDef) -> str:
+    kind = treedef.kind
+    if kind == "leaf":
+        return "*"
+    if kind == "none":
+        return "None"
+    items = [_describe(child) for child in treedef.children]
+    if kind == "dict":
+        return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(treedef.keys, items)) + "}"
+    if kind in ("namedtuple", "dataclass"):
+        return f"{treedef.type.__name__}(" + ", ".join(f"{k}={v}" for k, v in zip(treedef.keys, items)) + ")"
+    if kind == "tuple":
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return "[" + ", ".join(items) + "]"
+
+
+def is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def _fields(value: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(value) if f.init)
+
+
+def _flatten(value: Any, leaves: list) -> TreeDef:
+    kind = type(value)
+    if value is None:
+        return NONE
+    if kind is tuple or kind is list:
+        children = tuple(_flatten(item, leaves) for item in value)
+        return TreeDef("tuple" if kind is tuple else "list", children)
+    if kind is dict:
+        children = tuple(_flatten(item, leaves) for item in value.values())
+        return TreeDef("dict", children, tuple(value))
+    if is_namedtuple(value):
+        children = tuple(_flatten(item, leaves) for item in value)
+        return TreeDef("namedtuple", children, tuple(kind._fields), kind)
+    if dataclasses.is_dataclass(value) and not isinstance(value, builtins.type):
+        names = _fields(value)
+        children = tuple(_flatten(getattr(value, name), leaves) for name in names)
+        return TreeDef("dataclass", children, names, kind)
+    if isinstance(value, (tuple, list, dict)):  # subclasses bendc does not know how to rebuild
+        return _flatten(tuple(value) if isinstance(value, tuple) else
+                        list(value) if isinstance(value, list) else dict(value), leaves)
+    leaves.append(value)
+    return LEAF
+
+
+def flatten(tree: Any) -> tuple[list, TreeDef]:
+    """(leaves in order, treedef) of a pytree."""
+    leaves: list = []
+    return leaves, _flatten(tree, leaves)
+
+
+def _build(treedef: TreeDef, leaves: Iterator) -> Any:
+    kind = treedef.kind
+    if kind == "leaf":
+        return next(leaves)
+    if kind == "none":
+        return None
+    items = [_build(child, leaves) for child in treedef.children]
+    if kind == "tuple":
+        return tuple(items)
+    if kind == "list":
+        return items
+    if kind == "dict":
+        return dict(zip(treedef.keys, items))
+    if kind == "namedtuple":
+        return treedef.type(*items)
+    if kind == "dataclass":
+        return treedef.type(**dict(zip(treedef.keys, items)))
+    raise AssertionError(f"unknown treedef kind {kind}")
+
+
+def unflatten(treedef: TreeDef, leaves: Sequence) -> Any:
+    """The pytree of ``treedef`` with ``leaves`` in order."""
+    leaves = list(leaves)
+    if len(leaves) != treedef.num_leaves:
+        raise ValueError(f"{treedef} takes {treedef.num_leaves} leaves, got {len(leaves)}")
+    return _build(treedef, iter(leaves))
+
+
+def map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+    """``fn`` applied leaf by leaf to trees of one structure; the result has that structure."""
+    leaves, treedef = flatten(tree)
+    others = []
+    for other in rest:
+        other_leaves, other_def = flatten(other)
+        if other_def != treedef:
+            raise ValueError(f"tree.map: trees of different structures: {treedef} and {other_def}")
+        others.append(other_leaves)
+    return _build(treedef, iter([fn(*items) for items in zip(leaves, *others)]))
+
+
+def leaves(tree: Any) -> list:
+    """The leaves of a pytree, in order."""
+    return flatten(tree)[0]
+
+
+# ------------------------------------------------------------------ JSON (artifact manifests)
+def to_json(treedef: TreeDef, leaf: Callable[[int], Any]) -> Any:
+    """The manifest form: ``{"kind": ..., "items": ...}``; ``leaf(i)`` gives the i-th leaf's entry.
+
+    tuple/list items are a list, dict items a dict (string keys), named tuples and dataclasses
+    ``{"kind": "namedtuple" | "dataclass", "type": "module:qualname", "items": {field: ...}}``,
+    None ``{"kind": "static", "value": null}``.
+    """
+    counter = iter(range(treedef.num_leaves))
+
+    def convert(node: TreeDef) -> Any:
+        if node.kind == "leaf":
+            return leaf(next(counter))
+        if node.kind == "none":
+            return {"kind": "static", "value": None}
+        items = [convert(child) for child in node.children]
+        if node.kind == "dict":
+            return {"kind": "dict", "items": dict(zip(node.keys, items))}
+        if node.kind in ("namedtuple", "dataclass"):
+            return {"kind": node.kind, "type": f"{node.type.__module__}:{node.type.__qualname__}",
+                    "items": dict(zip(node.keys, items))}
+        return {"kind": node.kind, "items": items}
+
+    return convert(treedef)
+
+
+def import_type(path: str) -> Any | None:
+    """The type named ``module:qualname``, or None where it does not import."""
+    module_name, _, qualname = path.partition(":")
+    try:
+        value: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except Exception:
+        return None
+    return value if isinstance(value, builtins.type) else None
+
+
+def from_json(data: Any, leaf: Callable[[dict], Any]) -> tuple[TreeDef, list]:
+    """(treedef, leaf entries) of the manifest form; ``leaf(entry)`` reads a leaf entry (or returns
+    None for an entry that is a container)."""
+    entries: list = []
+
+    def convert(node: dict) -> TreeDef:
+        kind = node["kind"]
+        if kind == "static" and node.get("value") is None:
+            return NONE
+        if kind in ("tuple", "list"):
+            return TreeDef(kind, tuple(convert(item) for item in node["items"]))
+        if kind in ("dict", "namedtuple", "dataclass"):
+            keys = tuple(node["items"])
+            children = tuple(convert(item) for item in node["items"].values())
+            if kind != "dict":
+                rebuilt = import_type(node["type"])
+                if rebuilt is not None and (kind != "namedtuple" or tuple(getattr(rebuilt, "_fields", ())) == keys):
+                    return TreeDef(kind, children, keys, rebuilt)
+            return TreeDef("dict", children, keys)
+        entries.append(leaf(node))
+        return LEAF
+
+    return convert(data), entries
+
+
+# ------------------------------------------------------------------ a function's return value
+@dataclass(frozen=True)
+class Template:
+    """A jitted function's return structure: its treedef, and per leaf ``("out", i)`` (the i-th
+    output of the program) or ``("static", value)`` (a Python value returned as it is)."""
+
+    treedef: TreeDef
+    slots: tuple[tuple[str, Any], ...]
+
+    def rebuild(self, results: Sequence) -> Any:
+        """The return value from the program's outputs."""
+        kind = self.treedef.kind
+        if kind == "leaf":
+            slot_kind, value = self.slots[0]
+            return results[value] if slot_kind == "out" else value
+        if kind == "tuple" and self._plain_tuple:
+            return tuple(results)
+        values = [results[value] if slot_kind == "out" else value for slot_kind, value in self.slots]
+        return _build(self.treedef, iter(values))
+
+    @property
+    def _plain_tuple(self) -> bool:
+        """A flat tuple of every output in order (the common ``return loss, w.grad``)."""
+        cached = self.__dict__.get("_plain")
+        if cached is None:
+            cached = (all(child.kind == "leaf" for child in self.treedef.children)
+                      and list(self.slots) == [("out", i) for i in range(len(self.slots))])
+            object.__setattr__(self, "_plain", cached)
+        return cached
+
+    def to_json(self) -> Any:
+        return to_json(self.treedef, lambda i: {"kind": self.slots[i][0], "value": self.slots[i][1]})
+
+    @staticmethod
+    def from_json(data: Any) -> "Template":
+        treedef, slots = from_json(data, lambda entry: (entry["kind"], entry["value"]))
+        return Template(treedef, tuple(slots))
