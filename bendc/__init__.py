@@ -29,10 +29,8 @@ _EXPORTS = {
                                           "InternalError")},
 }
 
-__all__ = [*_EXPORTS, *_SUBMODULES, "__version__"]
-
-
 _SUBMODULES = ("tree", "optim", "functional")
+__all__ = [*_EXPORTS, *_SUBMODULES, "__version__"]
 
 
 def __getattr__(name: str) -> Any:

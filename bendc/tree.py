@@ -163,6 +163,33 @@ def map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
     return _build(treedef, iter([fn(*items) for items in zip(leaves, *others)]))
 
 
+def flatten_up_to(treedef: TreeDef, tree: Any) -> list:
+    """The subtrees of ``tree`` at the leaves of ``treedef`` (a gradient tree may hold None where
+    the parameter tree holds an array): ``tree`` must have treedef's containers above them."""
+    if treedef.kind == "leaf":
+        return [tree]
+    if treedef.kind == "none":
+        return []
+    if treedef.kind == "dict":
+        if not isinstance(tree, dict) or tuple(tree) != treedef.keys:
+            raise ValueError(f"expected a dict with keys {list(treedef.keys)}, got {_short(tree)}")
+        items = list(tree.values())
+    elif treedef.kind == "dataclass":
+        items = [getattr(tree, name) for name in treedef.keys] if dataclasses.is_dataclass(tree) else None
+    else:
+        items = list(tree) if isinstance(tree, (tuple, list)) else None
+    if items is None or len(items) != len(treedef.children):
+        raise ValueError(f"expected the structure {_describe(treedef)}, got {_short(tree)}")
+    out: list = []
+    for child, item in zip(treedef.children, items):
+        out.extend(flatten_up_to(child, item))
+    return out
+
+
+def _short(value: Any) -> str:
+    return type(value).__name__ if not isinstance(value, dict) else f"a dict with keys {list(value)}"
+
+
 def leaves(tree: Any) -> list:
     """The leaves of a pytree, in order."""
     return flatten(tree)[0]
