@@ -96,6 +96,8 @@ class Tracer:
             return operand
         if isinstance(operand, (bool, numbers.Real)) and not isinstance(operand, np.ndarray):
             return self.const(float(operand))
+        if type(operand).__module__.startswith("torch") and getattr(operand, "shape", None) == ():
+            return self.const(float(operand.item()))  # a 0-d torch constant (torch.tensor(2.0))
         raise UnsupportedError(
             f"operand of type {type(operand).__name__} is not supported; pass arrays as parameters "
             "of the jitted function and use Python scalars for constants", loc=self.builder.loc, op=op)
@@ -257,6 +259,14 @@ class Tensor:
     def __le__(self, other): self._compare(other, "<=", "le")
     def __gt__(self, other): self._compare(other, ">", "gt")
     def __ge__(self, other): self._compare(other, ">=", "ge")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """torch.*, torch.nn.functional.* and torch.Tensor methods on traced tensors trace into
+        bendc's ops (bendc/torch_bridge.py; torch is loaded already when torch calls this)."""
+        from bendc.torch_bridge import torch_function
+
+        return torch_function(func, tuple(args), dict(kwargs or {}))
 
     def __array__(self, *args, **kwargs):
         raise UnsupportedError(f"a traced tensor {self.type} cannot become a numpy array inside a jitted "
