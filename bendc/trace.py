@@ -96,8 +96,12 @@ class Tracer:
             return operand
         if isinstance(operand, (bool, numbers.Real)) and not isinstance(operand, np.ndarray):
             return self.const(float(operand))
-        if type(operand).__module__.startswith("torch") and getattr(operand, "shape", None) == ():
-            return self.const(float(operand.item()))  # a 0-d torch constant (torch.tensor(2.0))
+        if type(operand).__module__.startswith("torch") and hasattr(operand, "shape"):
+            if operand.shape == ():
+                return self.const(float(operand.item()))  # a 0-d torch constant (torch.tensor(2.0))
+            raise UnsupportedError(f"a torch tensor constant of shape {list(operand.shape)} inside a traced "
+                                   "function is not supported; pass it as an array parameter of the jitted "
+                                   "function", loc=self.builder.loc, op=op)
         raise UnsupportedError(
             f"operand of type {type(operand).__name__} is not supported; pass arrays as parameters "
             "of the jitted function and use Python scalars for constants", loc=self.builder.loc, op=op)
