@@ -24,6 +24,7 @@ from bendc.errors import BendcError, SignatureError, UnsupportedError, user_loca
 from bendc.ir.types import TensorType, dtype_name
 from bendc.passes import Pipeline, default_passes
 from bendc.trace import Tensor
+from bendc import torch_bridge  # noqa: F401  (registers the torch-function handler; imports no torch)
 from runtime.cuda import as_device_array, is_device_array
 
 TARGETS = ("auto", "cpu", "cuda", "reference")

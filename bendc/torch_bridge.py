@@ -24,7 +24,7 @@ import numpy as np
 from bendc import functional as F
 from bendc.errors import UnsupportedError, user_location
 from bendc.ops.base import METHODS
-from bendc.trace import Tensor, matmul
+from bendc.trace import TORCH_FUNCTION, Tensor, matmul
 
 # ------------------------------------------------------------------ operands
 def _operand(value: Any, name: str) -> Any:
@@ -127,6 +127,8 @@ def _dropout(input, p=0.5, training=True, inplace=False):
 
 
 def _binary(op: str, reflected: bool = False) -> Callable:
+    symbol = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[op]
+
     def apply(input, other, alpha=1, out=None):
         _defaults(op, {"out": out}, out=None)
         a, b = (other, input) if reflected else (input, other)
@@ -136,6 +138,7 @@ def _binary(op: str, reflected: bool = False) -> Callable:
             return {"add": b.__radd__, "sub": b.__rsub__, "mul": b.__rmul__, "div": b.__rtruediv__}[op](a)
         return {"add": a.__add__, "sub": a.__sub__, "mul": a.__mul__, "div": a.__truediv__}[op](b)
 
+    apply.bendc = f"`a {symbol} b`" + (f" (alpha: `a {symbol} alpha * b`)" if op in ("add", "sub") else "")
     return apply
 
 
@@ -189,6 +192,22 @@ def _contiguous(input, memory_format=None):
     return input
 
 
+for _handler, _text in ((_silu, "`x * bendc.functional.sigmoid(x)`"),
+                        (_embedding, "`bendc.functional.index_select(weight, 0, index)`"),
+                        (_dropout, "identity (eval mode or p=0)"), (_matmul, "`a @ b` (torch.matmul)"),
+                        (_rmatmul, "`a @ b` (torch.matmul)"), (_sum, "`Tensor.sum`"), (_mean, "`Tensor.mean`"),
+                        (_rsqrt, "`1 / x.sqrt()`"), (_flatten, "`Tensor.reshape`"), (_t, "`Tensor.T`"),
+                        (_contiguous, "the tensor itself"), (_div, "`a / b`"),
+                        (_sdpa, "`bendc.functional.scaled_dot_product_attention`")):
+    _handler.bendc = _text
+
+
+def _neg(input):
+    return -input
+
+
+_neg.bendc = "`-x`"
+
 # qualified torch name -> how bendc traces it (PyTorch's signature and semantics).
 TORCH_FUNCTIONS: dict[str, Callable] = {
     **{f"torch.nn.functional.{name}": fn for name, fn in (
@@ -201,17 +220,17 @@ TORCH_FUNCTIONS: dict[str, Callable] = {
         ("subtract", _binary("sub")), ("mul", _binary("mul")), ("multiply", _binary("mul")), ("div", _div),
         ("divide", _div), ("true_divide", _div), ("sum", _sum), ("mean", _mean), ("rsqrt", _rsqrt),
         ("relu", _relu), ("softmax", _softmax), ("log_softmax", _log_softmax), ("index_select", _index_select),
-        ("gather", _gather), ("flatten", _flatten), ("t", _t), ("neg", lambda x: -x),
-        ("negative", lambda x: -x))},
+        ("gather", _gather), ("flatten", _flatten), ("t", _t), ("neg", _neg),
+        ("negative", _neg))},
     **{f"torch.Tensor.{name}": fn for name, fn in (
         ("__add__", _binary("add")), ("__radd__", _binary("add", True)), ("__iadd__", _binary("add")),
         ("__sub__", _binary("sub")), ("__rsub__", _binary("sub", True)), ("__mul__", _binary("mul")),
         ("__rmul__", _binary("mul", True)), ("__truediv__", _div), ("__rtruediv__", _binary("div", True)),
-        ("__matmul__", _matmul), ("__rmatmul__", _rmatmul), ("__neg__", lambda x: -x),
+        ("__matmul__", _matmul), ("__rmatmul__", _rmatmul), ("__neg__", _neg),
         ("add", _binary("add")), ("sub", _binary("sub")), ("mul", _binary("mul")), ("div", _div),
         ("matmul", _matmul), ("mm", _matmul), ("sum", _sum), ("mean", _mean), ("rsqrt", _rsqrt),
         ("index_select", _index_select), ("gather", _gather), ("flatten", _flatten), ("t", _t),
-        ("contiguous", _contiguous), ("neg", lambda x: -x))},
+        ("contiguous", _contiguous), ("neg", _neg))},
 }
 
 # bendc Tensor methods that torch.<name> and torch.Tensor.<name> reach with the same meaning.
@@ -352,3 +371,6 @@ def functional_call(module: Any, parameters: dict[str, Any], *args: Any, **kwarg
         for table, attr, original in reversed(swapped):
             table[attr] = original
 
+
+
+TORCH_FUNCTION[:] = [torch_function]

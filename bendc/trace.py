@@ -26,6 +26,9 @@ from bendc.ops import OPS
 from bendc.ops.base import METHODS
 
 _ACTIVE: list["Tracer"] = []
+# The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
+# registers itself: the bridge reads bendc.functional, which reads this module).
+TORCH_FUNCTION: list[Any] = []
 
 
 def active_tracer(op: str) -> "Tracer":
@@ -267,10 +270,11 @@ class Tensor:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         """torch.*, torch.nn.functional.* and torch.Tensor methods on traced tensors trace into
-        bendc's ops (bendc/torch_bridge.py; torch is loaded already when torch calls this)."""
-        from bendc.torch_bridge import torch_function
-
-        return torch_function(func, tuple(args), dict(kwargs or {}))
+        bendc's ops: bendc/torch_bridge.py registers the handler (bendc.function imports it)."""
+        if not TORCH_FUNCTION:
+            raise UnsupportedError("torch functions on traced tensors need bendc.torch_bridge (import bendc.jit)",
+                                   loc=user_location(), op=getattr(func, "__name__", "torch"))
+        return TORCH_FUNCTION[0](func, tuple(args), dict(kwargs or {}))
 
     def __array__(self, *args, **kwargs):
         raise UnsupportedError(f"a traced tensor {self.type} cannot become a numpy array inside a jitted "
