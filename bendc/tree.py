@@ -267,26 +267,26 @@ class Template:
     treedef: TreeDef
     slots: tuple[tuple[str, Any], ...]
 
-    def rebuild(self, results: Sequence) -> Any:
-        """The return value from the program's outputs."""
-        kind = self.treedef.kind
-        if kind == "leaf":
-            slot_kind, value = self.slots[0]
-            return results[value] if slot_kind == "out" else value
-        if kind == "tuple" and self._plain_tuple:
-            return tuple(results)
-        values = [results[value] if slot_kind == "out" else value for slot_kind, value in self.slots]
-        return _build(self.treedef, iter(values))
+    def __post_init__(self) -> None:
+        # ``rebuild`` is picked once per template: the hot path calls it on every call.
+        object.__setattr__(self, "rebuild", self._rebuilder())
 
-    @property
-    def _plain_tuple(self) -> bool:
-        """A flat tuple of every output in order (the common ``return loss, w.grad``)."""
-        cached = self.__dict__.get("_plain")
-        if cached is None:
-            cached = (all(child.kind == "leaf" for child in self.treedef.children)
-                      and list(self.slots) == [("out", i) for i in range(len(self.slots))])
-            object.__setattr__(self, "_plain", cached)
-        return cached
+    def _rebuilder(self) -> Callable[[Sequence], Any]:
+        """The function from the program's outputs to the return value."""
+        slots = self.slots
+        if self.treedef.kind == "leaf":
+            kind, value = slots[0]
+            return (lambda results: results[value]) if kind == "out" else (lambda results: value)
+        if (self.treedef.kind == "tuple" and all(child.kind == "leaf" for child in self.treedef.children)
+                and list(slots) == [("out", i) for i in range(len(slots))]):
+            return tuple  # a flat tuple of every output in order (``return loss, w.grad``)
+        treedef = self.treedef
+
+        def rebuild(results: Sequence) -> Any:
+            values = [results[value] if kind == "out" else value for kind, value in slots]
+            return _build(treedef, iter(values))
+
+        return rebuild
 
     def to_json(self) -> Any:
         return to_json(self.treedef, lambda i: {"kind": self.slots[i][0], "value": self.slots[i][1]})
