@@ -289,7 +289,7 @@ class JitFunction:
                 specs.append(spec)
                 binding.described[path] = _describe_spec(spec)
             if treedef is not tree.LEAF:
-                binding.described[f"{name} (structure)"] = repr(treedef)[len("TreeDef("):-1]
+                binding.described[f"{name} (structure)"] = treedef.describe()
             elif sources[0][0] == "static":
                 binding.static[name] = sources[0][1]
             binding.parameters[name] = (treedef, tuple(sources))

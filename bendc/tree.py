@@ -61,25 +61,30 @@ class TreeDef:
             out.extend(child.paths(prefix + step))
         return out
 
-    def __repr__(self) -> str:
-        return f"TreeDef({_describe(self)})"
+    def describe(self) -> str:
+        """The structure with ``*`` for leaves: ``{'w': *, 'layers': [*, *], 'opt': Pair(m=*, v=*)}``."""
+        return _describe(self)
+
+    def __repr__(self) -> str:  # types by module and qualname: a program cache key reads it
+        return f"TreeDef({_describe(self, qualified=True)})"
 
 
 LEAF = TreeDef("leaf")
 NONE = TreeDef("none")
 
 
-def _describe(treedef: TreeDef) -> str:
+def _describe(treedef: TreeDef, qualified: bool = False) -> str:
     kind = treedef.kind
     if kind == "leaf":
         return "*"
     if kind == "none":
         return "None"
-    items = [_describe(child) for child in treedef.children]
+    items = [_describe(child, qualified) for child in treedef.children]
     if kind == "dict":
         return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(treedef.keys, items)) + "}"
     if kind in ("namedtuple", "dataclass"):
-        return f"{treedef.type.__name__}(" + ", ".join(f"{k}={v}" for k, v in zip(treedef.keys, items)) + ")"
+        name = f"{treedef.type.__module__}.{treedef.type.__qualname__}" if qualified else treedef.type.__name__
+        return f"{name}(" + ", ".join(f"{k}={v}" for k, v in zip(treedef.keys, items)) + ")"
     if kind == "tuple":
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
     return "[" + ", ".join(items) + "]"

@@ -113,7 +113,7 @@ def bendc_losses(loss_fn, params, target: str):
     for step, batch in enumerate(batches()):
         loss, params, opt_state = train_step(params, opt_state, batch, cosine_lr(step))
         losses.append(float(loss))
-    return losses, train_step
+    return losses, train_step, params
 
 
 @pytest.fixture(scope="module")
@@ -130,16 +130,22 @@ def eager(model):
 @pytest.mark.parametrize("target", ["reference", "cpu"])
 def test_gpt_modules_train_like_torch_with_one_compile(model, eager, target):
     module = copy.deepcopy(model)
-    losses, step = bendc_losses(lambda p, idx, tgt: bendc.functional_call(module, p, idx, tgt),
-                                bendc.params(module), target)
+    losses, step, trained = bendc_losses(lambda p, idx, tgt: bendc.functional_call(module, p, idx, tgt),
+                                         bendc.params(module), target)
     assert len(step.signatures()) == 1
     np.testing.assert_allclose(losses, eager, rtol=1e-5, atol=1e-5)
     assert losses[-1] < losses[0]
     assert len(bendc.params(module)) == len(list(module.parameters()))  # the module is left as it was
+    module.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in trained.items()}, strict=False)
+    assert module.head.weight is module.wte.weight  # still tied
+    idx, targets = batches()[0]
+    with torch.no_grad():
+        reloaded = module(torch.tensor(idx), torch.tensor(targets)).item()
+    assert reloaded < losses[0]
 
 
 def test_gpt_functional_gives_the_same_numbers(model, eager):
     params = bendc.params(copy.deepcopy(model))
-    losses, step = bendc_losses(gpt_functional, params, "reference")
+    losses, step, _ = bendc_losses(gpt_functional, params, "reference")
     assert len(step.signatures()) == 1
     np.testing.assert_allclose(losses, eager, rtol=1e-5, atol=1e-5)
