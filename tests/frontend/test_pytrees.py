@@ -140,3 +140,20 @@ def test_plain_positional_arrays_keep_the_fast_path():
     assert len(mul._fast) == 1
     mul(x, x)
     assert len(mul.signatures()) == 1
+
+
+def test_an_artifact_returning_a_named_tuple_runs_with_the_runtime(tmp_path, capsys):
+    from bendc import cli
+
+    @bendc.jit(leaves=("w",), target="cpu", cache_dir=str(tmp_path / "cache"))
+    def step(x, w):
+        loss = (x * w).sum()
+        loss.backward()
+        return Pair(loss, {"grad": w.grad, "none": None})
+
+    out = tmp_path / "artifact"
+    step.export(str(out), "x=f32[3] w=f32[3]:leaf")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["template"]["kind"] == "namedtuple"
+    assert cli.main(["run", str(out), "--random-inputs"]) == 0
+    assert "returns Pair(w=out0, b={'grad': out1, 'none': None})" in capsys.readouterr().out
