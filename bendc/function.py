@@ -179,7 +179,7 @@ class JitFunction:
         self.passes = list(passes) if passes is not None else default_passes()
         Pipeline(self.passes)  # unknown pass names fail here, at decoration
         self._cache: dict[tuple, Executable] = {}
-        self._fast: dict[tuple, tuple[Executable, list[int], frozenset[int]]] = {}
+        self._fast: dict[tuple, Executable] = {}
         plain = all(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                     for p in self.signature.parameters.values())
         self._positional = len(self.signature.parameters) if plain else -1
@@ -199,15 +199,12 @@ class JitFunction:
     # ------------------------------------------------------------- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = self._fast_key(args, kwargs)
-        hit = self._fast.get(fast) if fast is not None else None
-        if hit is not None:  # the hot path: positional numpy arrays and scalars of a known signature
-            executable, positions, dynamic = hit
-            self._last = executable
-            if dynamic:
-                inputs = [np.array(args[i], np.float32) if i in dynamic else args[i] for i in positions]
-            else:
-                inputs = [args[i] for i in positions]
-            return executable.template.rebuild(executable.run(inputs))
+        if fast is not None:
+            key, inputs = fast
+            executable = self._fast.get(key)
+            if executable is not None:  # the hot path: positional arrays, scalars, pytrees of them
+                self._last = executable
+                return executable.template.rebuild(executable.run(inputs))
         binding = self._bind(args, kwargs)
         executable = self._cache.get(binding.key)
         if executable is None:
@@ -217,49 +214,54 @@ class JitFunction:
             executable = self._compile(types, binding.static, binding=binding)
             self._cache[binding.key] = executable
         if fast is not None:
-            names = list(self.signature.parameters)
-            positions = [names.index(name) for name, _ in binding.arrays]
-            self._fast[fast] = (executable, positions, frozenset(self._dynamic_positions))
+            self._fast[fast[0]] = executable
         self._last = executable
         results = executable.run([value for _, value in binding.arrays])
         return executable.template.rebuild(results)
 
-    def _fast_key(self, args: tuple, kwargs: dict) -> tuple | None:
-        """A signature key computed without binding, for calls with every parameter given
-        positionally as a C-contiguous numpy array or a Python scalar; None otherwise."""
+    def _fast_key(self, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
+        """(a signature key, the array inputs in order) computed without binding, for calls with
+        every parameter given positionally as a C-contiguous numpy array, a Python scalar or
+        string, or a pytree of them; None otherwise (the call is bound)."""
         if kwargs or len(args) != self._positional:
             return None
-        if self._dynamic_positions:
-            return self._fast_key_dynamic(args)
-        key = []
-        for value in args:
-            kind = type(value)
-            if kind is np.ndarray:
-                if not value.flags.c_contiguous:
-                    return None
-                key.append((value.dtype.char, value.shape))
-            elif kind is int or kind is float or kind is bool:
-                key.append((kind, value))
-            else:
-                return None
-        return tuple(key)
-
-    def _fast_key_dynamic(self, args: tuple) -> tuple | None:
-        """_fast_key where some scalars are dynamic: their values are not part of the key."""
-        key = []
+        key: list = []
+        inputs: list = []
         for index, value in enumerate(args):
             kind = type(value)
             if kind is np.ndarray:
                 if not value.flags.c_contiguous:
                     return None
                 key.append((value.dtype.char, value.shape))
-            elif kind is int or kind is float:
-                key.append((kind,) if index in self._dynamic_positions else (kind, value))
-            elif kind is bool:
-                key.append((kind, value))
+                inputs.append(value)
+            elif kind is float or kind is int or kind is bool:
+                if index in self._dynamic_positions and kind is not bool:
+                    key.append((kind,))
+                    inputs.append(np.array(value, np.float32))
+                else:
+                    key.append((kind, value))
+            elif kind is dict or kind is list or kind is tuple or kind is str or value is None:
+                leaves, treedef = tree.flatten(value)
+                part: list = [treedef]
+                dynamic = index in self._dynamic_positions
+                for leaf in leaves:
+                    leaf_kind = type(leaf)
+                    if leaf_kind is np.ndarray:
+                        if not leaf.flags.c_contiguous:
+                            return None
+                        part.append((leaf.dtype.char, leaf.shape))
+                        inputs.append(leaf)
+                    elif dynamic and (leaf_kind is float or leaf_kind is int):
+                        part.append((leaf_kind,))
+                        inputs.append(np.array(leaf, np.float32))
+                    elif leaf_kind is float or leaf_kind is int or leaf_kind is bool or leaf_kind is str:
+                        part.append((leaf_kind, leaf))
+                    else:
+                        return None
+                key.append(tuple(part))
             else:
                 return None
-        return tuple(key)
+        return tuple(key), inputs
 
     def _bind(self, args, kwargs) -> "Binding":
         """The call's arguments as flat array inputs, a signature key and the rebuild of each parameter."""

@@ -142,6 +142,22 @@ def test_plain_positional_arrays_keep_the_fast_path():
     assert len(mul.signatures()) == 1
 
 
+def test_pytree_calls_take_the_fast_path_and_a_changed_leaf_misses_it():
+    @bendc.jit(target="reference", dynamic=("scale",))
+    def weighted(params, scale, mode):
+        total = params["a"] * scale + params["b"][0]
+        return total if mode == "plain" else total * 2.0
+
+    a, b = np.ones(2, np.float32), np.full(2, 3.0, np.float32)
+    np.testing.assert_array_equal(weighted({"a": a, "b": [b]}, 2.0, "plain"), [5.0, 5.0])
+    np.testing.assert_array_equal(weighted({"a": a, "b": [b]}, 0.5, "plain"), [3.5, 3.5])  # fast hit
+    assert len(weighted._fast) == 1 and len(weighted.signatures()) == 1
+    np.testing.assert_array_equal(weighted({"a": a, "b": [b]}, 0.5, "double"), [7.0, 7.0])
+    np.testing.assert_array_equal(weighted({"a": a, "b": (b,)}, 0.5, "plain"), [3.5, 3.5])
+    np.testing.assert_array_equal(weighted({"a": a, "b": [b[:1]]}, 0.5, "plain"), [3.5, 3.5])
+    assert len(weighted.signatures()) == 4
+
+
 def test_an_artifact_returning_a_named_tuple_runs_with_the_runtime(tmp_path, capsys):
     from bendc import cli
 
