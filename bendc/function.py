@@ -26,6 +26,7 @@ from bendc.passes import Pipeline, default_passes
 from bendc.trace import Tensor
 from bendc import torch_bridge  # noqa: F401  (registers the torch-function handler; imports no torch)
 from runtime.cuda import as_device_array, is_device_array
+from runtime.dtypes import DTYPES
 
 TARGETS = ("auto", "cpu", "cuda", "reference")
 # cuda where numba-cuda imports and a GPU is usable, or under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
@@ -366,11 +367,12 @@ class JitFunction:
         """Trace and compile for a signature given as a SPEC without running it.
 
         ``shapes`` is a SPEC string (``x=f32[64,784] w=f32[10,784]:leaf``) or a
-        dict of name -> TensorType or SPEC type text; Python scalars go in
-        ``static`` (defaults apply). Introspection then shows this signature.
+        dict of name -> TensorType or SPEC type text, or name -> a pytree of them
+        (``{"params": {"w": "f32[10,784]"}, "batch": ("f32[64,784]", "i64[64]")}``);
+        Python scalars go in ``static`` (defaults apply). Introspection then shows
+        this signature.
         """
-        types, static = self._lowering_signature(shapes, static)
-        self._last = self._compile(types, static)
+        self._last = self._compile_lowered(shapes, static)
         return self._last
 
     def export(self, folder: str, shapes: str | dict[str, Any], static: dict[str, Any] | None = None,
@@ -382,16 +384,42 @@ class JitFunction:
         replaced). ``progress(number, count, kernel)`` is called per kernel.
         ``target="cuda"`` builds PTX and cubin for ``arch`` (numba-cuda, no GPU needed).
         """
-        if target == "cuda":
-            types, static = self._lowering_signature(shapes, static or {})
-            self._last = self._compile(types, static, artifact=folder, progress=progress, cuda_arch=arch)
-            return self._last
-        if self.resolved_target == "reference":
+        if target != "cuda" and self.resolved_target == "reference":
             raise UnsupportedError("target 'reference' interprets the IR and has no artifact; use target='cpu'",
                                    loc=user_location(), op="compile")
-        types, static = self._lowering_signature(shapes, static or {})
-        self._last = self._compile(types, static, artifact=folder, progress=progress)
+        extra = {"artifact": folder, "progress": progress}
+        if target == "cuda":
+            extra["cuda_arch"] = arch
+        self._last = self._compile_lowered(shapes, static or {}, **extra)
         return self._last
+
+    def _compile_lowered(self, shapes: str | dict[str, Any], static: dict[str, Any], **extra: Any) -> Executable:
+        binding = self._example_binding(shapes, static)
+        if binding is not None:
+            types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in binding.arrays]
+            return self._compile(types, binding.static, binding=binding, **extra)
+        types, static = self._lowering_signature(shapes, static)
+        return self._compile(types, static, **extra)
+
+    def _example_binding(self, shapes: str | dict[str, Any], static: dict[str, Any]) -> Binding | None:
+        """For shapes given as pytrees of types: the binding of zero arrays of those types (None for
+        a SPEC or a flat dict of types)."""
+        if not isinstance(shapes, dict) or all(isinstance(v, (str, TensorType)) for v in shapes.values()):
+            return None
+
+        def example(leaf: Any) -> Any:
+            if isinstance(leaf, str):
+                leaf = TensorType.parse(leaf.removesuffix(":leaf"))
+            if isinstance(leaf, TensorType):
+                return np.zeros(leaf.shape, DTYPES[leaf.dtype])
+            return leaf
+
+        unknown = [name for name in list(shapes) + list(static) if name not in self.signature.parameters]
+        if unknown:
+            raise SignatureError(f"{unknown} are not parameters of {self.fn.__name__}{self.signature}",
+                                 loc=user_location(), op="lower")
+        arguments = {name: tree.map(example, value) for name, value in shapes.items()}
+        return self._bind((), {**arguments, **static})
 
     def _lowering_signature(self, shapes: str | dict[str, Any],
                             static: dict[str, Any]) -> tuple[list[tuple[str, TensorType]], dict[str, Any]]:

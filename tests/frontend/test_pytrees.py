@@ -173,3 +173,24 @@ def test_an_artifact_returning_a_named_tuple_runs_with_the_runtime(tmp_path, cap
     assert manifest["template"]["kind"] == "namedtuple"
     assert cli.main(["run", str(out), "--random-inputs"]) == 0
     assert "returns Pair(w=out0, b={'grad': out1, 'none': None})" in capsys.readouterr().out
+
+
+def test_lower_and_export_take_pytrees_of_types(tmp_path, capsys):
+    from bendc import cli
+
+    @bendc.jit(leaves=("params",), target="cpu", cache_dir=str(tmp_path / "cache"))
+    def train_step(params, batch, lr=0.1):
+        x, y = batch
+        loss = F.cross_entropy(F.linear(x, params["w"], params["b"]), y)
+        loss.backward()
+        return loss, tree.map(lambda p: p - lr * p.grad, params)
+
+    shapes = {"params": {"w": "f32[3,4]", "b": "f32[3]"}, "batch": ("f32[5,4]", "i64[5]")}
+    lowered = train_step.lower(shapes)
+    assert "%params_w: f32[3,4] leaf" in lowered.stages["traced"] and "%batch_1: i64[5]" in lowered.stages["traced"]
+    out = tmp_path / "artifact"
+    train_step.export(str(out), shapes, {"lr": 0.5})
+    assert cli.main(["run", str(out), "--random-inputs"]) == 0
+    assert "returns (out0, {'w': out1, 'b': out2})" in capsys.readouterr().out
+    with pytest.raises(bendc.SignatureError, match="not parameters"):
+        train_step.lower({"params": {"w": "f32[3,4]"}, "nope": ("f32[1]",)})
