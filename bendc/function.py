@@ -31,7 +31,6 @@ from runtime.dtypes import DTYPES
 TARGETS = ("auto", "cpu", "cuda", "reference")
 # cuda where numba-cuda imports and a GPU is usable, or under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
 IMPLEMENTED_TARGETS = ("reference", "cpu") + (("cuda",) if cuda_status() else ())
-STATIC_TYPES = (bool, int, float)
 DEFAULT_RECOMPILE_LIMIT = 8  # like torch.compile's recompile_limit
 LOGGER = logging.getLogger("bendc")
 
