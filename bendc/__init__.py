@@ -23,15 +23,19 @@ from bendc.version import __version__
 
 _EXPORTS = {
     "jit": "bendc.function", "zero_grad": "bendc.function", "JitFunction": "bendc.function", "Tensor": "bendc.trace",
+    "RecompileWarning": "bendc.function", "functional_call": "bendc.torch_bridge", "params": "bendc.torch_bridge",
     **{name: "bendc.errors" for name in ("BendcError", "ShapeError", "UnsupportedError", "GradientError",
                                           "SignatureError", "RuntimeCheckError", "ArtifactError",
                                           "InternalError")},
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+_SUBMODULES = ("tree", "optim", "functional")
+__all__ = [*_EXPORTS, *_SUBMODULES, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:  # bendc.tree and bendc.optim without importing them first
+        return importlib.import_module(f"bendc.{name}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

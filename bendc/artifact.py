@@ -52,12 +52,8 @@ def versions() -> dict[str, str]:
 
 
 def template_to_json(template: Any) -> Any:
-    kind, body = template
-    if kind in ("out", "static"):
-        return {"kind": kind, "value": body}
-    if kind == "dict":
-        return {"kind": kind, "items": {k: template_to_json(t) for k, t in body.items()}}
-    return {"kind": kind, "items": [template_to_json(t) for t in body]}
+    """The return structure's manifest form (bendc.tree.Template.to_json; runtime/artifact.py reads it)."""
+    return template.to_json()
 
 
 def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict], leaves: list[str],

@@ -39,8 +39,9 @@ from bendc.ir.types import TensorType
 from bendc.ir.verify import verify
 from bendc.passes import PassContext, Pipeline
 from bendc.trace import Tensor, Tracer
-from runtime.artifact import (ArtifactInvalid, load_kernel, load_module, load_program, read_stages, read_text,
-                              template_from_json)
+from bendc import tree
+from bendc.tree import Template
+from runtime.artifact import ArtifactInvalid, load_kernel, load_module, load_program, read_stages, read_text
 from runtime.cuda import numba_cuda_installed
 from runtime.cpu import CpuProgram, KernelError, KernelFailure
 from runtime.files import atomic_write
@@ -275,7 +276,7 @@ def load_cached(entry: str, cache_dir: str | None, _retry: bool = True) -> Cache
         kernels = {step["name"]: read_text(entry, f"kernels/{step['module']}.py") for step in plan["steps"]}
         stats = plan_stats(KernelPlan.from_json(plan))
         stages = read_stages(entry, manifest)
-        return Cached(stages, read_text(entry, "tape.txt"), template_from_json(manifest["template"]),
+        return Cached(stages, read_text(entry, "tape.txt"), Template.from_json(manifest["template"]),
                       read_text(entry, "report.txt") + "[cache] loaded from the on-disk cache\n",
                       cpu_runner(plan, program, lambda: parse_graph(stages["final"])), kernels, stats)
     # A program that does not bind (a kernel failing in a hoisted step) is rebuilt, which then
@@ -307,6 +308,9 @@ class Request:
     artifact: str | None = None
     progress: Progress | None = None
     cuda_arch: str | None = None
+    # The function's arguments from the traced parameters (by name): pytrees and dynamic scalars
+    # (bendc/function.py); None: each parameter is one array or a static value.
+    arguments: Callable[[dict[str, Tensor]], dict[str, Any]] | None = None
 
 
 def compile_step(request: Request) -> Executable:
@@ -316,8 +320,11 @@ def compile_step(request: Request) -> Executable:
     tensors: dict[str, Tensor] = {}
     for parameter, type in request.types:
         tensors[parameter] = tracer.param(parameter, type, leaf=parameter in request.leaves)
-    call_args = {**request.static, **tensors}
-    ordered = {parameter: call_args[parameter] for parameter in request.parameters}
+    if request.arguments is not None:
+        ordered = request.arguments(tensors)
+    else:
+        call_args = {**request.static, **tensors}
+        ordered = {parameter: call_args[parameter] for parameter in request.parameters}
     with tracer.active():
         result = request.fn(**ordered)
     outputs: list[int] = []
@@ -413,32 +420,22 @@ def _json_static(static: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ outputs
-def flatten_result(value: Any, outputs: list[int]) -> Any:
-    """The return value's structure with tensors replaced by output slots."""
-    if isinstance(value, Tensor):
-        outputs.append(value.id)
-        return ("out", len(outputs) - 1)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return ("static", value)
-    if isinstance(value, tuple):
-        return ("tuple", tuple(flatten_result(v, outputs) for v in value))
-    if isinstance(value, list):
-        return ("list", [flatten_result(v, outputs) for v in value])
-    if isinstance(value, dict):
-        return ("dict", {k: flatten_result(v, outputs) for k, v in value.items()})
-    raise UnsupportedError(f"cannot return a {type(value).__name__} from a jitted function "
-                           "(tensors, None, scalars and tuples/lists/dicts of them)",
-                           loc=user_location(), op="return")
+def flatten_result(value: Any, outputs: list[int]) -> Template:
+    """The return value's structure (a pytree, bendc.tree) with tensors replaced by output slots."""
+    leaves, treedef = tree.flatten(value)
+    slots = []
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            outputs.append(leaf.id)
+            slots.append(("out", len(outputs) - 1))
+        elif isinstance(leaf, (bool, int, float, str)):
+            slots.append(("static", leaf))
+        else:
+            raise UnsupportedError(f"cannot return a {type(leaf).__name__} from a jitted function "
+                                   "(tensors, None, scalars, strings and pytrees of them: tuples, lists, "
+                                   "dicts, named tuples, dataclasses)", loc=user_location(), op="return")
+    return Template(treedef, tuple(slots))
 
 
-def unflatten_result(template: Any, results: list) -> Any:
-    kind, body = template
-    if kind == "out":
-        return results[body]
-    if kind == "static":
-        return body
-    if kind == "tuple":
-        return tuple(unflatten_result(t, results) for t in body)
-    if kind == "list":
-        return [unflatten_result(t, results) for t in body]
-    return {k: unflatten_result(t, results) for k, t in body.items()}
+def unflatten_result(template: Template, results: list) -> Any:
+    return template.rebuild(results)

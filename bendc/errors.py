@@ -42,12 +42,27 @@ class SourceLoc:
         return ""
 
 
+_TORCH_DIR: list[str] = []  # torch's package folder, once torch is imported (its modules call bendc's ops)
+
+
+def _torch_dir() -> str | None:
+    if not _TORCH_DIR:
+        torch = sys.modules.get("torch")
+        if torch is None or not getattr(torch, "__file__", None):
+            return None
+        _TORCH_DIR.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+    return _TORCH_DIR[0]
+
+
 def user_location() -> SourceLoc | None:
-    """The innermost stack frame that is not bendc's own code."""
+    """The innermost stack frame that is neither bendc's own code nor torch's (an nn.Module's
+    forward calling torch.nn.functional names the user's call of the module)."""
     frame = sys._getframe(1)
+    torch_dir = _torch_dir()
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep) and path not in _SKIPPED_FILES:
+        if not path.startswith(_PACKAGE_DIR + os.sep) and path not in _SKIPPED_FILES and not (
+                torch_dir is not None and path.startswith(torch_dir)):
             return SourceLoc(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None

@@ -9,21 +9,107 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bendc.compile import Executable, Progress, Request, compile_step, cuda_status, unflatten_result
+from bendc import tree
+from bendc.compile import Executable, Progress, Request, compile_step, cuda_status
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
 from bendc.ir.types import TensorType, dtype_name
 from bendc.passes import Pipeline, default_passes
 from bendc.trace import Tensor
+from bendc import torch_bridge  # noqa: F401  (registers the torch-function handler; imports no torch)
 from runtime.cuda import as_device_array, is_device_array
+from runtime.dtypes import DTYPES
 
 TARGETS = ("auto", "cpu", "cuda", "reference")
 # cuda where numba-cuda imports and a GPU is usable, or under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
 IMPLEMENTED_TARGETS = ("reference", "cpu") + (("cuda",) if cuda_status() else ())
-STATIC_TYPES = (bool, int, float)
+DEFAULT_RECOMPILE_LIMIT = 8  # like torch.compile's recompile_limit
+LOGGER = logging.getLogger("bendc")
+
+
+class RecompileWarning(UserWarning):
+    """A jitted function compiled for more signatures than its recompile_limit."""
+
+
+def _logging_recompiles() -> bool:
+    """BENDC_LOG names "recompiles" (comma-separated, like TORCH_LOGS): the bendc logger then logs
+    each recompile at INFO level, through a stderr handler added once where it has none."""
+    if "recompiles" not in os.environ.get("BENDC_LOG", "").replace(" ", "").split(","):
+        return False
+    if not LOGGER.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[bendc] %(message)s"))
+        LOGGER.addHandler(handler)
+    if LOGGER.getEffectiveLevel() > logging.INFO:
+        LOGGER.setLevel(logging.INFO)
+    return True
+
+
+def _describe_spec(spec: tuple) -> str:
+    if spec[0] == "array":
+        return f"{spec[1]}[{','.join(map(str, spec[2]))}]"
+    if spec[0] == "dynamic":
+        return "dynamic f32[]"
+    return f"static {spec[2]!r}"
+
+
+def _recompile_reason(old: dict[str, str], new: dict[str, str]) -> str:
+    """Which parameters changed, old -> new (the first few)."""
+    changes = []
+    for path in new:
+        if path not in old:
+            changes.append(f"{path}: new ({new[path]})")
+        elif old[path] != new[path]:
+            changes.append(f"{path}: {old[path]} -> {new[path]}")
+    changes += [f"{path}: gone (was {old[path]})" for path in old if path not in new]
+    if not changes:
+        return "the same parameters (leaves or target changed)"
+    return "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+
+
+def _input_name(name: str, path: str, whole: bool, taken: set[str]) -> str:
+    """The graph parameter name of an array leaf: the parameter's own name, or its path made an
+    identifier (``params['h.0.w']`` -> ``params_h_0_w``), unique among the call's inputs."""
+    if whole:
+        flat = name
+    else:
+        flat = re.sub(r"\W+", "_", path.replace("']", "").replace("]", "")).strip("_") or name
+    unique, number = flat, 1
+    while unique in taken:
+        number += 1
+        unique = f"{flat}_{number}"
+    taken.add(unique)
+    return unique
+
+
+@dataclass
+class Binding:
+    """One call's arguments: flat array inputs (graph parameter name, array), the leaves and
+    donations among them, static values of scalar parameters, how to rebuild each parameter
+    (treedef, per leaf ("input", name) or ("static", value)), and the signature key."""
+
+    arrays: list[tuple[str, Any]] = field(default_factory=list)
+    leaves: list[str] = field(default_factory=list)
+    donate: list[str] = field(default_factory=list)
+    static: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, tuple[Any, tuple]] = field(default_factory=dict)
+    described: dict[str, str] = field(default_factory=dict)
+    key_parts: list[tuple] = field(default_factory=list)
+    key: tuple = ()
+
+    def arguments(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """The function's arguments with the traced tensors in place of the array inputs."""
+        return {name: tree.unflatten(treedef, [tensors[value] if kind == "input" else value
+                                               for kind, value in sources])
+                for name, (treedef, sources) in self.parameters.items()}
 
 
 def resolve_target(target: str) -> str:
@@ -77,22 +163,28 @@ class JitFunction:
     """The callable that ``bendc.jit`` returns."""
 
     def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
-                 passes: Sequence[Any] | None, donate: Sequence[str] = ()) -> None:
+                 passes: Sequence[Any] | None, donate: Sequence[str] = (), dynamic: Sequence[str] = (),
+                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.signature = inspect.signature(fn)
         self.leaves = self._parameter_names(leaves, "leaves")
         self.donate = self._parameter_names(donate, "donate")
+        self.dynamic = self._parameter_names(dynamic, "dynamic")
+        self.recompile_limit = recompile_limit
+        self._signatures: list[dict[str, str]] = []
         self.target = target
         self.resolved_target = resolve_target(target)
         self.cache_dir = cache_dir
         self.passes = list(passes) if passes is not None else default_passes()
         Pipeline(self.passes)  # unknown pass names fail here, at decoration
         self._cache: dict[tuple, Executable] = {}
-        self._fast: dict[tuple, tuple[Executable, list[int]]] = {}
+        self._fast: dict[tuple, Executable] = {}
         plain = all(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                     for p in self.signature.parameters.values())
         self._positional = len(self.signature.parameters) if plain else -1
+        names = list(self.signature.parameters)
+        self._dynamic_positions = frozenset(names.index(name) for name in self.dynamic)
         self._last: Executable | None = None
 
     def _parameter_names(self, names: Sequence[str] | str, option: str) -> tuple[str, ...]:
@@ -107,95 +199,179 @@ class JitFunction:
     # ------------------------------------------------------------- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = self._fast_key(args, kwargs)
-        hit = self._fast.get(fast) if fast is not None else None
-        if hit is not None:  # the hot path: positional numpy arrays and scalars of a known signature
-            executable, positions = hit
-            self._last = executable
-            return unflatten_result(executable.template, executable.run([args[i] for i in positions]))
-        arrays, key, static = self._bind(args, kwargs)
-        executable = self._cache.get(key)
-        if executable is None:
-            types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in arrays]
-            executable = self._compile(types, static)
-            self._cache[key] = executable
         if fast is not None:
-            names = list(self.signature.parameters)
-            self._fast[fast] = (executable, [names.index(name) for name, _ in arrays])
+            key, inputs = fast
+            executable = self._fast.get(key)
+            if executable is not None:  # the hot path: positional arrays, scalars, pytrees of them
+                self._last = executable
+                return executable.template.rebuild(executable.run(inputs))
+        binding = self._bind(args, kwargs)
+        executable = self._cache.get(binding.key)
+        if executable is None:
+            self._note_signature(binding)
+            types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape)))
+                     for name, array in binding.arrays]
+            executable = self._compile(types, binding.static, binding=binding)
+            self._cache[binding.key] = executable
+        if fast is not None:
+            self._fast[fast[0]] = executable
         self._last = executable
-        results = executable.run([value for _, value in arrays])
-        return unflatten_result(executable.template, results)
+        results = executable.run([value for _, value in binding.arrays])
+        return executable.template.rebuild(results)
 
-    def _fast_key(self, args: tuple, kwargs: dict) -> tuple | None:
-        """A signature key computed without binding, for calls with every parameter given
-        positionally as a C-contiguous numpy array or a Python scalar; None otherwise."""
+    def _fast_key(self, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
+        """(a signature key, the array inputs in order) computed without binding, for calls with
+        every parameter given positionally as a C-contiguous numpy array, a Python scalar or
+        string, or a pytree of them; None otherwise (the call is bound)."""
         if kwargs or len(args) != self._positional:
             return None
-        key = []
-        for value in args:
+        key: list = []
+        inputs: list = []
+        for index, value in enumerate(args):
             kind = type(value)
             if kind is np.ndarray:
                 if not value.flags.c_contiguous:
                     return None
                 key.append((value.dtype.char, value.shape))
-            elif kind is int or kind is float or kind is bool:
-                key.append((kind, value))
+                inputs.append(value)
+            elif kind is float or kind is int or kind is bool:
+                if index in self._dynamic_positions and kind is not bool:
+                    key.append((kind,))
+                    inputs.append(np.array(value, np.float32))
+                else:
+                    key.append((kind, value))
+            elif kind is dict or kind is list or kind is tuple or kind is str or value is None:
+                leaves, treedef = tree.flatten(value)
+                part: list = [treedef]
+                dynamic = index in self._dynamic_positions
+                for leaf in leaves:
+                    leaf_kind = type(leaf)
+                    if leaf_kind is np.ndarray:
+                        if not leaf.flags.c_contiguous:
+                            return None
+                        part.append((leaf.dtype.char, leaf.shape))
+                        inputs.append(leaf)
+                    elif dynamic and (leaf_kind is float or leaf_kind is int):
+                        part.append((leaf_kind,))
+                        inputs.append(np.array(leaf, np.float32))
+                    elif leaf_kind is float or leaf_kind is int or leaf_kind is bool or leaf_kind is str:
+                        part.append((leaf_kind, leaf))
+                    else:
+                        return None
+                key.append(tuple(part))
             else:
                 return None
-        return tuple(key)
+        return tuple(key), inputs
 
-    def _bind(self, args, kwargs):
+    def _bind(self, args, kwargs) -> "Binding":
+        """The call's arguments as flat array inputs, a signature key and the rebuild of each parameter."""
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as error:
             raise SignatureError(f"{self.fn.__name__}{self.signature}: {error}",
                                  loc=user_location(), op="call") from None
         bound.apply_defaults()
-        arrays: list[tuple[str, np.ndarray]] = []
-        static: dict[str, Any] = {}
-        key: list = []
+        binding = Binding()
+        taken: set[str] = set()
         for name, value in bound.arguments.items():
             kind = self.signature.parameters[name].kind
             if kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
                 raise SignatureError(f"*args and **kwargs parameters ({name}) are not supported",
                                      loc=user_location(), op="call")
             if is_array_like(value) and not isinstance(value, np.generic):
-                if self.resolved_target == "cuda" and is_device_array(value):
-                    array = as_device_array(value)  # stays on the device: no copy
-                else:
-                    array = to_array(value, name)
-                dtype = dtype_name(array.dtype)
-                if dtype not in ("f32", "i64", "i32"):
-                    hint = " (use .astype(np.float32))" if array.dtype.kind == "f" else ""
-                    raise SignatureError(f"parameter {name!r} has dtype {array.dtype}; bendc takes float32 "
-                                         f"data and int64/int32 indices{hint}", loc=user_location(), op="call")
-                if name in self.leaves and dtype != "f32":
-                    raise SignatureError(f"leaf {name!r} must be float32, got {array.dtype}",
-                                         loc=user_location(), op="call")
-                arrays.append((name, array))
-                key.append((name, dtype, array.shape))
-            elif isinstance(value, STATIC_TYPES + (np.generic,)) or value is None:
-                if name in self.leaves:
-                    raise SignatureError(f"leaf {name!r} must be an array, got {type(value).__name__}",
-                                         loc=user_location(), op="call")
-                if isinstance(value, np.generic):
-                    value = value.item()
-                static[name] = value
-                key.append((name, type(value).__name__, value))
+                leaves, treedef = [value], tree.LEAF
             else:
-                raise SignatureError(f"parameter {name!r}: {type(value).__name__} is not supported (arrays "
-                                     "and Python scalars only)", loc=user_location(), op="call")
-        return arrays, (tuple(key), self.leaves, self.resolved_target), static
+                leaves, treedef = tree.flatten(value)
+            paths = treedef.paths(name)
+            sources: list[tuple[str, Any]] = []
+            specs: list[tuple] = []
+            for path, leaf in zip(paths, leaves):
+                source, spec = self._bind_leaf(name, path, leaf, treedef is tree.LEAF, binding, taken)
+                sources.append(source)
+                specs.append(spec)
+                binding.described[path] = _describe_spec(spec)
+            if treedef is not tree.LEAF:
+                binding.described[f"{name} (structure)"] = treedef.describe()
+            elif sources[0][0] == "static":
+                binding.static[name] = sources[0][1]
+            binding.parameters[name] = (treedef, tuple(sources))
+            binding.key_parts.append((name, treedef, tuple(specs)))
+        binding.key = (tuple(binding.key_parts), self.leaves, self.resolved_target)
+        return binding
+
+    def _bind_leaf(self, name: str, path: str, value: Any, whole: bool, binding: "Binding",
+                   taken: set[str]) -> tuple[tuple[str, Any], tuple]:
+        """One leaf of parameter ``name``: an array input, a dynamic scalar (a 0-d float32 input) or a
+        static value; returns (its source for the trace, its part of the signature key)."""
+        leaf = name in self.leaves
+        if is_array_like(value) and not isinstance(value, np.generic):
+            if self.resolved_target == "cuda" and is_device_array(value):
+                array = as_device_array(value)  # stays on the device: no copy
+            else:
+                array = to_array(value, path)
+            dtype = dtype_name(array.dtype)
+            if dtype not in ("f32", "i64", "i32"):
+                hint = " (use .astype(np.float32))" if array.dtype.kind == "f" else ""
+                raise SignatureError(f"parameter {path!r} has dtype {array.dtype}; bendc takes float32 "
+                                     f"data and int64/int32 indices{hint}", loc=user_location(), op="call")
+            if leaf and dtype != "f32":
+                raise SignatureError(f"leaf {path!r} must be float32, got {array.dtype}",
+                                     loc=user_location(), op="call")
+            flat = _input_name(name, path, whole, taken)
+            binding.arrays.append((flat, array))
+            if leaf:
+                binding.leaves.append(flat)
+            if name in self.donate:
+                binding.donate.append(flat)
+            return ("input", flat), ("array", dtype, array.shape)
+        if isinstance(value, np.generic):
+            value = value.item()
+        if leaf:
+            raise SignatureError(f"leaf {path!r} must be an array, got {type(value).__name__}",
+                                 loc=user_location(), op="call")
+        if name in self.dynamic and isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat = _input_name(name, path, whole, taken)
+            binding.arrays.append((flat, np.array(value, np.float32)))
+            return ("input", flat), ("dynamic",)
+        try:
+            hash(value)
+        except TypeError:
+            raise SignatureError(f"parameter {path!r}: a {type(value).__name__} is neither an array nor a "
+                                 "hashable static value (static values are part of the signature)",
+                                 loc=user_location(), op="call") from None
+        return ("static", value), ("static", type(value).__name__, value)
+
+    def _note_signature(self, binding: "Binding") -> None:
+        """Record a new signature; log why it recompiles (BENDC_LOG=recompiles) and warn past the limit."""
+        previous = self._signatures[-1] if self._signatures else None
+        self._signatures.append(dict(binding.described))
+        if previous is not None and _logging_recompiles():
+            LOGGER.info("recompiling %s (signature %d): %s", self.fn.__name__, len(self._signatures),
+                        _recompile_reason(previous, binding.described))
+        if len(self._signatures) == self.recompile_limit + 1:
+            message = (f"{self.fn.__name__} has been compiled for {len(self._signatures)} signatures, past its "
+                       f"recompile_limit of {self.recompile_limit}; last change: "
+                       f"{_recompile_reason(previous or {}, binding.described)}. Mark changing Python scalars "
+                       "jit(dynamic=(...)) or pass them as 0-d arrays; see step.signatures()")
+            LOGGER.warning(message)
+            warnings.warn(message, RecompileWarning, stacklevel=3)
+
+    def signatures(self) -> list[dict[str, str]]:
+        """The signatures compiled by calls, in order: each a dict of parameter path -> its type
+        (``f32[32,64]``), ``dynamic f32[]`` or its static value."""
+        return [dict(signature) for signature in self._signatures]
 
     # ------------------------------------------------------------- compiling
     def lower(self, shapes: str | dict[str, Any], **static: Any) -> Executable:
         """Trace and compile for a signature given as a SPEC without running it.
 
         ``shapes`` is a SPEC string (``x=f32[64,784] w=f32[10,784]:leaf``) or a
-        dict of name -> TensorType or SPEC type text; Python scalars go in
-        ``static`` (defaults apply). Introspection then shows this signature.
+        dict of name -> TensorType or SPEC type text, or name -> a pytree of them
+        (``{"params": {"w": "f32[10,784]"}, "batch": ("f32[64,784]", "i64[64]")}``);
+        Python scalars go in ``static`` (defaults apply). Introspection then shows
+        this signature.
         """
-        types, static = self._lowering_signature(shapes, static)
-        self._last = self._compile(types, static)
+        self._last = self._compile_lowered(shapes, static)
         return self._last
 
     def export(self, folder: str, shapes: str | dict[str, Any], static: dict[str, Any] | None = None,
@@ -207,16 +383,42 @@ class JitFunction:
         replaced). ``progress(number, count, kernel)`` is called per kernel.
         ``target="cuda"`` builds PTX and cubin for ``arch`` (numba-cuda, no GPU needed).
         """
-        if target == "cuda":
-            types, static = self._lowering_signature(shapes, static or {})
-            self._last = self._compile(types, static, artifact=folder, progress=progress, cuda_arch=arch)
-            return self._last
-        if self.resolved_target == "reference":
+        if target != "cuda" and self.resolved_target == "reference":
             raise UnsupportedError("target 'reference' interprets the IR and has no artifact; use target='cpu'",
                                    loc=user_location(), op="compile")
-        types, static = self._lowering_signature(shapes, static or {})
-        self._last = self._compile(types, static, artifact=folder, progress=progress)
+        extra = {"artifact": folder, "progress": progress}
+        if target == "cuda":
+            extra["cuda_arch"] = arch
+        self._last = self._compile_lowered(shapes, static or {}, **extra)
         return self._last
+
+    def _compile_lowered(self, shapes: str | dict[str, Any], static: dict[str, Any], **extra: Any) -> Executable:
+        binding = self._example_binding(shapes, static)
+        if binding is not None:
+            types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in binding.arrays]
+            return self._compile(types, binding.static, binding=binding, **extra)
+        types, static = self._lowering_signature(shapes, static)
+        return self._compile(types, static, **extra)
+
+    def _example_binding(self, shapes: str | dict[str, Any], static: dict[str, Any]) -> Binding | None:
+        """For shapes given as pytrees of types: the binding of zero arrays of those types (None for
+        a SPEC or a flat dict of types)."""
+        if not isinstance(shapes, dict) or all(isinstance(v, (str, TensorType)) for v in shapes.values()):
+            return None
+
+        def example(leaf: Any) -> Any:
+            if isinstance(leaf, str):
+                leaf = TensorType.parse(leaf.removesuffix(":leaf"))
+            if isinstance(leaf, TensorType):
+                return np.zeros(leaf.shape, DTYPES[leaf.dtype])
+            return leaf
+
+        unknown = [name for name in list(shapes) + list(static) if name not in self.signature.parameters]
+        if unknown:
+            raise SignatureError(f"{unknown} are not parameters of {self.fn.__name__}{self.signature}",
+                                 loc=user_location(), op="lower")
+        arguments = {name: tree.map(example, value) for name, value in shapes.items()}
+        return self._bind((), {**arguments, **static})
 
     def _lowering_signature(self, shapes: str | dict[str, Any],
                             static: dict[str, Any]) -> tuple[list[tuple[str, TensorType]], dict[str, Any]]:
@@ -247,11 +449,17 @@ class JitFunction:
         return types, {k: v for k, v in static.items() if k not in specs}
 
     def _compile(self, types: list[tuple[str, TensorType]], static: dict[str, Any], artifact: str | None = None,
-                 progress: Progress | None = None, cuda_arch: str | None = None) -> Executable:
-        """Trace, differentiate, run the passes and build; ``artifact``: write it there, cache unused."""
+                 progress: Progress | None = None, cuda_arch: str | None = None,
+                 binding: Binding | None = None) -> Executable:
+        """Trace, differentiate, run the passes and build; ``artifact``: write it there, cache unused.
+        ``binding``: a call's pytrees and dynamic scalars (leaves and donations by input name)."""
+        leaves, donate = self.leaves, self.donate
+        if binding is not None:
+            leaves, donate = tuple(binding.leaves), tuple(binding.donate)
         return compile_step(Request(self.fn, tuple(self.signature.parameters), tuple(types), dict(static),
-                                    self.leaves, self.donate, tuple(self.passes), self.resolved_target,
-                                    self.cache_dir, artifact, progress, cuda_arch))
+                                    leaves, donate, tuple(self.passes), self.resolved_target,
+                                    self.cache_dir, artifact, progress, cuda_arch,
+                                    binding.arguments if binding is not None else None))
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -288,8 +496,16 @@ class JitFunction:
 
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
-        cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = ()):
+        cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = (),
+        dynamic: Sequence[str] = (), recompile_limit: int = DEFAULT_RECOMPILE_LIMIT):
     """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``.
+
+    Parameters may be arrays, Python scalars and other hashable values (static: a new value is a
+    new signature) or pytrees of them (bendc.tree). ``leaves`` names the parameters whose arrays
+    take gradients (every array inside a pytree parameter). ``dynamic`` names parameters whose
+    Python numbers are traced 0-d float32 values instead of static ones (a learning rate).
+    Past ``recompile_limit`` signatures a RecompileWarning fires; ``BENDC_LOG=recompiles`` logs
+    every recompile and its reason (logger "bendc").
 
     ``donate`` names array parameters whose memory the caller gives up: on the
     cpu target an updated value of the same shape (an optimizer step's new
@@ -297,7 +513,7 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
     """
     def wrap(function: Callable) -> JitFunction:
         return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes,
-                           donate=donate)
+                           donate=donate, dynamic=dynamic, recompile_limit=recompile_limit)
 
     if fn is not None:
         return wrap(fn)

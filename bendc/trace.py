@@ -26,6 +26,9 @@ from bendc.ops import OPS
 from bendc.ops.base import METHODS
 
 _ACTIVE: list["Tracer"] = []
+# The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
+# registers itself: the bridge reads bendc.functional, which reads this module).
+TORCH_FUNCTION: list[Any] = []
 
 
 def active_tracer(op: str) -> "Tracer":
@@ -96,6 +99,12 @@ class Tracer:
             return operand
         if isinstance(operand, (bool, numbers.Real)) and not isinstance(operand, np.ndarray):
             return self.const(float(operand))
+        if type(operand).__module__.startswith("torch") and hasattr(operand, "shape"):
+            if operand.shape == ():
+                return self.const(float(operand.item()))  # a 0-d torch constant (torch.tensor(2.0))
+            raise UnsupportedError(f"a torch tensor constant of shape {list(operand.shape)} inside a traced "
+                                   "function is not supported; pass it as an array parameter of the jitted "
+                                   "function", loc=self.builder.loc, op=op)
         raise UnsupportedError(
             f"operand of type {type(operand).__name__} is not supported; pass arrays as parameters "
             "of the jitted function and use Python scalars for constants", loc=self.builder.loc, op=op)
@@ -257,6 +266,15 @@ class Tensor:
     def __le__(self, other): self._compare(other, "<=", "le")
     def __gt__(self, other): self._compare(other, ">", "gt")
     def __ge__(self, other): self._compare(other, ">=", "ge")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """torch.*, torch.nn.functional.* and torch.Tensor methods on traced tensors trace into
+        bendc's ops: bendc/torch_bridge.py registers the handler (bendc.function imports it)."""
+        if not TORCH_FUNCTION:
+            raise UnsupportedError("torch functions on traced tensors need bendc.torch_bridge (import bendc.jit)",
+                                   loc=user_location(), op=getattr(func, "__name__", "torch"))
+        return TORCH_FUNCTION[0](func, tuple(args), dict(kwargs or {}))
 
     def __array__(self, *args, **kwargs):
         raise UnsupportedError(f"a traced tensor {self.type} cannot become a numpy array inside a jitted "

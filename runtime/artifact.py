@@ -298,11 +298,13 @@ def _load_cuda_program(folder: str, manifest: dict) -> tuple[dict, Any]:
 
 
 def template_from_json(data: Any) -> Any:
-    """The return value's structure from its manifest form (bendc/artifact.py writes it)."""
+    """The return value's structure from its manifest form (bendc/artifact.py writes it); named
+    tuples and dataclasses come back as dicts of their fields (the runtime imports no user code)."""
     kind = data["kind"]
     if kind in ("out", "static"):
         return (kind, data["value"])
-    if kind == "dict":
+    if kind in ("dict", "namedtuple", "dataclass"):
+        kind = "dict"
         return (kind, {k: template_from_json(t) for k, t in data["items"].items()})
     items = [template_from_json(t) for t in data["items"]]
     return (kind, tuple(items) if kind == "tuple" else items)

@@ -206,6 +206,9 @@ def describe_template(template: dict) -> str:
     if kind == "dict":
         items = [f"{key!r}: {describe_template(item)}" for key, item in template["items"].items()]
         return "{" + ", ".join(items) + "}"
+    if kind in ("namedtuple", "dataclass"):  # "type" is module:qualname
+        items = [f"{key}={describe_template(item)}" for key, item in template["items"].items()]
+        return template["type"].rpartition(":")[2] + "(" + ", ".join(items) + ")"
     items = [describe_template(item) for item in template["items"]]
     if kind == "tuple":
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"

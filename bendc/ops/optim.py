@@ -55,3 +55,46 @@ define_op(
     attr_names=("beta2",),
     doc="`%1 = adam_bias_root[beta2=0.999] %step : f32[]`: sqrt(1 - beta2**step), in float64.",
 )
+
+
+def _reference_lr_step_size(values, attrs):
+    step, lr = (np.float64(v) for v in values)
+    with np.errstate(divide="ignore"):
+        return np.array(lr / (1.0 - np.float64(attrs["beta1"]) ** step), dtype=np.float32)
+
+
+define_op(
+    name="adam_lr_step_size",
+    arity=2,
+    infer=lambda types, attrs: _infer_bias_correction(types, attrs),
+    reference=_reference_lr_step_size,
+    lowering=Lowering("elementwise", scalar=lambda step, lr, *, beta1: (
+        f"np.float32(float({lr}) / (1.0 - {beta1!r} ** float({step})))")),
+    no_vjp="the step count and the learning rate are constants",
+    attr_names=("beta1",),
+    doc="`%2 = adam_lr_step_size[beta1=0.9] %step, %lr : f32[]`: lr / (1 - beta1**step), in float64 "
+        "(a traced learning rate).",
+)
+
+
+def _infer_bias_correction(types, attrs):
+    for t in types:
+        _infer_step_scalar([t], attrs)
+    return TensorType("f32", ())
+
+
+def _reference_bias_correction(values, attrs):
+    beta, step = (np.float64(v) for v in values)
+    return np.array(1.0 - beta ** step, dtype=np.float32)
+
+
+define_op(
+    name="bias_correction",
+    arity=2,
+    infer=_infer_bias_correction,
+    reference=_reference_bias_correction,
+    lowering=Lowering("elementwise", scalar=lambda beta, step: (
+        f"np.float32(1.0 - float({beta}) ** float({step}))")),
+    no_vjp="the betas and the step count are constants",
+    doc="`%2 = bias_correction %beta, %step : f32[]`: 1 - beta**step, in float64 (traced betas).",
+)

@@ -65,6 +65,8 @@ SAMPLES: dict[str, Sample] = {
     "reciprocal": Sample((T("f32[2,3]"),), positive=(0,)),
     "adam_step_size": Sample((T("f32[]"),), {"lr": 0.001, "beta1": 0.9}, positive=(0,)),
     "adam_bias_root": Sample((T("f32[]"),), {"beta2": 0.999}, positive=(0,)),
+    "adam_lr_step_size": Sample((T("f32[]"), T("f32[]")), {"beta1": 0.9}, positive=(0, 1)),
+    "bias_correction": Sample((T("f32[]"), T("f32[]")), positive=(0, 1)),
     "relu": Sample((T("f32[2,3]"),)),
     "gelu": Sample((T("f32[2,3]"),), {"approximate": "tanh"}),
     "gelu_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"approximate": "none"}),
@@ -328,6 +330,18 @@ def optimizers(p, g, m, v, buf, w, step):
     return sgd, new_buf, adam, new_m, new_v, traced
 
 
+def functional_optimizers(w, g, m, v, step, lr, beta1, beta2):
+    """bendc.optim with a traced lr (adam_lr_step_size) and traced betas (bias_correction)."""
+    import bendc.optim
+
+    loss = (w * g).sum()
+    loss.backward()
+    state = {"step": step, "exp_avg": m, "exp_avg_sq": v}
+    traced_lr, _ = bendc.optim.adamw(w, w.grad, state, lr)
+    traced_betas, _ = bendc.optim.adam(w, w.grad, state, lr, (beta1, beta2))
+    return traced_lr, traced_betas
+
+
 def _rng(shape, seed, low=-1.0, high=1.0):
     return np.random.default_rng(seed).uniform(low, high, size=shape).astype(np.float32)
 
@@ -342,6 +356,9 @@ COVERAGE_PROGRAMS: dict[str, tuple[Callable, tuple[str, ...], Callable[[], tuple
     "optimizers": (optimizers, ("w",), lambda: (
         _rng((2, 3), 0), _rng((2, 3), 1), _rng((2, 3), 2), _rng((2, 3), 3, 0.1, 1.0), _rng((2, 3), 4),
         _rng((2, 3), 5), np.array(4, np.int64))),
+    "functional_optimizers": (functional_optimizers, ("w",), lambda: (
+        _rng((2, 3), 0), _rng((2, 3), 1), _rng((2, 3), 2), _rng((2, 3), 3, 0.1, 1.0), np.array(2, np.float32),
+        np.array(1e-3, np.float32), np.array(0.9, np.float32), np.array(0.999, np.float32))),
 }
 
 # Functional features the API promises; a program uses each one that exists, so

@@ -1,0 +1,226 @@
+"""Functional optimizers over pytrees, with torch.optim's update rules and defaults.
+
+```python
+@bendc.jit(leaves=("params",), dynamic=("lr",))
+def train_step(params, opt_state, batch, lr):
+    loss = model(params, batch)
+    loss.backward()
+    grads = bendc.tree.map(lambda p: p.grad, params)
+    params, opt_state = bendc.optim.adamw(params, grads, opt_state, lr)
+    return loss, params, opt_state
+
+opt_state = bendc.optim.init_adam(params)      # numpy, outside the trace
+```
+
+Each function takes the parameters, their gradients (same structure; a ``None``
+gradient leaves its parameter and state as they are, as torch skips a
+parameter whose ``.grad`` is None) and the state, and returns
+``(new_params, new_state)``. ``lr`` (and Adam's ``betas``) may be Python
+numbers (static: part of the signature) or traced 0-d values (a 0-d array
+parameter, or a Python float named in ``jit(dynamic=...)``), so a learning
+rate schedule never recompiles. With Python numbers the arithmetic is
+torch's to the rounding: bias corrections and step sizes in float64, rounded
+once (``F.adam_step``). With traced values they are the same expressions with
+the traced float32 value (lr / (1 - beta1**step) is still computed in float64
+from it).
+
+The state's ``step`` is a float32 0-d array, as torch keeps it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bendc import tree
+from bendc.errors import UnsupportedError, user_location
+from bendc.trace import Tensor, active_tracer
+
+
+# ------------------------------------------------------------------ state (numpy, outside a trace)
+def _zeros_like(param: Any) -> np.ndarray:
+    return np.zeros(np.shape(param), np.float32)
+
+
+def init_sgd(params: Any, momentum: float = 0.0) -> dict:
+    """SGD's state: ``{}`` without momentum, else ``{"step": 0, "momentum_buffer": zeros}``
+    (a zero buffer and the step count reproduce torch's first step, buf = grad)."""
+    if momentum == 0.0:
+        return {}
+    return {"step": np.zeros((), np.float32), "momentum_buffer": tree.map(_zeros_like, params)}
+
+
+def init_adam(params: Any) -> dict:
+    """Adam's and AdamW's state: ``{"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros}``."""
+    return {"step": np.zeros((), np.float32), "exp_avg": tree.map(_zeros_like, params),
+            "exp_avg_sq": tree.map(_zeros_like, params)}
+
+
+# ------------------------------------------------------------------ helpers
+def _traced(value: Any) -> bool:
+    return isinstance(value, Tensor)
+
+
+def _hyper(value: Any, name: str, op: str) -> Any:
+    """A hyperparameter: a Python number (as float), or a traced 0-d float value."""
+    if isinstance(value, Tensor):
+        if value.shape != () or not value.type.is_float:
+            raise UnsupportedError(f"{name} must be a Python number or a 0-d float tensor, got {value.type}",
+                                   loc=user_location(), op=op)
+        return value
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise UnsupportedError(f"{name} must be a Python number or a 0-d float tensor, got "
+                               f"{type(value).__name__}", loc=user_location(), op=op)
+    return float(value)
+
+
+def _state_part(state: Any, key: str, treedef: tree.TreeDef, op: str) -> list:
+    if not isinstance(state, dict) or key not in state:
+        raise UnsupportedError(f"the optimizer state has no {key!r} (make it with bendc.optim.init_"
+                               f"{'sgd' if op == 'sgd' else 'adam'}(params))", loc=user_location(), op=op)
+    try:
+        return tree.flatten_up_to(treedef, state[key])
+    except ValueError as error:
+        raise UnsupportedError(f"state[{key!r}] does not match the parameters: {error}",
+                               loc=user_location(), op=op) from None
+
+
+def _grads(grads: Any, treedef: tree.TreeDef, op: str) -> list:
+    try:
+        return tree.flatten_up_to(treedef, grads)
+    except ValueError as error:
+        raise UnsupportedError(f"the gradients do not match the parameters: {error}",
+                               loc=user_location(), op=op) from None
+
+
+def _next_step(step: Any) -> Any:
+    """torch's ``state_step += 1``."""
+    return step + 1.0 if isinstance(step, Tensor) else step + 1
+
+
+# ------------------------------------------------------------------ SGD
+def sgd(params: Any, grads: Any, state: Any, lr: Any = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+        weight_decay: float = 0.0, nesterov: bool = False) -> tuple[Any, dict]:
+    """torch.optim.SGD's step (maximize=False): returns (new_params, new_state).
+
+    grad += weight_decay * param; with momentum, buf = grad on the first step, else
+    buf * momentum + (1 - dampening) * grad, and grad = grad + momentum * buf (nesterov) or buf;
+    then param - lr * grad.
+    """
+    lr = _hyper(lr, "lr", "sgd")
+    momentum, dampening, weight_decay = (float(_hyper(v, n, "sgd")) if not _traced(v) else v for v, n in
+                                         ((momentum, "momentum"), (dampening, "dampening"),
+                                          (weight_decay, "weight_decay")))
+    if nesterov and (_traced(momentum) or momentum <= 0 or dampening != 0):
+        raise UnsupportedError("nesterov momentum requires a momentum and zero dampening (as torch)",
+                               loc=user_location(), op="sgd")
+    leaves, treedef = tree.flatten(params)
+    gradients = _grads(grads, treedef, "sgd")
+    use_momentum = _traced(momentum) or momentum != 0.0
+    buffers = _state_part(state, "momentum_buffer", treedef, "sgd") if use_momentum else []
+    step = state.get("step") if use_momentum and isinstance(state, dict) else None
+    new_params, new_buffers = [], []
+    for index, (param, grad) in enumerate(zip(leaves, gradients)):
+        buf = buffers[index] if use_momentum else None
+        if grad is None:
+            new_params.append(param)
+            new_buffers.append(buf)
+            continue
+        if _traced(weight_decay) or weight_decay != 0.0:
+            grad = grad + weight_decay * param
+        if use_momentum:
+            if buf is None:
+                buf = grad
+            else:
+                scaled = grad if (not _traced(dampening) and dampening == 0.0) else (1.0 - dampening) * grad
+                computed = buf * momentum + scaled
+                if (_traced(dampening) or dampening != 0.0) and isinstance(step, Tensor):
+                    tracer = step.tracer
+                    with tracer.at_user_line("sgd"):
+                        first = tracer.emit("le", (step.id, tracer.const(0.0).id))
+                        buf = tracer.emit("where", (first.id, grad.id, computed.id))
+                else:  # a zero buffer's first step is grad already (0 * momentum + grad)
+                    buf = computed
+            grad = grad + momentum * buf if nesterov else buf
+        new_params.append(param - lr * grad)
+        new_buffers.append(buf)
+    new_state: dict = {}
+    if use_momentum:
+        new_state = dict(state)
+        new_state["momentum_buffer"] = tree.unflatten(treedef, new_buffers)
+        if step is not None:
+            new_state["step"] = _next_step(step)
+    return tree.unflatten(treedef, new_params), new_state
+
+
+# ------------------------------------------------------------------ Adam, AdamW
+def _adam_leaf(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: Any, lr: Any, beta1: Any, beta2: Any,
+               eps: float, weight_decay: float, decoupled: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """One parameter's Adam(W) update; ``step`` is the count after its increment."""
+    from bendc import functional as F
+
+    if not decoupled and weight_decay != 0.0:
+        grad = grad + weight_decay * param  # torch: grad.add(param, alpha=weight_decay)
+    if not (_traced(lr) or _traced(beta1) or _traced(beta2)):
+        # torch's float64 host arithmetic, rounded once (bendc.functional.adam_step).
+        return F.adam_step(param, grad, m, v, step, lr, (beta1, beta2), eps,
+                           weight_decay if decoupled else 0.0)
+    tracer = param.tracer if isinstance(param, Tensor) else active_tracer("adam")
+    with tracer.at_user_line("adam"):
+        if decoupled and weight_decay != 0.0:
+            param = param * (1.0 - lr * weight_decay)
+        step = step if isinstance(step, Tensor) else tracer.const(float(step))
+        new_m = m + (1.0 - beta1) * (grad - m)            # m.lerp_(grad, 1 - beta1)
+        new_v = v * beta2 + (1.0 - beta2) * grad * grad   # v.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+        if not (_traced(beta1) or _traced(beta2)):
+            step_size = tracer.emit("adam_lr_step_size", (step.id, tracer.value(lr, "adam").id), beta1=beta1)
+            bias_correction2_sqrt = tracer.emit("adam_bias_root", (step.id,), beta2=beta2)
+        else:
+            b1, b2 = tracer.value(beta1, "adam"), tracer.value(beta2, "adam")
+            step_size = lr / tracer.emit("bias_correction", (b1.id, step.id))
+            bias_correction2_sqrt = tracer.emit("bias_correction", (b2.id, step.id)).sqrt()
+        denom = new_v.sqrt() / bias_correction2_sqrt + eps
+        return param + (-step_size) * (new_m / denom), new_m, new_v
+
+
+def _adam(params: Any, grads: Any, state: Any, lr: Any, betas: Any, eps: float, weight_decay: float,
+          decoupled: bool, op: str) -> tuple[Any, dict]:
+    lr = _hyper(lr, "lr", op)
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise UnsupportedError(f"betas must be a pair, got {betas!r}", loc=user_location(), op=op)
+    beta1, beta2 = (_hyper(b, "betas", op) for b in betas)
+    eps, weight_decay = float(_hyper(eps, "eps", op)), float(_hyper(weight_decay, "weight_decay", op))
+    leaves, treedef = tree.flatten(params)
+    gradients = _grads(grads, treedef, op)
+    exp_avg = _state_part(state, "exp_avg", treedef, op)
+    exp_avg_sq = _state_part(state, "exp_avg_sq", treedef, op)
+    if "step" not in state:
+        raise UnsupportedError("the optimizer state has no 'step' (make it with bendc.optim.init_adam(params))",
+                               loc=user_location(), op=op)
+    step = _next_step(state["step"])
+    new_params, new_m, new_v = [], [], []
+    for param, grad, m, v in zip(leaves, gradients, exp_avg, exp_avg_sq):
+        if grad is None:
+            new_params.append(param), new_m.append(m), new_v.append(v)
+            continue
+        p, m, v = _adam_leaf(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay, decoupled)
+        new_params.append(p), new_m.append(m), new_v.append(v)
+    new_state = dict(state)
+    new_state.update(step=step, exp_avg=tree.unflatten(treedef, new_m), exp_avg_sq=tree.unflatten(treedef, new_v))
+    return tree.unflatten(treedef, new_params), new_state
+
+
+def adam(params: Any, grads: Any, state: Any, lr: Any = 1e-3, betas: Any = (0.9, 0.999), eps: float = 1e-8,
+         weight_decay: float = 0.0) -> tuple[Any, dict]:
+    """torch.optim.Adam's step (amsgrad=False, maximize=False): weight decay is L2
+    (grad += weight_decay * param). Returns (new_params, new_state)."""
+    return _adam(params, grads, state, lr, betas, eps, weight_decay, decoupled=False, op="adam")
+
+
+def adamw(params: Any, grads: Any, state: Any, lr: Any = 1e-3, betas: Any = (0.9, 0.999), eps: float = 1e-8,
+          weight_decay: float = 0.01) -> tuple[Any, dict]:
+    """torch.optim.AdamW's step (amsgrad=False, maximize=False): decoupled weight decay
+    (param *= 1 - lr * weight_decay). Returns (new_params, new_state)."""
+    return _adam(params, grads, state, lr, betas, eps, weight_decay, decoupled=True, op="adamw")
