@@ -51,7 +51,8 @@ PIPELINES = (None, None, None, None,
 # elementwise families are listed several times (weights).
 FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity", "nonfinite", "reduce", "rows",
             "layout", "index", "matmul", "gelu", "norm", "rope_family", "attention", "index_select",
-            "gather", "cross_entropy", "mse", "sgd", "adam", "combine", "backward", "zero_grad", "grad_read")
+            "gather", "cross_entropy", "mse", "sgd", "adam", "adam_traced", "combine", "backward", "zero_grad",
+            "grad_read")
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -73,7 +74,13 @@ class Input:
             return rng.integers(0, self.high, size=self.shape).astype(np.int64)
         if self.kind == "step":
             return np.array(float(1 + self.seed % 5), dtype=np.float32)
+        if self.kind == "hyper":
+            return np.array(self.hyper_value(), dtype=np.float32)
         return rng.uniform(-2.0, 2.0, size=self.shape).astype(np.float32)
+
+    def hyper_value(self) -> float:
+        """A traced optimizer hyperparameter: a learning rate (0.1, 0.01) or a beta (0.9, 0.8)."""
+        return (0.1, 0.01)[self.seed % 2] if self.high == 0 else (0.9, 0.8)[self.seed % 2]
 
     def numpy_source(self) -> str:
         if self.kind == "i64":
@@ -81,6 +88,8 @@ class Input:
                     ".astype(np.int64)")
         if self.kind == "step":
             return f"np.array({float(1 + self.seed % 5)!r}, dtype=np.float32)"
+        if self.kind == "hyper":
+            return f"np.array({self.hyper_value()!r}, dtype=np.float32)"
         return f"np.random.default_rng({self.seed}).uniform(-2.0, 2.0, size={self.shape}).astype(np.float32)"
 
 
@@ -205,7 +214,28 @@ class TorchF:
         return param + (-step_size) * (m / denom), m, v
 
 
+class TorchOptim:
+    @staticmethod
+    def adam(params, grads, state, lr, betas=(0.9, 0.999), eps=1e-8):
+        """torch.optim.Adam's update (out of place) with tensor hyperparameters."""
+        beta1, beta2 = betas
+        step = state["step"] + 1
+        new_params, exp_avg, exp_avg_sq = [], [], []
+        for param, grad, m, v in zip(params, grads, state["exp_avg"], state["exp_avg_sq"]):
+            m = m + (1.0 - beta1) * (grad - m)
+            v = v * beta2 + (1.0 - beta2) * grad * grad
+            step_size = lr / (1.0 - beta1 ** step)
+            denom = v.sqrt() / math.sqrt(1.0 - 0.999 ** step) + eps if not isinstance(beta2, torch.Tensor) \
+                else v.sqrt() / (1.0 - beta2 ** step).sqrt() + eps
+            new_params.append(param + (-step_size) * (m / denom))
+            exp_avg.append(m)
+            exp_avg_sq.append(v)
+        return tuple(new_params), {"step": step, "exp_avg": tuple(exp_avg), "exp_avg_sq": tuple(exp_avg_sq)}
+
+
 class TorchBendc:
+    optim = TorchOptim
+
     @staticmethod
     def zero_grad(*leaves):
         for leaf in leaves:
@@ -350,7 +380,7 @@ class Builder:
         draw = self.draw
         if leaf is None:
             leaf = kind == "f32" and draw(st.booleans())
-        prefix = {"f32": "x", "i64": "i", "step": "s"}[kind]
+        prefix = {"f32": "x", "i64": "i", "step": "s", "hyper": "h"}[kind]
         name = f"{prefix}{sum(1 for i in self.inputs if i.name[0] == prefix)}"
         item = Input(name, tuple(shape), kind, leaf, draw(st.integers(0, 2 ** 16)), high)
         self.inputs.append(item)
@@ -880,6 +910,33 @@ class Builder:
                         Value(names[1], p.shape, g.bound + m.bound, g.deps | m.deps, False),
                         Value(names[2], p.shape, (v.bound ** 2) + g.bound ** 2, g.deps | v.deps, False)]
         self.families.add("adam")
+        self.exact_grads = False
+        return True
+
+    def adam_traced(self) -> bool:
+        """bendc.optim.adam with a traced (0-d array) learning rate, and sometimes traced betas."""
+        draw = self.draw
+        p = self.pick()
+        if p is None:
+            return False
+        g = self.pick_or_new(p.shape)
+        m = self.pick_or_new(p.shape)
+        v = self.pick_or_new(p.shape, lambda u: u.bound <= 30)
+        lr = self.new_input((), "hyper", False, high=0).name
+        if draw(st.booleans()):
+            betas = f"({self.new_input((), 'hyper', False, high=1).name}, 0.999)"
+        else:
+            betas = "(0.9, 0.999)"
+        step = draw(st.integers(0, 3))
+        state = f"{{'step': {step}, 'exp_avg': ({m.name},), 'exp_avg_sq': ({v.name} * {v.name},)}}"
+        names = [self.fresh() for _ in range(3)]
+        self.lines.append((f"({names[0]},), {names[1]} = bendc.optim.adam(({p.name},), ({g.name},), {state}, "
+                           f"lr={lr}, betas={betas})",) * 2)
+        self.lines.append((f"({names[2]},) = {names[1]}['exp_avg']",) * 2)
+        deps = frozenset().union(p.deps, g.deps, m.deps, v.deps)
+        self.values += [Value(names[0], p.shape, LIMIT, deps, False),
+                        Value(names[2], p.shape, g.bound + m.bound, g.deps | m.deps, False)]
+        self.families.add("adam_traced")
         self.exact_grads = False
         return True
 

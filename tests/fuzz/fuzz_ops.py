@@ -104,7 +104,11 @@ OP_TABLE: dict[str, OpEntry] = {
                               "torch.optim.Adam's update formulas (single-tensor), step as a float",
                               ("adam",)),
     "adam_bias_root": OpEntry(D, "F.adam_step with a traced 0-d step (as adam_step_size)", "as adam_step_size",
-                              ("adam",)),
+                              ("adam", "adam_traced")),
+    "adam_lr_step_size": OpEntry(D, "bendc.optim.adam(..., lr=<0-d array parameter>)", "lr / (1 - beta1 ** step)",
+                                 ("adam_traced",)),
+    "bias_correction": OpEntry(D, "bendc.optim.adam(..., betas=(<0-d array parameter>, 0.999))",
+                               "1 - beta ** step", ("adam_traced",)),
 }
 
 
