@@ -174,13 +174,16 @@ def _adam_leaf(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: Any, lr:
         step = step if isinstance(step, Tensor) else tracer.const(float(step))
         new_m = m + (1.0 - beta1) * (grad - m)            # m.lerp_(grad, 1 - beta1)
         new_v = v * beta2 + (1.0 - beta2) * grad * grad   # v.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
-        if not (_traced(beta1) or _traced(beta2)):
+        # A Python-float beta keeps torch's float64 bias correction (rounded once); a traced one
+        # is computed from the traced value, in float64 too, then rounded.
+        if not _traced(beta1):
             step_size = tracer.emit("adam_lr_step_size", (step.id, tracer.value(lr, "adam").id), beta1=beta1)
+        else:
+            step_size = lr / tracer.emit("bias_correction", (tracer.value(beta1, "adam").id, step.id))
+        if not _traced(beta2):
             bias_correction2_sqrt = tracer.emit("adam_bias_root", (step.id,), beta2=beta2)
         else:
-            b1, b2 = tracer.value(beta1, "adam"), tracer.value(beta2, "adam")
-            step_size = lr / tracer.emit("bias_correction", (b1.id, step.id))
-            bias_correction2_sqrt = tracer.emit("bias_correction", (b2.id, step.id)).sqrt()
+            bias_correction2_sqrt = tracer.emit("bias_correction", (tracer.value(beta2, "adam").id, step.id)).sqrt()
         denom = new_v.sqrt() / bias_correction2_sqrt + eps
         return param + (-step_size) * (new_m / denom), new_m, new_v
 
