@@ -358,11 +358,19 @@ def compile_step(request: Request) -> Executable:
     tape = tracer.tape()
     destination = request.artifact if request.artifact is not None else entry
     if destination is not None:
+        files, extra = built.files, {}
+        if request.artifact is not None and target == "cpu":  # machine code in the artifact (bendc/aot.py)
+            from bendc.aot import machine_code
+
+            code, extra["machine"], notes = machine_code(built.run, built.plan, request.cache_dir or
+                                                         default_cache_dir(), _input_specs(request, graph))
+            files = {**files, **code}
+            report += "".join(f"[aot] {note}\n" for note in notes)
         write_artifact(destination, function=name, target=target,
                        inputs=_input_specs(request, graph), leaves=list(request.leaves), template=template,
                        plan=built.plan, stages=stages, report=report, tape=tape,
                        extra={"static": _json_static(request.static), "donate": list(request.donate),
-                              **({"arch": request.cuda_arch} if request.cuda_arch else {})}, files=built.files,
+                              **({"arch": request.cuda_arch} if request.cuda_arch else {}), **extra}, files=files,
                        replace=request.artifact is not None)  # a cache entry: keep a concurrent writer's
     stats = plan_stats(built.plan) if built.plan is not None else {}
     return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)

@@ -26,6 +26,7 @@ from runtime.files import atomic_write
 from runtime.artifact import (ArtifactInvalid, check_inputs, inputs_by_name, load_program,
                               type_text)
 from runtime.cpu import CpuProgram, KernelError
+from runtime.machine import compile_counts
 
 # Integer inputs that no op uses as an index (counts, like an optimizer's step) get values in
 # [1, UNBOUNDED_INTEGERS).
@@ -105,6 +106,9 @@ def run_artifact(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     print(f"ran {manifest['function']} ({manifest['target']}) from {args.artifact} in {elapsed:.3f} s; "
           f"inputs {source}")
+    if getattr(program, "modules", None):
+        counts = compile_counts(program.modules)
+        print(f"kernels: {counts['compiled']} functions compiled, {counts['loaded']} loaded as machine code")
     for line in summary_lines(manifest, outputs):
         print(line)
     if args.outputs is not None:

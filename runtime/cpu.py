@@ -118,6 +118,7 @@ class CpuProgram:
         # Outputs that a step wrote into a fresh array are the caller's; views and parameters are copied.
         self.output_slots = [(slot[o], o in written_outputs) for o in plan["outputs"]]
         self.returned = []
+        self.modules: list[Any] = []  # the kernel modules (load_program sets them: compile counts)
         self.source, self.run = self._driver(plan["name"])
 
     returned: list  # the arrays last returned to the caller, one per fresh output
