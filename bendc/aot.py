@@ -78,3 +78,13 @@ def _index_bytes(stamp: Any, overloads: dict) -> bytes:
     pickle.dump(numba.__version__, stream, protocol=-1)
     stream.write(dumps((stamp, overloads)))
     return stream.getvalue()
+
+
+def donated_feeds(plan: KernelPlan, graph: Any) -> dict[str, int]:
+    """The manifest's ``feeds`` (input name -> output slot) of the outputs written over a donated
+    parameter: the updated parameter that ``bendc run --feed-outputs`` gives the next step."""
+    feeds = {}
+    for output, param in plan.donations.items():
+        if output in plan.outputs:
+            feeds[graph.node(param).attr["name"]] = plan.outputs.index(output)
+    return feeds

@@ -2,6 +2,7 @@
 
     bendc compile MODULE.py:FUNCTION [--shapes SPEC] --target cpu -o OUT [--static name=value ...]
     bendc run OUT (--inputs FILE.npz | --random-inputs [--seed N]) [--outputs FILE.npz]
+              [--steps N --feed-outputs [OUT=INPUT,...]]
     bendc ir MODULE.py:FUNCTION [--shapes SPEC] [--stage NAME] [--dot FILE]
     bendc report MODULE.py:FUNCTION [--shapes SPEC]
 
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--static", metavar="NAME=VALUE", action="append", default=[],
                          help="a Python scalar parameter's value, e.g. lr=0.05 (repeatable; default: the "
                               "function's default)")
+    build.add_argument("--donate", metavar="NAMES", default="",
+                       help="parameters whose arrays the step may overwrite with their updated values "
+                            "(comma-separated); each such output is recorded as the feed of that input, "
+                            "which `bendc run --feed-outputs` uses")
     build.set_defaults(handler=_compiler_command("compile_command"))
 
     run = commands.add_parser("run", help="run an artifact with the minimal runtime alone",

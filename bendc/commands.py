@@ -127,7 +127,7 @@ def compile_command(args: argparse.Namespace) -> int:
     check_static(function, shapes, static)
     # Tracing and the passes run as for cpu; --target cuda then renders and compiles cuda kernels.
     function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
-                   passes=function.passes, donate=function.donate if args.target == "cpu" else ())
+                   passes=function.passes, donate=_donations(args, function) if args.target == "cpu" else ())
     progress = Progress(sys.stderr)
     start = time.perf_counter()
     try:
@@ -141,6 +141,16 @@ def compile_command(args: argparse.Namespace) -> int:
     for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed):
         print(line)
     return 0
+
+
+def _donations(args: argparse.Namespace, function: JitFunction) -> tuple[str, ...]:
+    """--donate a,b (each a parameter of the function), else the function's own donations."""
+    names = tuple(name for name in (part.strip() for part in getattr(args, "donate", "").split(",")) if name)
+    for name in names:
+        if name not in function.signature.parameters:
+            raise SignatureError(f"--donate {name}: {function.__name__}{function.signature} has no parameter "
+                                 f"{name!r}", op="compile")
+    return names or function.donate
 
 
 def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed: float) -> list[str]:
@@ -163,6 +173,11 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
         f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
         f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
         "report.txt, tape.txt" + _binary_files(manifest),
+        *([f"  feeds    " + ", ".join(f"out{index}->{name}" for name, index in manifest["feeds"].items())]
+          if manifest.get("feeds") else []),
+        *([f"  machine  code for {manifest['machine']['cpu']} in numba/ "
+           f"({sum(1 for name in manifest['files'] if name.endswith('.nbc'))} compiled functions)"]
+          if manifest.get("machine") else []),
         f"run it with: bendc run {folder} --random-inputs",
     ]
     return lines

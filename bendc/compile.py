@@ -360,10 +360,11 @@ def compile_step(request: Request) -> Executable:
     if destination is not None:
         files, extra = built.files, {}
         if request.artifact is not None and target == "cpu":  # machine code in the artifact (bendc/aot.py)
-            from bendc.aot import machine_code
+            from bendc.aot import donated_feeds, machine_code
 
             code, extra["machine"], notes = machine_code(built.run, built.plan, request.cache_dir or
                                                          default_cache_dir(), _input_specs(request, graph))
+            extra["feeds"] = donated_feeds(built.plan, graph)
             files = {**files, **code}
             report += "".join(f"[aot] {note}\n" for note in notes)
         write_artifact(destination, function=name, target=target,

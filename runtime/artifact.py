@@ -339,6 +339,52 @@ def template_from_json(data: Any) -> Any:
     return (kind, tuple(items) if kind == "tuple" else items)
 
 
+def unflatten_outputs(template: dict, outputs: list) -> Any:
+    """The function's return value from the flat outputs (out0, out1, ...) and the manifest's template."""
+    kind = template["kind"]
+    if kind == "out":
+        return outputs[template["value"]]
+    if kind == "static":
+        return template["value"]
+    if kind == "dict":
+        return {key: unflatten_outputs(item, outputs) for key, item in template["items"].items()}
+    items = [unflatten_outputs(item, outputs) for item in template["items"]]
+    return tuple(items) if kind == "tuple" else items
+
+
+def check_feeds(manifest: dict, feeds: Mapping[str, int]) -> dict[str, int]:
+    """Feeds (input name -> output slot: that output becomes the input of the next step) that name
+    an input and an output of the same dtype and shape, or InputsInvalid."""
+    specs = {spec["name"]: spec for spec in manifest["inputs"]}
+    checked = {}
+    for name, index in feeds.items():
+        if name not in specs:
+            raise InputsInvalid(f"feed out{index}={name}: no input {name!r}; the artifact takes {', '.join(specs)}")
+        if not 0 <= int(index) < len(manifest["outputs"]):
+            raise InputsInvalid(f"feed out{index}={name}: the artifact has outputs out0..out{len(manifest['outputs']) - 1}")
+        output, spec = manifest["outputs"][int(index)], specs[name]
+        if output["dtype"] != spec["dtype"] or list(output["shape"]) != list(spec["shape"]):
+            raise InputsInvalid(f"feed out{index}={name}: out{index} is {type_text(output)} but {name} is "
+                                f"{type_text(spec)}")
+        checked[name] = int(index)
+    return checked
+
+
+def parse_feeds(text: str) -> dict[str, int]:
+    """``out1=w1,out2=b1`` (or ``w1=out1``) -> {"w1": 1, "b1": 2}, or InputsInvalid."""
+    feeds = {}
+    for pair in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
+        left, equals, right = pair.partition("=")
+        if left.startswith("out") and left[3:].isdigit():
+            output, name = left, right
+        else:
+            name, output = left, right
+        if not equals or not name.isidentifier() or not (output.startswith("out") and output[3:].isdigit()):
+            raise InputsInvalid(f"feed {pair!r}: write OUT=INPUT, e.g. out1=w1")
+        feeds[name] = int(output[3:])
+    return feeds
+
+
 def read_stages(folder: str, manifest: dict) -> dict[str, str]:
     """The IR text after every stage, by stage name."""
     stages = {}
