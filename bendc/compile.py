@@ -340,6 +340,9 @@ def compile_step(request: Request) -> Executable:
         entry = program_entry(request.cache_dir, key)
         cached = load_cached(entry, request.cache_dir)
         if cached is not None:
+            for stage, text in cached.stages.items():  # the dumps of a compile, from the cache entry
+                if stage != "traced":
+                    dump.write(stage, text)
             return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
                               cached.template, cached.report, cached.run, cached.kernels, cached.stats)
     graph = differentiate(traced)
@@ -354,7 +357,7 @@ def compile_step(request: Request) -> Executable:
                                     request.progress)
     else:
         built = build(target, graph, request.cache_dir, request.donate, request.progress)
-    report = _report(name, target, context, graph, built.report)
+    report = _report(name, target, context, graph, built.report, built.plan)
     tape = tracer.tape()
     destination = request.artifact if request.artifact is not None else entry
     if destination is not None:
@@ -389,14 +392,11 @@ def _input_specs(request: Request, graph: Graph) -> list[dict[str, Any]]:
     return specs
 
 
-def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str]) -> str:
-    lines = [f"bendc report for {name} (target {target})", f"final IR: {len(graph)} nodes"]
-    for pass_name, text in context.decisions:
-        lines.append(f"[{pass_name}] {text}")
-    if not context.decisions:
-        lines.append("no pass changed the graph")
-    lines.extend(f"[{target}] {line}" for line in backend)
-    return "\n".join(lines) + "\n"
+def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str],
+            plan: KernelPlan | None = None) -> str:
+    from bendc.reporting import format_report
+
+    return format_report(name, target, list(context.decisions), graph, backend, plan)
 
 
 class _Dumper:
