@@ -136,6 +136,7 @@ def cpu_runner(plan: dict, program: Any, final_ir: Callable[[], Graph]) -> Calla
         except KernelFailure as error:
             raise kernel_failure(error, plan, final_ir) from error.error
 
+    run.program, run.plan = program, plan  # what the self-check (bendc/check.py) steps through
     return run
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -77,8 +78,15 @@ class JitFunction:
     """The callable that ``bendc.jit`` returns."""
 
     def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
-                 passes: Sequence[Any] | None, donate: Sequence[str] = ()) -> None:
+                 passes: Sequence[Any] | None, donate: Sequence[str] = (), check: str | None = None) -> None:
         functools.update_wrapper(self, fn)
+        if check is None and os.environ.get("BENDC_CHECK", "") not in ("", "0"):
+            check = "reference"
+        if check not in (None, "reference"):
+            raise SignatureError(f"check={check!r}: the self-check compares against 'reference' (or None)",
+                                 loc=user_location(), op="jit")
+        self.check = check  # "reference": the first call of each signature runs bendc/check.py
+        self._checked: set[tuple] = set()
         self.fn = fn
         self.signature = inspect.signature(fn)
         self.leaves = self._parameter_names(leaves, "leaves")
@@ -106,7 +114,7 @@ class JitFunction:
 
     # ------------------------------------------------------------- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = self._fast_key(args, kwargs)
+        fast = self._fast_key(args, kwargs) if self.check is None else None
         hit = self._fast.get(fast) if fast is not None else None
         if hit is not None:  # the hot path: positional numpy arrays and scalars of a known signature
             executable, positions = hit
@@ -122,7 +130,13 @@ class JitFunction:
             names = list(self.signature.parameters)
             self._fast[fast] = (executable, [names.index(name) for name, _ in arrays])
         self._last = executable
-        results = executable.run([value for _, value in arrays])
+        if self.check is not None and key not in self._checked:
+            from bendc.check import checked_run
+
+            results = checked_run(executable.run, executable.graph, [value for _, value in arrays])
+            self._checked.add(key)
+        else:
+            results = executable.run([value for _, value in arrays])
         return unflatten_result(executable.template, results)
 
     def _fast_key(self, args: tuple, kwargs: dict) -> tuple | None:
@@ -288,16 +302,19 @@ class JitFunction:
 
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
-        cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = ()):
+        cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = (),
+        check: str | None = None):
     """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``.
 
     ``donate`` names array parameters whose memory the caller gives up: on the
     cpu target an updated value of the same shape (an optimizer step's new
-    parameter) may be written over them in place and returned.
+    parameter) may be written over them in place and returned. ``check="reference"`` (or
+    BENDC_CHECK=1) runs the first call of each signature beside the reference interpreter and
+    names the first kernel whose outputs leave the tolerance (bendc/check.py).
     """
     def wrap(function: Callable) -> JitFunction:
         return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes,
-                           donate=donate)
+                           donate=donate, check=check)
 
     if fn is not None:
         return wrap(fn)
