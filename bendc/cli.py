@@ -5,6 +5,7 @@
               [--steps N --feed-outputs [OUT=INPUT,...]]
     bendc ir MODULE.py:FUNCTION [--shapes SPEC] [--stage NAME] [--dot FILE]
     bendc report MODULE.py:FUNCTION [--shapes SPEC]
+    bendc profile MODULE.py:FUNCTION [--shapes SPEC] [--runs N] [--chrome TRACE.json]
 
 This module is the console script's entry (and ``python -m bendc``'s): the
 parser and the dispatch. ``run`` is the runtime's (runtime/cli.py: numpy,
@@ -80,7 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("function", metavar="MODULE.py:FUNCTION")
     report.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
     report.set_defaults(handler=_compiler_command("report_command"))
-    for command in (build, ir, report):
+    profile = commands.add_parser("profile", help="time a function's kernels (cpu)",
+                                  description="Compile a function for the cpu, run it on random inputs of the "
+                                              "SPEC's shapes and print where its time goes, per kernel, sorted "
+                                              "by time.")
+    profile.add_argument("function", metavar="MODULE.py:FUNCTION")
+    profile.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
+    profile.add_argument("--runs", type=int, default=10, metavar="N", help="profiled runs (default 10)")
+    profile.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    profile.add_argument("--chrome", metavar="TRACE.json", help="also write a Chrome/Perfetto trace there")
+    profile.set_defaults(handler=_compiler_command("profile_command"))
+    for command in (build, ir, report, profile):
         command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show tracebacks for errors")
     return parser

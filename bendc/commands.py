@@ -216,3 +216,33 @@ def report_command(args: argparse.Namespace) -> int:
     function.lower(shapes)
     print(function.report(), end="")
     return 0
+
+
+# ------------------------------------------------------------------ profile
+def profile_command(args: argparse.Namespace) -> int:
+    """Compile for the cpu, run on random inputs of the SPEC's shapes, print the per-kernel table."""
+    from bendc.artifact import index_bounds
+    from bendc.profile import profile_executable
+    from runtime.cli import random_inputs
+
+    function, shapes = load_function(args.function, args.shapes)
+    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
+                   passes=function.passes, donate=function.donate)
+    executable = function.lower(shapes)
+    bounds = index_bounds(executable.graph)
+    specs = []
+    for name, (type, _) in parse_spec(shapes).items():
+        spec = {"name": name, "dtype": type.dtype, "shape": list(type.shape)}
+        if name in bounds:
+            spec["index_bound"] = bounds[name]
+        specs.append(spec)
+    order = [name for name in function.signature.parameters if name in {s["name"] for s in specs}]
+    specs.sort(key=lambda spec: order.index(spec["name"]))
+    table = profile_executable(function.__name__, executable, random_inputs({"inputs": specs}, args.seed),
+                               args.runs)
+    if args.chrome is not None:
+        table.chrome(args.chrome)
+    print(table)
+    if args.chrome is not None:
+        print(f"wrote a Chrome trace of {args.runs} runs to {args.chrome} (chrome://tracing or ui.perfetto.dev)")
+    return 0

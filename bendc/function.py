@@ -300,6 +300,16 @@ class JitFunction:
         """The compile report: pass decisions with their reasons."""
         return self._executable().report
 
+    def profile(self, *args: Any, runs: int = 10, **kwargs: Any):
+        """Where a call's time goes, per kernel, over ``runs`` calls (bendc/profile.py): a table
+        that prints, with ``.rows`` (kernel, source_lines, calls, total_ms, mean_ms, share, ...)
+        and ``.chrome(path)``. cpu target."""
+        from bendc.profile import profile_executable
+
+        self(*args, **kwargs)  # compiles (or finds) the signature
+        arrays, _, _ = self._bind(args, kwargs)
+        return profile_executable(self.fn.__name__, self._executable(), [value for _, value in arrays], runs)
+
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
         cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = (),

@@ -188,6 +188,33 @@ class CpuProgram:
                 raise KernelFailure(entry[0], error) from error
             yield entry[0], {self.value_ids[o]: values[o] for o in entry[3]}
 
+    def time_steps(self, inputs: Sequence[np.ndarray], clock: Callable[[], int],
+                   reuse: dict | None = None) -> list[tuple[str, int, int]]:
+        """Run one call step by step: (step name, start, end) per non-hoisted step, by ``clock``
+        (e.g. time.perf_counter_ns); the profiler's view. Output arrays are allocated outside the
+        timed spans and kept in ``reuse`` between calls (as the driver recycles them)."""
+        values = list(self.values)
+        for index, array in zip(self.param_slots, inputs):
+            values[index] = array
+        reuse = {} if reuse is None else reuse
+        spans = []
+        for name, kernel, ins, outs, view, fresh in self.program:
+            for index, shape, dtype in fresh:
+                if dtype is None:
+                    values[index] = values[shape]
+                else:
+                    if index not in reuse:
+                        reuse[index] = np.empty(shape, dtype)
+                    values[index] = reuse[index]
+            args = [values[i] for i in ins]
+            start = clock()
+            if view:
+                values[outs[0]] = kernel(*args)
+            else:
+                kernel(*args, *[values[o] for o in outs])
+            spans.append((name, start, clock()))
+        return spans
+
     def _run_step(self, entry, values: list | None = None) -> None:
         name, kernel, ins, outs, view, fresh = entry
         values = self.values if values is None else values
