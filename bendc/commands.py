@@ -90,11 +90,9 @@ class Progress:
         self.drawn = False
 
     def kernel(self, number: int, count: int, name: str) -> None:
-        text = f"compiling kernel {number}/{count} {name} ..."
-        if self.interactive:
-            self.stream.write("\r" + text + "\x1b[K")
-        else:
-            self.stream.write(text + "\n")
+        if not self.interactive:  # quiet in pipes, files and tests
+            return
+        self.stream.write(f"\rcompiling kernel {number}/{count} {name} ...\x1b[K")
         self.stream.flush()
         self.drawn = True
 
@@ -128,17 +126,21 @@ def compile_command(args: argparse.Namespace) -> int:
     # Tracing and the passes run as for cpu; --target cuda then renders and compiles cuda kernels.
     function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
                    passes=function.passes, donate=_donations(args, function) if args.target == "cpu" else ())
-    progress = Progress(sys.stderr)
+    from bendc.progress import CompileWatch
+
+    progress = Progress(sys.stderr)  # cuda: per launch compiled to PTX; cpu: numba's compiles, counted
     start = time.perf_counter()
     try:
-        executable = function.export(args.output, shapes, static, progress.kernel,
-                                     target=args.target, arch=args.arch or "sm_90")
+        with CompileWatch() as watch:
+            executable = function.export(args.output, shapes, static,
+                                         progress.kernel if args.target == "cuda" else None,
+                                         target=args.target, arch=args.arch or "sm_90")
     except OSError as error:
         raise BendcError(f"cannot write {args.output}: {error.strerror or error}", op="compile") from None
     finally:
         progress.finish()
     elapsed = time.perf_counter() - start
-    for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed):
+    for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed, watch):
         print(line)
     return 0
 
@@ -153,7 +155,8 @@ def _donations(args: argparse.Namespace, function: JitFunction) -> tuple[str, ..
     return names or function.donate
 
 
-def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed: float) -> list[str]:
+def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed: float,
+                    watch: Any = None) -> list[str]:
     """What ``bendc compile`` wrote, and how to run it."""
     inputs = []
     for spec in manifest["inputs"]:
@@ -171,6 +174,9 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
         + ", ".join(f"out{index} {type_text(spec)}" for index, spec in enumerate(manifest["outputs"])),
         f"  kernels  {len(kernels)} modules, {stats.get('launches', 0)} launches per call; temporaries "
         f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
+        *([f"  numba    compiled {watch.kernels} kernels ({watch.functions} functions with their helpers) now; "
+           "the others came compiled from the kernel cache"] if watch is not None and manifest["target"] == "cpu"
+          else []),
         f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
         "report.txt, tape.txt" + _binary_files(manifest),
         *([f"  feeds    " + ", ".join(f"out{index}->{name}" for name, index in manifest["feeds"].items())]

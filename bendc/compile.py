@@ -165,6 +165,9 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
             progress(number, len(plan.steps), step.name)
         step.module = write_kernel(cache_dir, step.source)
         kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
+    from bendc.progress import expect
+
+    expect(sum(1 for kernel in {id(k): k for k in kernels.values()}.values() if getattr(kernel, "overloads", None) == {}))
     plan_json = plan.to_json()
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
     final_ir = lambda: graph  # noqa: E731

@@ -122,10 +122,17 @@ class JitFunction:
             return unflatten_result(executable.template, executable.run([args[i] for i in positions]))
         arrays, key, static = self._bind(args, kwargs)
         executable = self._cache.get(key)
-        if executable is None:
-            types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in arrays]
-            executable = self._compile(types, static)
-            self._cache[key] = executable
+        if executable is None:  # a cold call: progress on a terminal while numba compiles (bendc/progress.py)
+            from bendc.progress import CompileWatch
+
+            with CompileWatch():
+                types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in arrays]
+                executable = self._compile(types, static)
+                self._cache[key] = executable
+                return self._run(executable, key, fast, arrays)
+        return self._run(executable, key, fast, arrays)
+
+    def _run(self, executable: Executable, key: tuple, fast: tuple | None, arrays: list) -> Any:
         if fast is not None:
             names = list(self.signature.parameters)
             self._fast[fast] = (executable, [names.index(name) for name, _ in arrays])

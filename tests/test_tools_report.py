@@ -2,6 +2,7 @@
 user line, repeated reasons grouped; BENDC_DUMP_DIR on a cache hit."""
 from __future__ import annotations
 
+import io
 import re
 import sys
 from pathlib import Path
@@ -82,3 +83,24 @@ def test_dump_dir_gets_every_stage_on_a_cache_hit(tmp_path, monkeypatch) -> None
     assert dumped("second") == dumped("first") and len(dumped("first")) == len(first.stages())
     for name in dumped("second"):
         assert (tmp_path / "second" / "train_step" / name).read_text() == second.ir(name[3:-3])
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_only(tmp_path) -> None:
+    from bendc.progress import CompileWatch
+
+    inputs = mlp_inputs()
+    terminal = _Terminal()
+    with CompileWatch(terminal, delay=0.0) as watch:
+        mlp_step(tmp_path / "a")(*inputs)
+    assert watch.kernels > 0 and watch.total >= watch.kernels
+    assert f"bendc: compiling kernels {watch.kernels}/{watch.total}" in terminal.getvalue()
+    pipe = io.StringIO()
+    with CompileWatch(pipe, delay=0.0) as quiet:
+        bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu", cache_dir=str(tmp_path / "b"),
+                  passes=["dce", "cse"])(*inputs)
+    assert quiet.kernels > 0 and pipe.getvalue() == ""

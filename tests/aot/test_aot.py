@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def test_compile_writes_every_part(compiled) -> None:
     bounds = {spec["name"]: spec.get("index_bound") for spec in manifest["inputs"]}
     assert bounds == {"x": None, "y": mlp.CLASSES, "w1": None, "b1": None, "w2": None, "b2": None}
     count = len(plan["steps"])
-    assert f"compiling kernel 1/{count} " in stderr and f"compiling kernel {count}/{count} " in stderr
+    assert count and stderr == ""  # no progress lines when stderr is not a terminal
+    assert re.search(r"numba    compiled \d+ kernels \(\d+ functions with their helpers\) now", stdout), stdout
     assert f"compiled train_step for cpu into {out}" in stdout and "y=i64[64] (indices < 10)" in stdout
     assert f"bendc run {out} --random-inputs" in stdout
 
