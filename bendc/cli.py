@@ -6,6 +6,7 @@
     bendc ir MODULE.py:FUNCTION [--shapes SPEC] [--stage NAME] [--dot FILE]
     bendc report MODULE.py:FUNCTION [--shapes SPEC]
     bendc profile MODULE.py:FUNCTION [--shapes SPEC] [--runs N] [--chrome TRACE.json]
+    bendc cache [list | clear] [--dir DIR]
 
 This module is the console script's entry (and ``python -m bendc``'s): the
 parser and the dispatch. ``run`` is the runtime's (runtime/cli.py: numpy,
@@ -91,7 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     profile.add_argument("--chrome", metavar="TRACE.json", help="also write a Chrome/Perfetto trace there")
     profile.set_defaults(handler=_compiler_command("profile_command"))
-    for command in (build, ir, report, profile):
+    cache = commands.add_parser("cache", help="list or clear the on-disk cache",
+                                description="List the on-disk cache's compiled programs (function, signature, "
+                                            "size, age) and its total size, or clear it.")
+    cache.add_argument("action", nargs="?", default="list", choices=("list", "clear"),
+                       help="list (default) or clear")
+    cache.add_argument("--dir", metavar="DIR", help="the cache folder (default: $BENDC_CACHE_DIR or ~/.cache/bendc)")
+    cache.set_defaults(handler=_compiler_command("cache_command"))
+    for command in (build, ir, report, profile, cache):
         command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show tracebacks for errors")
     return parser

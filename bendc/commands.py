@@ -252,3 +252,93 @@ def profile_command(args: argparse.Namespace) -> int:
     if args.chrome is not None:
         print(f"wrote a Chrome trace of {args.runs} runs to {args.chrome} (chrome://tracing or ui.perfetto.dev)")
     return 0
+
+
+# ------------------------------------------------------------------ cache
+CACHE_FOLDERS = ("programs", "kernels", "aot")  # what bendc writes under its cache folder
+
+
+def folder_size(path: str) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # removed meanwhile
+    return total
+
+
+def human_size(count: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def human_age(seconds: float) -> str:
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.0f} {unit}"
+    return f"{max(0, seconds):.0f} s"
+
+
+def cache_entries(folder: str) -> list[dict[str, Any]]:
+    """The cached programs: key, function, signature, size, age (damaged entries say so)."""
+    from runtime.artifact import ArtifactInvalid
+
+    programs = os.path.join(folder, "programs")
+    entries = []
+    for key in sorted(os.listdir(programs)) if os.path.isdir(programs) else []:
+        path = os.path.join(programs, key)
+        if key.startswith(".") or not os.path.isdir(path):
+            continue  # a writer's temporary folder
+        try:
+            manifest = read_manifest(path)
+            inputs = " ".join(f"{s['name']}={type_text(s)}" + (":leaf" if s.get("leaf") else "")
+                              for s in manifest["inputs"])
+            static = " ".join(f"{k}={v!r}" for k, v in manifest.get("static", {}).items())
+            function, signature = manifest["function"], (inputs + (" " + static if static else "")).strip()
+        except (ArtifactInvalid, OSError, KeyError):
+            function, signature = "?", "(damaged entry: discarded and rebuilt when next used)"
+        try:
+            age = time.time() - os.stat(os.path.join(path, "manifest.json")).st_mtime
+        except OSError:
+            age = time.time() - os.stat(path).st_mtime
+        entries.append({"key": key, "function": function, "signature": signature, "size": folder_size(path),
+                        "age": age})
+    return entries
+
+
+def cache_command(args: argparse.Namespace) -> int:
+    from bendc.codegen.cache import default_cache_dir
+
+    folder = args.dir or default_cache_dir()
+    if args.action == "clear":
+        import shutil
+        import tempfile
+
+        removed = 0
+        for name in CACHE_FOLDERS:
+            path = os.path.join(folder, name)
+            if not os.path.isdir(path):
+                continue
+            removed += folder_size(path)
+            trash = tempfile.mkdtemp(dir=folder, prefix=f".{name}.old-")  # renamed away first: readers see it whole
+            os.rename(path, os.path.join(trash, name))
+            shutil.rmtree(trash, ignore_errors=True)
+        print(f"cleared {folder}: removed {human_size(removed)}")
+        return 0
+    entries = cache_entries(folder)
+    print(f"bendc cache {folder}: {len(entries)} programs")
+    if entries:
+        print(f"  {'key':<12} {'function':<20} {'size':>9} {'age':>7}  signature")
+    for entry in sorted(entries, key=lambda e: e["age"]):
+        signature = entry["signature"] if len(entry["signature"]) <= 100 else entry["signature"][:97] + "..."
+        print(f"  {entry['key'][:12]:<12} {entry['function'][:20]:<20} {human_size(entry['size']):>9} "
+              f"{human_age(entry['age']):>7}  {signature}")
+    sizes = {name: folder_size(os.path.join(folder, name)) for name in CACHE_FOLDERS}
+    print(f"total {human_size(sum(sizes.values()))}: programs {human_size(sizes['programs'])}, kernels "
+          f"{human_size(sizes['kernels'])} (sources and numba's machine code), artifacts compiled for this CPU "
+          f"{human_size(sizes['aot'])}")
+    return 0

@@ -104,3 +104,21 @@ def test_progress_on_a_terminal_only(tmp_path) -> None:
         bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu", cache_dir=str(tmp_path / "b"),
                   passes=["dce", "cse"])(*inputs)
     assert quiet.kernels > 0 and pipe.getvalue() == ""
+
+
+def test_bendc_cache_lists_and_clears(tmp_path, capsys) -> None:
+    from bendc import cli
+
+    cache = tmp_path / "cache"
+    mlp_step(cache)(*mlp_inputs())
+    (cache / "unrelated.txt").write_text("not bendc's")
+    assert cli.main(["cache", "--dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert f"bendc cache {cache}: 1 programs" in out
+    assert re.search(r"train_step\s+[\d.]+ (KiB|MiB)\s+\d+ s\s+x=f32\[64,64\] y=i64\[64\] w1=f32\[128,64\]:leaf", out), out
+    assert re.search(r"^total [\d.]+ (KiB|MiB): programs ", out, re.M), out
+    assert cli.main(["cache", "clear", "--dir", str(cache)]) == 0
+    assert "cleared" in capsys.readouterr().out
+    assert sorted(p.name for p in cache.iterdir()) == ["unrelated.txt"]
+    assert cli.main(["cache", "--dir", str(cache)]) == 0
+    assert ": 0 programs" in capsys.readouterr().out

@@ -478,10 +478,12 @@ def exit_code(argv: list[str]) -> int:
 # command -> words its --help must show
 HELP_WORDS = {
     "": ["compile", "run", "ir", "report", "--verbose"],
-    "compile": ["--target", "--shapes", "--static", "-o OUT", "--arch"],
-    "run": ["--inputs", "--random-inputs", "--seed", "--outputs"],
+    "compile": ["--target", "--shapes", "--static", "-o OUT", "--arch", "--donate"],
+    "run": ["--inputs", "--random-inputs", "--seed", "--outputs", "--steps", "--feed-outputs"],
     "ir": ["--stage", "--dot", "--shapes"],
     "report": ["--shapes"],
+    "profile": ["--shapes", "--runs", "--chrome"],
+    "cache": ["list", "clear", "--dir"],
 }
 
 
