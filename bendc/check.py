@@ -36,6 +36,9 @@ class KernelMismatchError(InternalError):
     def __init__(self, message: str, *, step: str, node: int, index: tuple[int, ...], got: Any, want: Any,
                  loc: SourceLoc | None, op: str, context: str) -> None:
         self.step, self.node, self.index, self.got, self.want = step, node, index, got, want
+        self.nodes: list[int] = []  # the kernel's IR nodes
+        self.graph: Graph | None = None
+        self.reference: dict[int, np.ndarray] = {}  # every node's reference value at the failing call
         super().__init__(message, loc=loc, op=op, context=context)
 
 
@@ -88,7 +91,9 @@ def checked_run(run: Any, graph: Graph, inputs: Sequence[np.ndarray]) -> list:
                 continue
             found = worst_element(got, want[value])
             if found is not None:
-                raise mismatch(graph, steps[name], value, found[0], got, want[value])
+                error = mismatch(graph, steps[name], value, found[0], got, want[value])
+                error.graph, error.reference = graph, want  # for bendc/minify.py's repro
+                raise error
     return run(inputs)  # the real call (outputs as the fast path returns them)
 
 
@@ -104,5 +109,7 @@ def mismatch(graph: Graph, step: dict, value: int, index: tuple[int, ...], got: 
                f"tolerance (rtol {RTOL:g}, atol {ATOL:g}) on {node_name(graph, value)}: worst element "
                f"{list(index)}: kernel {got_value!r}, reference {want_value!r}; nodes {nodes}; "
                f"lines {', '.join(step.get('lines', [])) or '?'}")
-    return KernelMismatchError(message, step=step["name"], node=value, index=index, got=got_value, want=want_value,
-                               loc=loc, op=step["op"], context=format_context(graph, step["nodes"]))
+    error = KernelMismatchError(message, step=step["name"], node=value, index=index, got=got_value, want=want_value,
+                                loc=loc, op=step["op"], context=format_context(graph, step["nodes"]))
+    error.nodes = list(step["nodes"])
+    return error

@@ -7,6 +7,7 @@
     bendc report MODULE.py:FUNCTION [--shapes SPEC]
     bendc profile MODULE.py:FUNCTION [--shapes SPEC] [--runs N] [--chrome TRACE.json]
     bendc cache [list | clear] [--dir DIR]
+    bendc minify MODULE.py:FUNCTION [--shapes SPEC] [-o REPRO.py]
 
 This module is the console script's entry (and ``python -m bendc``'s): the
 parser and the dispatch. ``run`` is the runtime's (runtime/cli.py: numpy,
@@ -99,7 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="list (default) or clear")
     cache.add_argument("--dir", metavar="DIR", help="the cache folder (default: $BENDC_CACHE_DIR or ~/.cache/bendc)")
     cache.set_defaults(handler=_compiler_command("cache_command"))
-    for command in (build, ir, report, profile, cache):
+    minify = commands.add_parser("minify", help="write a standalone repro of a kernel the self-check finds wrong",
+                                 description="Run a function once under the self-check (check='reference') on "
+                                             "random inputs of the SPEC's shapes and, when a kernel leaves the "
+                                             "tolerance, write a standalone repro file of that kernel alone.")
+    minify.add_argument("function", metavar="MODULE.py:FUNCTION")
+    minify.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
+    minify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    minify.add_argument("-o", "--output", metavar="REPRO.py", default="repro.py", help="default repro.py")
+    minify.set_defaults(handler=_compiler_command("minify_command"))
+    for command in (build, ir, report, profile, cache, minify):
         command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show tracebacks for errors")
     return parser

@@ -225,16 +225,11 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ profile
-def profile_command(args: argparse.Namespace) -> int:
-    """Compile for the cpu, run on random inputs of the SPEC's shapes, print the per-kernel table."""
+def _random_call_inputs(function: JitFunction, executable: Any, shapes: str, seed: int) -> list:
+    """Random inputs of the SPEC's shapes in parameter order (index inputs within their bounds)."""
     from bendc.artifact import index_bounds
-    from bendc.profile import profile_executable
     from runtime.cli import random_inputs
 
-    function, shapes = load_function(args.function, args.shapes)
-    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
-                   passes=function.passes, donate=function.donate)
-    executable = function.lower(shapes)
     bounds = index_bounds(executable.graph)
     specs = []
     for name, (type, _) in parse_spec(shapes).items():
@@ -244,8 +239,39 @@ def profile_command(args: argparse.Namespace) -> int:
         specs.append(spec)
     order = [name for name in function.signature.parameters if name in {s["name"] for s in specs}]
     specs.sort(key=lambda spec: order.index(spec["name"]))
-    table = profile_executable(function.__name__, executable, random_inputs({"inputs": specs}, args.seed),
-                               args.runs)
+    return random_inputs({"inputs": specs}, seed)
+
+
+def minify_command(args: argparse.Namespace) -> int:
+    from bendc.check import KernelMismatchError
+    from bendc.minify import write_repro
+
+    function, shapes = load_function(args.function, args.shapes)
+    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
+                   passes=function.passes, donate=function.donate, check="reference")
+    inputs = _random_call_inputs(function, function.lower(shapes), shapes, args.seed)
+    names = [name for name in function.signature.parameters if name in parse_spec(shapes)]
+    try:
+        function(**dict(zip(names, inputs)))
+    except KernelMismatchError as error:
+        write_repro(error, args.output)
+        print(f"kernel {error.step} ({error.op} at {error.loc}) leaves the tolerance; wrote {args.output} "
+              f"(run: python {args.output})")
+        return 0
+    print(f"every kernel of {function.__name__} agrees with the reference interpreter: nothing to minify")
+    return 0
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """Compile for the cpu, run on random inputs of the SPEC's shapes, print the per-kernel table."""
+    from bendc.profile import profile_executable
+
+    function, shapes = load_function(args.function, args.shapes)
+    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
+                   passes=function.passes, donate=function.donate)
+    executable = function.lower(shapes)
+    table = profile_executable(function.__name__, executable,
+                               _random_call_inputs(function, executable, shapes, args.seed), args.runs)
     if args.chrome is not None:
         table.chrome(args.chrome)
     print(table)

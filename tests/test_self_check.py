@@ -56,3 +56,23 @@ def test_bendc_check_turns_it_on(monkeypatch) -> None:
     assert bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES).check is None
     with pytest.raises(bendc.BendcError, match="check='torch'"):
         bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, check="torch")
+
+
+def test_minify_writes_a_repro_of_the_broken_kernel_alone(tmp_path, monkeypatch) -> None:
+    import runpy
+
+    from bendc.minify import write_repro
+
+    lowering = OPS["relu"].lowering
+    broken = lambda a: f"(np.float32(0.0) if {a} < np.float32(0.0) else {a} * np.float32(1.01))"  # noqa: E731
+    with monkeypatch.context() as patch:
+        patch.setitem(OPS, "relu", dataclasses.replace(OPS["relu"], lowering=dataclasses.replace(lowering, scalar=broken)))
+        step = bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu", cache_dir=str(tmp_path), check="reference")
+        with pytest.raises(KernelMismatchError) as raised:
+            step(*mlp_inputs())
+        repro = tmp_path / "repro.py"
+        write_repro(raised.value, str(repro))
+        text = repro.read_text()
+        assert f"func @repro_{raised.value.step}(" in text and "relu" in text and "matmul" not in text
+        assert runpy.run_path(str(repro), run_name="repro")["main"]() == 1  # reproduces with the bug
+    assert runpy.run_path(str(repro), run_name="repro")["main"]() == 0  # and not once it is fixed
