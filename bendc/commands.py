@@ -174,19 +174,23 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
         + ", ".join(f"out{index} {type_text(spec)}" for index, spec in enumerate(manifest["outputs"])),
         f"  kernels  {len(kernels)} modules, {stats.get('launches', 0)} launches per call; temporaries "
         f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
-        *([f"  numba    compiled {watch.kernels} kernels ({watch.functions} functions with their helpers) now; "
-           "the others came compiled from the kernel cache"] if watch is not None and manifest["target"] == "cpu"
-          else []),
+        *([f"  numba    compiled {watch.functions} of the kernels' {_functions(manifest)} functions now"
+           + (" (the others came compiled from the kernel cache)" if watch.functions < _functions(manifest) else "")]
+          if watch is not None and manifest["target"] == "cpu" else []),
         f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
         "report.txt, tape.txt" + _binary_files(manifest),
         *([f"  feeds    " + ", ".join(f"out{index}->{name}" for name, index in manifest["feeds"].items())]
           if manifest.get("feeds") else []),
-        *([f"  machine  code for {manifest['machine']['cpu']} in numba/ "
-           f"({sum(1 for name in manifest['files'] if name.endswith('.nbc'))} compiled functions)"]
+        *([f"  machine  code for {manifest['machine']['cpu']} in numba/ ({_functions(manifest)} functions)"]
           if manifest.get("machine") else []),
         f"run it with: bendc run {folder} --random-inputs",
     ]
     return lines
+
+
+def _functions(manifest: dict) -> int:
+    """The numba functions whose machine code the artifact holds (one cache index each)."""
+    return sum(1 for name in manifest["files"] if name.endswith(".nbi"))
 
 
 def _binary_files(manifest: dict) -> str:

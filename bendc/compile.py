@@ -166,8 +166,10 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
         step.module = write_kernel(cache_dir, step.source)
         kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
     from bendc.progress import expect
+    from runtime.machine import dispatchers
 
-    expect(sum(1 for kernel in {id(k): k for k in kernels.values()}.values() if getattr(kernel, "overloads", None) == {}))
+    modules = {s.module: load_module(kernel_path(cache_dir, s.module), s.module) for s in plan.steps}
+    expect(sum(1 for function in dispatchers(modules.values()) if not function.overloads))  # to compile
     plan_json = plan.to_json()
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
     final_ir = lambda: graph  # noqa: E731

@@ -2,11 +2,11 @@
 
 numba compiles a kernel when it is first called, so what a cold first call
 (or ``bendc compile``, whose trial run compiles every kernel) spends its time
-on is numba's ``numba:compile`` events. :class:`CompileWatch` counts the
-generated kernels (functions named ``kernel`` in bendc's kernel modules) and
-their helpers that numba compiles while it is active, and, once a second has
-passed and only when ``stream`` is a terminal, redraws one line:
-``bendc: compiling kernels 12/57, 3.4 s``. Elsewhere (pipes, files, tests) it
+on is numba's ``numba:compile`` events. :class:`CompileWatch` counts the functions of
+bendc's generated kernel modules (kernels and their helpers) that numba
+compiles while it is active, and, once a second has passed and only when
+``stream`` is a terminal, redraws one line: ``bendc: compiling kernels
+12/57, 3.4 s`` (of the functions not compiled yet when the plan was bound). Elsewhere (pipes, files, tests) it
 prints nothing; the counts are there for ``bendc compile``'s summary.
 """
 from __future__ import annotations
@@ -32,8 +32,7 @@ class CompileWatch(event.Listener):
         self.stream = sys.stderr if stream is None else stream
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
         self.delay = delay
-        self.kernels = 0  # generated kernels compiled
-        self.functions = 0  # every bendc kernel-module function compiled (kernels and helpers)
+        self.functions = 0  # bendc kernel-module functions numba compiled (kernels and helpers)
         self.total = 0
         self.start = time.perf_counter()
         self.drawn = False
@@ -47,16 +46,14 @@ class CompileWatch(event.Listener):
         if function is None or not str(getattr(function, "__module__", "")).startswith("bendc_kernel_"):
             return
         self.functions += 1
-        if function.__name__ == "kernel":
-            self.kernels += 1
         self.draw()
 
     def draw(self) -> None:
         elapsed = time.perf_counter() - self.start
         if not self.interactive or elapsed < self.delay:
             return
-        of = f"/{self.total}" if self.total >= self.kernels else ""
-        self.stream.write(f"\rbendc: compiling kernels {self.kernels}{of}, {elapsed:.1f} s\x1b[K")
+        of = f"/{self.total}" if self.total >= self.functions else ""
+        self.stream.write(f"\rbendc: compiling kernels {self.functions}{of}, {elapsed:.1f} s\x1b[K")
         self.stream.flush()
         self.drawn = True
 

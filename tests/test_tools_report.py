@@ -97,13 +97,13 @@ def test_progress_on_a_terminal_only(tmp_path) -> None:
     terminal = _Terminal()
     with CompileWatch(terminal, delay=0.0) as watch:
         mlp_step(tmp_path / "a")(*inputs)
-    assert watch.kernels > 0 and watch.total >= watch.kernels
-    assert f"bendc: compiling kernels {watch.kernels}/{watch.total}" in terminal.getvalue()
+    assert watch.functions > 0 and watch.total >= watch.functions
+    assert f"bendc: compiling kernels {watch.functions}/{watch.total}" in terminal.getvalue()
     pipe = io.StringIO()
     with CompileWatch(pipe, delay=0.0) as quiet:
         bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu", cache_dir=str(tmp_path / "b"),
                   passes=["dce", "cse"])(*inputs)
-    assert quiet.kernels > 0 and pipe.getvalue() == ""
+    assert quiet.functions > 0 and pipe.getvalue() == ""
 
 
 def test_bendc_cache_lists_and_clears(tmp_path, capsys) -> None:
