@@ -50,8 +50,8 @@ def cache_dir(tmp_path_factory):
 def compiled(tmp_path_factory, cache_dir):
     """(artifact folder, stdout, stderr) of `bendc compile examples/mlp.py:train_step --target cpu`.
 
-    The artifact then runs once, so that numba's cache of its kernels (kernels/__pycache__, which
-    copies keep) spares the other tests compiling them again.
+    The artifact then runs once (it holds its kernels' machine code under numba/, which copies keep,
+    so the other tests compile nothing).
     """
     out = tmp_path_factory.mktemp("build") / "mlp"
     with pytest.MonkeyPatch.context() as patch:
