@@ -94,7 +94,7 @@ class Program:
 
     def compile_counts(self) -> dict[str, int]:
         """Functions numba compiled and loaded (from the artifact's machine code) in this process."""
-        return compile_counts(self._program.modules)
+        return compile_counts(getattr(self._program, "modules", []))  # cuda programs: none counted
 
 
 def load(path: str) -> Program:

@@ -76,3 +76,13 @@ def test_minify_writes_a_repro_of_the_broken_kernel_alone(tmp_path, monkeypatch)
         assert f"func @repro_{raised.value.step}(" in text and "relu" in text and "matmul" not in text
         assert runpy.run_path(str(repro), run_name="repro")["main"]() == 1  # reproduces with the bug
     assert runpy.run_path(str(repro), run_name="repro")["main"]() == 0  # and not once it is fixed
+
+
+def test_an_index_out_of_range_is_still_the_users_error(tmp_path) -> None:
+    step = bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu", cache_dir=str(tmp_path), check="reference")
+    x, y, *params = mlp_inputs()
+    y = y.copy()
+    y[0] = 99
+    with pytest.raises(bendc.BendcError, match="mlp.py:36") as raised:
+        step(x, y, *params)
+    assert not isinstance(raised.value, KernelMismatchError)
