@@ -1,7 +1,8 @@
 """The profiler: where a compiled step's time goes, per kernel (``step.profile`` and ``bendc profile``).
 
 Each run calls the program's steps one at a time (runtime/cpu.py:
-CpuProgram.time_steps), timing each launch with ``time.perf_counter_ns``;
+CpuProgram.time_steps), timing each launch with ``time.perf_counter_ns``
+(cuda: CUDA events around each step's launches, runtime/cuda.py);
 output arrays are allocated outside the timed spans and reused between runs
 as the fast path recycles them. The step's time is the wall time of the whole
 stepped call; what the kernels do not account for (the launch list's own
@@ -101,12 +102,14 @@ def profile_executable(function: str, executable: Any, inputs: Sequence[np.ndarr
     """Profile ``runs`` calls of a compiled cpu executable on ``inputs`` (after one warm-up call)."""
     program, plan = getattr(executable.run, "program", None), getattr(executable.run, "plan", None)
     if program is None or not hasattr(program, "time_steps"):
-        raise UnsupportedError("the profiler times cpu programs (target='cpu')", op="profile")
+        raise UnsupportedError("the profiler times compiled programs (target 'cpu' or 'cuda'), not the "
+                               "reference interpreter", op="profile")
     if runs < 1:
         raise UnsupportedError(f"runs must be at least 1 (got {runs})", op="profile")
     graph = executable.graph
     steps = {step["name"]: step for step in plan["steps"]}
     reuse: dict = {}
+    inputs = [np.array(a) if not hasattr(a, "__cuda_array_interface__") else a.copy_to_host() for a in inputs]
     program.time_steps([np.array(a) for a in inputs], time.perf_counter_ns, reuse)  # warm-up
     totals: dict[str, int] = {}
     calls: dict[str, int] = {}
@@ -127,6 +130,7 @@ def profile_executable(function: str, executable: Any, inputs: Sequence[np.ndarr
             events.append({"name": kernel_name(graph, step), "ph": "X", "ts": begin / 1e3,
                            "dur": (finish - begin) / 1e3, "pid": 0, "tid": 1, "cat": step["kind"],
                            "args": {"step": name, "lines": step.get("lines", []), "nodes": step["nodes"]}})
+    wall = max(wall, sum(totals.values()))  # cuda: device clocks against the host's; the shares still sum to 1
     rows = []
     for name, total in totals.items():
         step = steps[name]
