@@ -123,9 +123,9 @@ class JitFunction:
         arrays, key, static = self._bind(args, kwargs)
         executable = self._cache.get(key)
         if executable is None:  # a cold call: progress on a terminal while numba compiles (bendc/progress.py)
-            from bendc.progress import CompileWatch
+            from bendc.progress import compile_watch
 
-            with CompileWatch():
+            with compile_watch(self.resolved_target):
                 types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape))) for name, array in arrays]
                 executable = self._compile(types, static)
                 self._cache[key] = executable

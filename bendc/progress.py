@@ -15,8 +15,6 @@ import sys
 import time
 from typing import Any, TextIO
 
-from numba.core import event
-
 DELAY_SECONDS = 1.0
 _ACTIVE: list["CompileWatch"] = []
 
@@ -27,7 +25,10 @@ def expect(total: int) -> None:
         watch.total += total
 
 
-class CompileWatch(event.Listener):
+class CompileWatch:
+    """A numba event listener (registered as a virtual subclass of numba.core.event.Listener when
+    entered, so that importing this module does not import numba)."""
+
     def __init__(self, stream: TextIO | None = None, delay: float = DELAY_SECONDS) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -39,6 +40,10 @@ class CompileWatch(event.Listener):
 
     def on_start(self, data: Any) -> None:
         pass
+
+    def notify(self, data: Any) -> None:
+        if getattr(data, "is_end", False):
+            self.on_end(data)
 
     def on_end(self, data: Any) -> None:
         dispatcher = (data.data or {}).get("dispatcher") if hasattr(data, "data") else None
@@ -58,13 +63,27 @@ class CompileWatch(event.Listener):
         self.drawn = True
 
     def __enter__(self) -> "CompileWatch":
+        from numba.core import event
+
+        event.Listener.register(CompileWatch)
         event.register("numba:compile", self)
         _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        from numba.core import event
+
         event.unregister("numba:compile", self)
         _ACTIVE.remove(self)
         if self.drawn:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def compile_watch(target: str) -> Any:
+    """A CompileWatch for a target that compiles with numba; nothing for the reference interpreter."""
+    if target == "reference":
+        import contextlib
+
+        return contextlib.nullcontext()
+    return CompileWatch()
