@@ -196,3 +196,24 @@ def test_feed_outputs_are_checked(mlp_artifact, capsys) -> None:
     assert "out2 is f32[128] but x is f32[64,64]" in capsys.readouterr().err
     assert cli.main(["run", str(mlp_artifact), "--random-inputs", "--feed-outputs", "w1"]) == 1
     assert "write OUT=INPUT" in capsys.readouterr().err
+
+
+def test_compile_and_run_options_are_checked(mlp_artifact, tmp_path, capsys) -> None:
+    assert cli.main(["compile", f"{ROOT / 'examples' / 'mlp.py'}:train_step", "--target", "cpu",
+                     "-o", str(tmp_path / "x"), "--donate", "w9"]) == 1
+    assert "--donate w9" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert cli.main(["run", str(mlp_artifact), "--random-inputs", "--steps", "0"]) == 1
+    assert "--steps must be at least 1" in capsys.readouterr().err
+
+
+def test_an_artifact_without_feeds_says_how_to_name_them(tmp_path, cache_dir, capsys) -> None:
+    out = tmp_path / "plain"
+    compile_example("mlp.py", out)
+    assert "  feeds " not in capsys.readouterr().out  # nothing donated: no feeds recorded
+    assert cli.main(["run", str(out), "--random-inputs", "--steps", "2", "--feed-outputs"]) == 1
+    assert "records no feeds" in capsys.readouterr().err
+    program = runtime.load(str(out))
+    with pytest.raises(InputsInvalid, match="records no outputs to feed back"):
+        program.loop(2, *mlp_inputs())
+    final = program.loop(2, *mlp_inputs(), feeds={"w1": 1})
+    assert len(final) == 5
