@@ -94,5 +94,7 @@ def format_report(name: str, target: str, decisions: list[tuple[str, str]], grap
     lines.extend(group_decisions(decisions, graph))
     if not decisions:
         lines.append("no pass changed the graph")
-    lines.extend(f"[{target}] {line}" for line in backend)
+    for line in backend:  # kernels and memory decisions: nodes named where there are few
+        few = len(NODE.findall(line)) <= SHOWN_PER_GROUP
+        lines.append(f"[{target}] {name_nodes(graph, line) if few else line}")
     return "\n".join(lines) + "\n"
