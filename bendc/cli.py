@@ -2,8 +2,12 @@
 
     bendc compile MODULE.py:FUNCTION [--shapes SPEC] --target cpu -o OUT [--static name=value ...]
     bendc run OUT (--inputs FILE.npz | --random-inputs [--seed N]) [--outputs FILE.npz]
+              [--steps N --feed-outputs [OUT=INPUT,...]]
     bendc ir MODULE.py:FUNCTION [--shapes SPEC] [--stage NAME] [--dot FILE]
     bendc report MODULE.py:FUNCTION [--shapes SPEC]
+    bendc profile MODULE.py:FUNCTION [--shapes SPEC] [--runs N] [--chrome TRACE.json]
+    bendc cache [list | clear] [--dir DIR]
+    bendc minify MODULE.py:FUNCTION [--shapes SPEC] [-o REPRO.py]
 
 This module is the console script's entry (and ``python -m bendc``'s): the
 parser and the dispatch. ``run`` is the runtime's (runtime/cli.py: numpy,
@@ -54,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--static", metavar="NAME=VALUE", action="append", default=[],
                          help="a Python scalar parameter's value, e.g. lr=0.05 (repeatable; default: the "
                               "function's default)")
+    build.add_argument("--donate", metavar="NAMES", default="",
+                       help="parameters whose arrays the step may overwrite with their updated values "
+                            "(comma-separated); each such output is recorded as the feed of that input, "
+                            "which `bendc run --feed-outputs` uses")
     build.set_defaults(handler=_compiler_command("compile_command"))
 
     run = commands.add_parser("run", help="run an artifact with the minimal runtime alone",
@@ -75,7 +83,33 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("function", metavar="MODULE.py:FUNCTION")
     report.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
     report.set_defaults(handler=_compiler_command("report_command"))
-    for command in (build, ir, report):
+    profile = commands.add_parser("profile", help="time a function's kernels (cpu)",
+                                  description="Compile a function for the cpu, run it on random inputs of the "
+                                              "SPEC's shapes and print where its time goes, per kernel, sorted "
+                                              "by time.")
+    profile.add_argument("function", metavar="MODULE.py:FUNCTION")
+    profile.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
+    profile.add_argument("--runs", type=int, default=10, metavar="N", help="profiled runs (default 10)")
+    profile.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    profile.add_argument("--chrome", metavar="TRACE.json", help="also write a Chrome/Perfetto trace there")
+    profile.set_defaults(handler=_compiler_command("profile_command"))
+    cache = commands.add_parser("cache", help="list or clear the on-disk cache",
+                                description="List the on-disk cache's compiled programs (function, signature, "
+                                            "size, age) and its total size, or clear it.")
+    cache.add_argument("action", nargs="?", default="list", choices=("list", "clear"),
+                       help="list (default) or clear")
+    cache.add_argument("--dir", metavar="DIR", help="the cache folder (default: $BENDC_CACHE_DIR or ~/.cache/bendc)")
+    cache.set_defaults(handler=_compiler_command("cache_command"))
+    minify = commands.add_parser("minify", help="write a standalone repro of a kernel the self-check finds wrong",
+                                 description="Run a function once under the self-check (check='reference') on "
+                                             "random inputs of the SPEC's shapes and, when a kernel leaves the "
+                                             "tolerance, write a standalone repro file of that kernel alone.")
+    minify.add_argument("function", metavar="MODULE.py:FUNCTION")
+    minify.add_argument("--shapes", metavar="SPEC", help=SPEC_EXAMPLE)
+    minify.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    minify.add_argument("-o", "--output", metavar="REPRO.py", default="repro.py", help="default repro.py")
+    minify.set_defaults(handler=_compiler_command("minify_command"))
+    for command in (build, ir, report, profile, cache, minify):
         command.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show tracebacks for errors")
     return parser

@@ -90,11 +90,9 @@ class Progress:
         self.drawn = False
 
     def kernel(self, number: int, count: int, name: str) -> None:
-        text = f"compiling kernel {number}/{count} {name} ..."
-        if self.interactive:
-            self.stream.write("\r" + text + "\x1b[K")
-        else:
-            self.stream.write(text + "\n")
+        if not self.interactive:  # quiet in pipes, files and tests
+            return
+        self.stream.write(f"\rcompiling kernel {number}/{count} {name} ...\x1b[K")
         self.stream.flush()
         self.drawn = True
 
@@ -127,23 +125,38 @@ def compile_command(args: argparse.Namespace) -> int:
     check_static(function, shapes, static)
     # Tracing and the passes run as for cpu; --target cuda then renders and compiles cuda kernels.
     function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
-                   passes=function.passes, donate=function.donate if args.target == "cpu" else ())
-    progress = Progress(sys.stderr)
+                   passes=function.passes, donate=_donations(args, function) if args.target == "cpu" else ())
+    from bendc.progress import CompileWatch
+
+    progress = Progress(sys.stderr)  # cuda: per launch compiled to PTX; cpu: numba's compiles, counted
     start = time.perf_counter()
     try:
-        executable = function.export(args.output, shapes, static, progress.kernel,
-                                     target=args.target, arch=args.arch or "sm_90")
+        with CompileWatch() as watch:
+            executable = function.export(args.output, shapes, static,
+                                         progress.kernel if args.target == "cuda" else None,
+                                         target=args.target, arch=args.arch or "sm_90")
     except OSError as error:
         raise BendcError(f"cannot write {args.output}: {error.strerror or error}", op="compile") from None
     finally:
         progress.finish()
     elapsed = time.perf_counter() - start
-    for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed):
+    for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed, watch):
         print(line)
     return 0
 
 
-def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed: float) -> list[str]:
+def _donations(args: argparse.Namespace, function: JitFunction) -> tuple[str, ...]:
+    """--donate a,b (each a parameter of the function), else the function's own donations."""
+    names = tuple(name for name in (part.strip() for part in getattr(args, "donate", "").split(",")) if name)
+    for name in names:
+        if name not in function.signature.parameters:
+            raise SignatureError(f"--donate {name}: {function.__name__}{function.signature} has no parameter "
+                                 f"{name!r}", op="compile")
+    return names or function.donate
+
+
+def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed: float,
+                    watch: Any = None) -> list[str]:
     """What ``bendc compile`` wrote, and how to run it."""
     inputs = []
     for spec in manifest["inputs"]:
@@ -161,11 +174,23 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
         + ", ".join(f"out{index} {type_text(spec)}" for index, spec in enumerate(manifest["outputs"])),
         f"  kernels  {len(kernels)} modules, {stats.get('launches', 0)} launches per call; temporaries "
         f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
+        *([f"  numba    compiled {watch.functions} of the kernels' {_functions(manifest)} functions now"
+           + (" (the others came compiled from the kernel cache)" if watch.functions < _functions(manifest) else "")]
+          if watch is not None and manifest["target"] == "cpu" else []),
         f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
         "report.txt, tape.txt" + _binary_files(manifest),
+        *([f"  feeds    " + ", ".join(f"out{index}->{name}" for name, index in manifest["feeds"].items())]
+          if manifest.get("feeds") else []),
+        *([f"  machine  code for {manifest['machine']['cpu']} in numba/ ({_functions(manifest)} functions)"]
+          if manifest.get("machine") else []),
         f"run it with: bendc run {folder} --random-inputs",
     ]
     return lines
+
+
+def _functions(manifest: dict) -> int:
+    """The numba functions whose machine code the artifact holds (one cache index each)."""
+    return sum(1 for name in manifest["files"] if name.endswith(".nbi"))
 
 
 def _binary_files(manifest: dict) -> str:
@@ -200,4 +225,150 @@ def report_command(args: argparse.Namespace) -> int:
     function, shapes = load_function(args.function, args.shapes)
     function.lower(shapes)
     print(function.report(), end="")
+    return 0
+
+
+# ------------------------------------------------------------------ profile
+def _random_call_inputs(function: JitFunction, executable: Any, shapes: str, seed: int) -> list:
+    """Random inputs of the SPEC's shapes in parameter order (index inputs within their bounds)."""
+    from bendc.artifact import index_bounds
+    from runtime.cli import random_inputs
+
+    bounds = index_bounds(executable.graph)
+    specs = []
+    for name, (type, _) in parse_spec(shapes).items():
+        spec = {"name": name, "dtype": type.dtype, "shape": list(type.shape)}
+        if name in bounds:
+            spec["index_bound"] = bounds[name]
+        specs.append(spec)
+    order = [name for name in function.signature.parameters if name in {s["name"] for s in specs}]
+    specs.sort(key=lambda spec: order.index(spec["name"]))
+    return random_inputs({"inputs": specs}, seed)
+
+
+def minify_command(args: argparse.Namespace) -> int:
+    from bendc.check import KernelMismatchError
+    from bendc.minify import write_repro
+
+    function, shapes = load_function(args.function, args.shapes)
+    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
+                   passes=function.passes, donate=function.donate, check="reference")
+    inputs = _random_call_inputs(function, function.lower(shapes), shapes, args.seed)
+    names = [name for name in function.signature.parameters if name in parse_spec(shapes)]
+    try:
+        function(**dict(zip(names, inputs)))
+    except KernelMismatchError as error:
+        write_repro(error, args.output)
+        print(f"kernel {error.step} ({error.op} at {error.loc}) leaves the tolerance; wrote {args.output} "
+              f"(run: python {args.output})")
+        return 0
+    print(f"every kernel of {function.__name__} agrees with the reference interpreter: nothing to minify")
+    return 0
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """Compile for the cpu, run on random inputs of the SPEC's shapes, print the per-kernel table."""
+    from bendc.profile import profile_executable
+
+    function, shapes = load_function(args.function, args.shapes)
+    function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
+                   passes=function.passes, donate=function.donate)
+    executable = function.lower(shapes)
+    table = profile_executable(function.__name__, executable,
+                               _random_call_inputs(function, executable, shapes, args.seed), args.runs)
+    if args.chrome is not None:
+        table.chrome(args.chrome)
+    print(table)
+    if args.chrome is not None:
+        print(f"wrote a Chrome trace of {args.runs} runs to {args.chrome} (chrome://tracing or ui.perfetto.dev)")
+    return 0
+
+
+# ------------------------------------------------------------------ cache
+CACHE_FOLDERS = ("programs", "kernels", "aot")  # what bendc writes under its cache folder
+
+
+def folder_size(path: str) -> int:
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass  # removed meanwhile
+    return total
+
+
+def human_size(count: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def human_age(seconds: float) -> str:
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= scale:
+            return f"{seconds / scale:.0f} {unit}"
+    return f"{max(0, seconds):.0f} s"
+
+
+def cache_entries(folder: str) -> list[dict[str, Any]]:
+    """The cached programs: key, function, signature, size, age (damaged entries say so)."""
+    from runtime.artifact import ArtifactInvalid
+
+    programs = os.path.join(folder, "programs")
+    entries = []
+    for key in sorted(os.listdir(programs)) if os.path.isdir(programs) else []:
+        path = os.path.join(programs, key)
+        if key.startswith(".") or not os.path.isdir(path):
+            continue  # a writer's temporary folder
+        try:
+            manifest = read_manifest(path)
+            inputs = " ".join(f"{s['name']}={type_text(s)}" + (":leaf" if s.get("leaf") else "")
+                              for s in manifest["inputs"])
+            static = " ".join(f"{k}={v!r}" for k, v in manifest.get("static", {}).items())
+            function, signature = manifest["function"], (inputs + (" " + static if static else "")).strip()
+        except (ArtifactInvalid, OSError, KeyError):
+            function, signature = "?", "(damaged entry: discarded and rebuilt when next used)"
+        try:
+            age = time.time() - os.stat(os.path.join(path, "manifest.json")).st_mtime
+        except OSError:
+            age = time.time() - os.stat(path).st_mtime
+        entries.append({"key": key, "function": function, "signature": signature, "size": folder_size(path),
+                        "age": age})
+    return entries
+
+
+def cache_command(args: argparse.Namespace) -> int:
+    from bendc.codegen.cache import default_cache_dir
+
+    folder = args.dir or default_cache_dir()
+    if args.action == "clear":
+        import shutil
+        import tempfile
+
+        removed = 0
+        for name in CACHE_FOLDERS:
+            path = os.path.join(folder, name)
+            if not os.path.isdir(path):
+                continue
+            removed += folder_size(path)
+            trash = tempfile.mkdtemp(dir=folder, prefix=f".{name}.old-")  # renamed away first: readers see it whole
+            os.rename(path, os.path.join(trash, name))
+            shutil.rmtree(trash, ignore_errors=True)
+        print(f"cleared {folder}: removed {human_size(removed)}")
+        return 0
+    entries = cache_entries(folder)
+    print(f"bendc cache {folder}: {len(entries)} programs")
+    if entries:
+        print(f"  {'key':<12} {'function':<20} {'size':>9} {'age':>7}  signature")
+    for entry in sorted(entries, key=lambda e: e["age"]):
+        signature = entry["signature"] if len(entry["signature"]) <= 100 else entry["signature"][:97] + "..."
+        print(f"  {entry['key'][:12]:<12} {entry['function'][:20]:<20} {human_size(entry['size']):>9} "
+              f"{human_age(entry['age']):>7}  {signature}")
+    sizes = {name: folder_size(os.path.join(folder, name)) for name in CACHE_FOLDERS}
+    print(f"total {human_size(sum(sizes.values()))}: programs {human_size(sizes['programs'])}, kernels "
+          f"{human_size(sizes['kernels'])} (sources and numba's machine code), artifacts compiled for this CPU "
+          f"{human_size(sizes['aot'])}")
     return 0

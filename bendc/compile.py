@@ -137,6 +137,7 @@ def cpu_runner(plan: dict, program: Any, final_ir: Callable[[], Graph]) -> Calla
         except KernelFailure as error:
             raise kernel_failure(error, plan, final_ir) from error.error
 
+    run.program, run.plan = program, plan  # what the self-check (bendc/check.py) steps through
     return run
 
 
@@ -165,6 +166,11 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
             progress(number, len(plan.steps), step.name)
         step.module = write_kernel(cache_dir, step.source)
         kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
+    from bendc.progress import expect
+    from runtime.machine import dispatchers
+
+    modules = {s.module: load_module(kernel_path(cache_dir, s.module), s.module) for s in plan.steps}
+    expect(sum(1 for function in dispatchers(modules.values()) if not function.overloads))  # to compile
     plan_json = plan.to_json()
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
     final_ir = lambda: graph  # noqa: E731
@@ -347,6 +353,9 @@ def compile_step(request: Request) -> Executable:
         entry = program_entry(request.cache_dir, key)
         cached = load_cached(entry, request.cache_dir)
         if cached is not None:
+            for stage, text in cached.stages.items():  # the dumps of a compile, from the cache entry
+                if stage != "traced":
+                    dump.write(stage, text)
             return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
                               cached.template, cached.report, cached.run, cached.kernels, cached.stats)
     graph = differentiate(traced)
@@ -361,15 +370,24 @@ def compile_step(request: Request) -> Executable:
                                     request.progress)
     else:
         built = build(target, graph, request.cache_dir, request.donate, request.progress)
-    report = _report(name, target, context, graph, built.report)
+    report = _report(name, target, context, graph, built.report, built.plan)
     tape = tracer.tape()
     destination = request.artifact if request.artifact is not None else entry
     if destination is not None:
+        files, extra = built.files, {}
+        if request.artifact is not None and target == "cpu":  # machine code in the artifact (bendc/aot.py)
+            from bendc.aot import donated_feeds, machine_code
+
+            code, extra["machine"], notes = machine_code(built.run, built.plan, request.cache_dir or
+                                                         default_cache_dir(), _input_specs(request, graph))
+            extra["feeds"] = donated_feeds(built.plan, graph)
+            files = {**files, **code}
+            report += "".join(f"[aot] {note}\n" for note in notes)
         write_artifact(destination, function=name, target=target,
                        inputs=_input_specs(request, graph), leaves=list(request.leaves), template=template,
                        plan=built.plan, stages=stages, report=report, tape=tape,
                        extra={"static": _json_static(request.static), "donate": list(request.donate),
-                              **({"arch": request.cuda_arch} if request.cuda_arch else {})}, files=built.files,
+                              **({"arch": request.cuda_arch} if request.cuda_arch else {}), **extra}, files=files,
                        replace=request.artifact is not None)  # a cache entry: keep a concurrent writer's
     stats = plan_stats(built.plan) if built.plan is not None else {}
     return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
@@ -387,14 +405,11 @@ def _input_specs(request: Request, graph: Graph) -> list[dict[str, Any]]:
     return specs
 
 
-def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str]) -> str:
-    lines = [f"bendc report for {name} (target {target})", f"final IR: {len(graph)} nodes"]
-    for pass_name, text in context.decisions:
-        lines.append(f"[{pass_name}] {text}")
-    if not context.decisions:
-        lines.append("no pass changed the graph")
-    lines.extend(f"[{target}] {line}" for line in backend)
-    return "\n".join(lines) + "\n"
+def _report(name: str, target: str, context: PassContext, graph: Graph, backend: list[str],
+            plan: KernelPlan | None = None) -> str:
+    from bendc.reporting import format_report
+
+    return format_report(name, target, list(context.decisions), graph, backend, plan)
 
 
 class _Dumper:

@@ -164,8 +164,15 @@ class JitFunction:
 
     def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
                  passes: Sequence[Any] | None, donate: Sequence[str] = (), dynamic: Sequence[str] = (),
-                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT) -> None:
+                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None) -> None:
         functools.update_wrapper(self, fn)
+        if check is None and os.environ.get("BENDC_CHECK", "") not in ("", "0"):
+            check = "reference"
+        if check not in (None, "reference"):
+            raise SignatureError(f"check={check!r}: the self-check compares against 'reference' (or None)",
+                                 loc=user_location(), op="jit")
+        self.check = check  # "reference": the first call of each signature runs bendc/check.py
+        self._checked: set[tuple] = set()
         self.fn = fn
         self.signature = inspect.signature(fn)
         self.leaves = self._parameter_names(leaves, "leaves")
@@ -198,7 +205,7 @@ class JitFunction:
 
     # ------------------------------------------------------------- calling
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = self._fast_key(args, kwargs)
+        fast = self._fast_key(args, kwargs) if self.check is None else None
         if fast is not None:
             key, inputs = fast
             executable = self._fast.get(key)
@@ -207,16 +214,30 @@ class JitFunction:
                 return executable.template.rebuild(executable.run(inputs))
         binding = self._bind(args, kwargs)
         executable = self._cache.get(binding.key)
-        if executable is None:
+        if executable is None:  # a cold call: progress on a terminal while numba compiles (bendc/progress.py)
+            from bendc.progress import compile_watch
+
             self._note_signature(binding)
             types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape)))
                      for name, array in binding.arrays]
-            executable = self._compile(types, binding.static, binding=binding)
-            self._cache[binding.key] = executable
+            with compile_watch(self.resolved_target):
+                executable = self._compile(types, binding.static, binding=binding)
+                self._cache[binding.key] = executable
+                return self._run(executable, binding, fast)
+        return self._run(executable, binding, fast)
+
+    def _run(self, executable: Executable, binding: "Binding", fast: tuple | None) -> Any:
         if fast is not None:
             self._fast[fast[0]] = executable
         self._last = executable
-        results = executable.run([value for _, value in binding.arrays])
+        inputs = [value for _, value in binding.arrays]
+        if self.check is not None and binding.key not in self._checked:
+            from bendc.check import checked_run
+
+            results = checked_run(executable.run, executable.graph, inputs)
+            self._checked.add(binding.key)
+        else:
+            results = executable.run(inputs)
         return executable.template.rebuild(results)
 
     def _fast_key(self, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
@@ -494,10 +515,20 @@ class JitFunction:
         """The compile report: pass decisions with their reasons."""
         return self._executable().report
 
+    def profile(self, *args: Any, runs: int = 10, **kwargs: Any):
+        """Where a call's time goes, per kernel, over ``runs`` calls (bendc/profile.py): a table
+        that prints, with ``.rows`` (kernel, source_lines, calls, total_ms, mean_ms, share, ...)
+        and ``.chrome(path)``. cpu target."""
+        from bendc.profile import profile_executable
+
+        self(*args, **kwargs)  # compiles (or finds) the signature
+        binding = self._bind(args, kwargs)
+        return profile_executable(self.fn.__name__, self._executable(), [value for _, value in binding.arrays], runs)
+
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
         cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = (),
-        dynamic: Sequence[str] = (), recompile_limit: int = DEFAULT_RECOMPILE_LIMIT):
+        dynamic: Sequence[str] = (), recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None):
     """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``.
 
     Parameters may be arrays, Python scalars and other hashable values (static: a new value is a
@@ -509,11 +540,13 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
 
     ``donate`` names array parameters whose memory the caller gives up: on the
     cpu target an updated value of the same shape (an optimizer step's new
-    parameter) may be written over them in place and returned.
+    parameter) may be written over them in place and returned. ``check="reference"`` (or
+    BENDC_CHECK=1) runs the first call of each signature beside the reference interpreter and
+    names the first kernel whose outputs leave the tolerance (bendc/check.py).
     """
     def wrap(function: Callable) -> JitFunction:
         return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes,
-                           donate=donate, dynamic=dynamic, recompile_limit=recompile_limit)
+                           donate=donate, dynamic=dynamic, recompile_limit=recompile_limit, check=check)
 
     if fn is not None:
         return wrap(fn)

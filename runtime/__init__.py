@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"CpuProgram": "runtime.cpu", "KernelError": "runtime.cpu"}
+_EXPORTS = {"CpuProgram": "runtime.cpu", "KernelError": "runtime.cpu", "load": "runtime.api", "Program": "runtime.api"}
 
 __all__ = list(_EXPORTS)
 

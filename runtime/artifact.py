@@ -11,7 +11,11 @@ every file's hash and that the folder holds nothing else (numba's
 truncated or foreign artifact.
 
 Format 2 added ``content_hash`` and, on integer inputs used as indices,
-``index_bound`` (values must lie in [0, index_bound)).
+``index_bound`` (values must lie in [0, index_bound)). Format 3 added, on cpu
+builds, the kernels' machine code: ``numba/*.nbi`` and ``numba/*.nbc`` (numba's
+cache files, listed and hashed like the rest) and ``machine``, the CPU they were
+compiled for (runtime/machine.py); the runtime reads them in place and never
+writes into the folder.
 """
 from __future__ import annotations
 
@@ -34,8 +38,10 @@ from runtime.cuda import numba_cuda_installed
 from runtime.dtypes import DTYPES
 
 from runtime.cpu import CpuProgram
+from runtime.files import default_cache_dir
+from runtime.machine import MACHINE_FOLDER, describe_machine, host_machine, place_cache, same_machine, seal
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 KIND = "bendc-artifact"
 MANIFEST = "manifest.json"
 # Fields every manifest has; a manifest without one is foreign or damaged.
@@ -173,6 +179,7 @@ def load_module(path: str, module: str) -> Any:
         spec.loader.exec_module(loaded)
         for value in vars(loaded).values():
             _harden_numba_cache(value)
+            seal(value)
         _LOADED[key] = loaded
     return _LOADED[key]
 
@@ -268,15 +275,39 @@ def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict
     if manifest["target"] != "cpu":
         raise ArtifactInvalid(f"{folder} was built for target {manifest['target']!r}; this runtime runs cpu")
     plan = read_plan(folder, manifest)
-    kernels = {}
+    home = machine_code_home(folder, manifest)
+    kernels, modules = {}, {}
     for step in plan["steps"]:
         path = os.path.join(folder, "kernels", f"{step['module']}.py")  # verified against the manifest
-        if kernel_dir is not None:
+        if home is not None:
+            place_cache(path, *home)
+        elif kernel_dir is not None:
             shared = os.path.join(kernel_dir, f"{step['module']}.py")
             if os.path.abspath(shared) in _LOADED or is_module_file(shared, step["module"]):
                 path = shared
-        kernels[step["name"]] = load_kernel(path, step["module"])
-    return manifest, plan, CpuProgram(plan, kernels)
+        modules[step["module"]] = load_module(path, step["module"])
+        kernels[step["name"]] = modules[step["module"]].kernel
+    program = CpuProgram(plan, kernels)
+    program.modules = list(modules.values())
+    return manifest, plan, program
+
+
+def machine_code_home(folder: str, manifest: dict) -> tuple[str, bool] | None:
+    """(folder of numba's cache files for the artifact's kernels, read-only), None for an artifact
+    without machine code: the artifact's own ``numba/`` (read-only) when this is the CPU it was
+    built for, else a folder of bendc's cache outside it, which the kernels are compiled into once
+    (and a note on stderr says so)."""
+    recorded = manifest.get("machine")
+    if recorded is None:
+        return None
+    host = host_machine()
+    if same_machine(recorded, host):
+        return os.path.join(folder, MACHINE_FOLDER), True
+    outside = os.path.join(default_cache_dir(), "aot", manifest["content_hash"][:24])
+    print(f"bendc: note: {folder} holds machine code for {describe_machine(recorded)}; this CPU is "
+          f"{describe_machine(host)}" + (" with other features" if recorded.get("cpu") == host["cpu"] else "")
+          + f": its kernels are compiled for this CPU into {outside}", file=sys.stderr, flush=True)
+    return outside, False
 
 
 def _load_cuda_program(folder: str, manifest: dict) -> tuple[dict, Any]:
@@ -297,17 +328,52 @@ def _load_cuda_program(folder: str, manifest: dict) -> tuple[dict, Any]:
                               f"usable NVIDIA GPU: {first}") from None
 
 
-def template_from_json(data: Any) -> Any:
-    """The return value's structure from its manifest form (bendc/artifact.py writes it); named
-    tuples and dataclasses come back as dicts of their fields (the runtime imports no user code)."""
-    kind = data["kind"]
-    if kind in ("out", "static"):
-        return (kind, data["value"])
+def unflatten_outputs(template: dict, outputs: list) -> Any:
+    """The function's return value from the flat outputs (out0, out1, ...) and the manifest's template
+    (bendc/artifact.py writes it); named tuples and dataclasses come back as dicts of their fields
+    (the runtime imports no user code)."""
+    kind = template["kind"]
+    if kind == "out":
+        return outputs[template["value"]]
+    if kind == "static":
+        return template["value"]
     if kind in ("dict", "namedtuple", "dataclass"):
-        kind = "dict"
-        return (kind, {k: template_from_json(t) for k, t in data["items"].items()})
-    items = [template_from_json(t) for t in data["items"]]
-    return (kind, tuple(items) if kind == "tuple" else items)
+        return {key: unflatten_outputs(item, outputs) for key, item in template["items"].items()}
+    items = [unflatten_outputs(item, outputs) for item in template["items"]]
+    return tuple(items) if kind == "tuple" else items
+
+
+def check_feeds(manifest: dict, feeds: Mapping[str, int]) -> dict[str, int]:
+    """Feeds (input name -> output slot: that output becomes the input of the next step) that name
+    an input and an output of the same dtype and shape, or InputsInvalid."""
+    specs = {spec["name"]: spec for spec in manifest["inputs"]}
+    checked = {}
+    for name, index in feeds.items():
+        if name not in specs:
+            raise InputsInvalid(f"feed out{index}={name}: no input {name!r}; the artifact takes {', '.join(specs)}")
+        if not 0 <= int(index) < len(manifest["outputs"]):
+            raise InputsInvalid(f"feed out{index}={name}: the artifact has outputs out0..out{len(manifest['outputs']) - 1}")
+        output, spec = manifest["outputs"][int(index)], specs[name]
+        if output["dtype"] != spec["dtype"] or list(output["shape"]) != list(spec["shape"]):
+            raise InputsInvalid(f"feed out{index}={name}: out{index} is {type_text(output)} but {name} is "
+                                f"{type_text(spec)}")
+        checked[name] = int(index)
+    return checked
+
+
+def parse_feeds(text: str) -> dict[str, int]:
+    """``out1=w1,out2=b1`` (or ``w1=out1``) -> {"w1": 1, "b1": 2}, or InputsInvalid."""
+    feeds = {}
+    for pair in filter(None, (part.strip() for part in text.replace(" ", ",").split(","))):
+        left, equals, right = pair.partition("=")
+        if left.startswith("out") and left[3:].isdigit():
+            output, name = left, right
+        else:
+            name, output = left, right
+        if not equals or not name.isidentifier() or not (output.startswith("out") and output[3:].isdigit()):
+            raise InputsInvalid(f"feed {pair!r}: write OUT=INPUT, e.g. out1=w1")
+        feeds[name] = int(output[3:])
+    return feeds
 
 
 def read_stages(folder: str, manifest: dict) -> dict[str, str]:

@@ -23,9 +23,10 @@ import numpy as np
 
 from runtime.dtypes import DTYPES
 from runtime.files import atomic_write
-from runtime.artifact import (ArtifactInvalid, check_inputs, inputs_by_name, load_program,
-                              type_text)
+from runtime.artifact import (ArtifactInvalid, check_feeds, check_inputs, inputs_by_name, load_program,
+                              parse_feeds, type_text)
 from runtime.cpu import CpuProgram, KernelError
+from runtime.machine import compile_counts
 
 # Integer inputs that no op uses as an index (counts, like an optimizer's step) get values in
 # [1, UNBOUNDED_INTEGERS).
@@ -57,6 +58,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help=f"seed of --random-inputs (default {DEFAULT_SEED})")
     parser.add_argument("--outputs", metavar="FILE.npz",
                         help="write the outputs there as out0, out1, ... (in the order of the summary)")
+    parser.add_argument("--steps", type=int, default=1, metavar="N",
+                        help="run N steps (default 1); with --feed-outputs each step's updated parameters "
+                             "are the next step's inputs")
+    parser.add_argument("--feed-outputs", nargs="?", const="", default=None, metavar="OUT=INPUT,...",
+                        help="feed outputs back as inputs between steps: the pairs given (e.g. "
+                             "out1=w1,out2=b1), or without a value the artifact's recorded feeds "
+                             "(bendc compile --donate)")
     parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks for errors")
 
@@ -99,18 +107,43 @@ def run_artifact(args: argparse.Namespace) -> int:
         seed = DEFAULT_SEED if args.seed is None else args.seed
         inputs = check_inputs(manifest, random_inputs(manifest, seed))
         source = f"random (seed {seed})"
+    feeds = step_feeds(manifest, args)
+    slots = {spec["name"]: index for index, spec in enumerate(manifest["inputs"])}
     start = time.perf_counter()
-    outputs = run_program(program, plan, inputs)
-    outputs = [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in outputs]  # cuda: device arrays
+    for number in range(1, args.steps + 1):
+        outputs = run_program(program, plan, inputs)
+        outputs = [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in outputs]  # cuda: device arrays
+        if args.steps > 1:
+            print(f"step {number}: " + ("out0 " + describe_values(outputs[0]) if outputs else "no outputs"))
+        for name, index in feeds.items():
+            inputs[slots[name]] = outputs[index]
     elapsed = time.perf_counter() - start
-    print(f"ran {manifest['function']} ({manifest['target']}) from {args.artifact} in {elapsed:.3f} s; "
-          f"inputs {source}")
+    steps = f"{args.steps} steps" if args.steps > 1 else ""
+    print(f"ran {manifest['function']} ({manifest['target']}) from {args.artifact}{' ' + steps if steps else ''} "
+          f"in {elapsed:.3f} s; inputs {source}"
+          + (f"; fed {len(feeds)} outputs back each step" if feeds else ""))
+    if getattr(program, "modules", None):
+        counts = compile_counts(program.modules)
+        print(f"kernels: {counts['compiled']} functions compiled, {counts['loaded']} loaded as machine code")
     for line in summary_lines(manifest, outputs):
         print(line)
     if args.outputs is not None:
         write_outputs(args.outputs, outputs)
         print(f"wrote {output_names(len(outputs))} to {args.outputs}")
     return 0
+
+
+def step_feeds(manifest: dict, args: argparse.Namespace) -> dict[str, int]:
+    """Input name -> output slot fed back between steps (--feed-outputs), checked against the manifest."""
+    if args.steps < 1:
+        raise RunError(f"--steps must be at least 1 (got {args.steps})")
+    if args.feed_outputs is None:
+        return {}
+    feeds = parse_feeds(args.feed_outputs) if args.feed_outputs else dict(manifest.get("feeds", {}))
+    if not feeds:
+        raise RunError(f"{args.artifact} records no feeds (compile it with --donate NAMES); name the pairs: "
+                       "--feed-outputs out1=w1,out2=b1")
+    return check_feeds(manifest, feeds)
 
 
 def run_program(program: CpuProgram, plan: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:

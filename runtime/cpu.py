@@ -86,6 +86,7 @@ class CpuProgram:
             dtype, shape = values[int(value)]
             self.values[slot[int(value)]] = _typed(buffers[buffer], dtype, shape)
         self.param_slots = [slot[p] for p in plan["params"]]
+        self.value_ids = ids  # slot -> value id (the IR node)
         outputs = set(plan["outputs"])
         donations = {int(k): v for k, v in plan.get("donations", {}).items()}
         written_outputs: set[int] = set()
@@ -118,6 +119,7 @@ class CpuProgram:
         # Outputs that a step wrote into a fresh array are the caller's; views and parameters are copied.
         self.output_slots = [(slot[o], o in written_outputs) for o in plan["outputs"]]
         self.returned = []
+        self.modules: list[Any] = []  # the kernel modules (load_program sets them: compile counts)
         self.source, self.run = self._driver(plan["name"])
 
     returned: list  # the arrays last returned to the caller, one per fresh output
@@ -171,9 +173,51 @@ class CpuProgram:
         exec(compile(source, f"<bendc launch list of {name}>", "exec"), namespace)  # noqa: S102
         return source, namespace["run"]
 
-    def _run_step(self, entry) -> None:
+    def run_steps(self, inputs: Sequence[np.ndarray]):
+        """Run one call step by step, slowly: yields (step name, {value id: array}) after each
+        non-hoisted step, before the next one may reuse its buffers (the self-check's view)."""
+        values = list(self.values)
+        for index, array in zip(self.param_slots, inputs):
+            values[index] = array
+        for entry in self.program:
+            try:
+                self._run_step(entry, values)
+            except IndexError as error:
+                raise KernelError(entry[0], str(error)) from None
+            except Exception as error:
+                raise KernelFailure(entry[0], error) from error
+            yield entry[0], {self.value_ids[o]: values[o] for o in entry[3]}
+
+    def time_steps(self, inputs: Sequence[np.ndarray], clock: Callable[[], int],
+                   reuse: dict | None = None) -> list[tuple[str, int, int]]:
+        """Run one call step by step: (step name, start, end) per non-hoisted step, by ``clock``
+        (e.g. time.perf_counter_ns); the profiler's view. Output arrays are allocated outside the
+        timed spans and kept in ``reuse`` between calls (as the driver recycles them)."""
+        values = list(self.values)
+        for index, array in zip(self.param_slots, inputs):
+            values[index] = array
+        reuse = {} if reuse is None else reuse
+        spans = []
+        for name, kernel, ins, outs, view, fresh in self.program:
+            for index, shape, dtype in fresh:
+                if dtype is None:
+                    values[index] = values[shape]
+                else:
+                    if index not in reuse:
+                        reuse[index] = np.empty(shape, dtype)
+                    values[index] = reuse[index]
+            args = [values[i] for i in ins]
+            start = clock()
+            if view:
+                values[outs[0]] = kernel(*args)
+            else:
+                kernel(*args, *[values[o] for o in outs])
+            spans.append((name, start, clock()))
+        return spans
+
+    def _run_step(self, entry, values: list | None = None) -> None:
         name, kernel, ins, outs, view, fresh = entry
-        values = self.values
+        values = self.values if values is None else values
         for index, shape, dtype in fresh:
             values[index] = np.empty(shape, dtype) if dtype is not None else values[shape]
         if view:

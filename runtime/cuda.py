@@ -182,6 +182,30 @@ class CudaProgram:
             self._raise_index_errors()
         return [self._output(index, owned, dtype, shape) for index, owned, (dtype, shape) in self.output_slots]
 
+    def time_steps(self, inputs: Sequence[Any], clock: Any, reuse: dict | None = None) -> list[tuple[str, int, int]]:
+        """Run one call with a CUDA event recorded before and after each step's launches: (step
+        name, start, end) in ``clock``'s nanoseconds (the host's time at the first event, plus the
+        device's elapsed times between events); the profiler's view."""
+        cuda = self.cuda
+        arrays = self.arrays
+        for index, value in zip(self.param_slots, inputs):
+            arrays[index] = to_device_flat(value)
+        origin = cuda.event()
+        origin.record()
+        base = clock()
+        marks = []
+        for step in self.program:
+            begin, end = cuda.event(), cuda.event()
+            begin.record()
+            self._run_step(step)
+            end.record()
+            marks.append((step.name, begin, end))
+        cuda.synchronize()
+        if self.errors is not None:
+            self._raise_index_errors()
+        at = lambda event: base + int(origin.elapsed_time(event) * 1e6)  # noqa: E731 - ms -> ns
+        return [(name, at(begin), at(end)) for name, begin, end in marks]
+
     def _output(self, index: int, owned: bool, dtype: str, shape: tuple[int, ...]) -> Any:
         array = self.arrays[index].reshape(shape)
         if owned:

@@ -23,3 +23,12 @@ def atomic_write(path: str, data: str | bytes | Callable[[BinaryIO], None]) -> N
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def default_cache_dir() -> str:
+    """bendc's on-disk cache: $BENDC_CACHE_DIR, else $XDG_CACHE_HOME/bendc or ~/.cache/bendc."""
+    configured = os.environ.get("BENDC_CACHE_DIR")
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "bendc")

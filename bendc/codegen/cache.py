@@ -15,14 +15,7 @@ import tempfile
 import time
 
 from runtime.artifact import is_module_file, module_name
-
-
-def default_cache_dir() -> str:
-    configured = os.environ.get("BENDC_CACHE_DIR")
-    if configured:
-        return configured
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "bendc")
+from runtime.files import default_cache_dir  # noqa: F401 - re-exported: the cache lives there
 
 
 def structural_hash(source: str) -> str:

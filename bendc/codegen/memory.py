@@ -77,5 +77,20 @@ def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list
     naive = sum(value_bytes(plan, v) for v in planned)
     plan.buffers = buffers
     plan.storage = storage
-    plan.memory = {"planned_bytes": sum(buffers), "naive_bytes": naive}
+    plan.memory = {"planned_bytes": sum(buffers), "naive_bytes": naive, **_peak(plan, planned, last_use)}
     return decisions
+
+
+def _peak(plan: KernelPlan, planned: list[int], last_use: dict[int, int]) -> dict[str, int | str]:
+    """The static peak of temporary memory: the bytes of the values live at the worst step (from the
+    step writing each to its last reader; a reused buffer holds one live value at a time, so this is
+    also the live buffers' size there), and that step."""
+    defined = {value: index for index, step in enumerate(plan.steps) for value in step.outputs}
+    live = [0] * (len(plan.steps) + 1)
+    for value in planned:
+        first = defined[value]
+        for index in range(first, max(first, last_use.get(value, first)) + 1):
+            live[index] += value_bytes(plan, value)
+    worst = max(range(len(plan.steps)), key=lambda index: live[index], default=0)
+    return {"peak_bytes": live[worst] if plan.steps else 0,
+            "peak_step": plan.steps[worst].name if plan.steps else ""}

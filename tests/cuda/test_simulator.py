@@ -299,3 +299,15 @@ def test_decoder_block_trains_like_the_reference_and_pytorch(cache_dir: str) -> 
     kinds = report_kinds(step.report())
     assert {"attention", "row", "gather", "scatter", "matmul", "copy", "elementwise"} <= kinds, step.report()
     assert "triangular" in step.report()
+
+
+def test_profile_times_every_cuda_step_with_events(cache_dir: str) -> None:
+    """step.profile on the cuda target: CUDA events around each step (structure only)."""
+    program = mlp_tiny()
+    x, y, *params = program.make_inputs(np.random.default_rng(2))
+    step = jitted(program, "cuda", cache_dir)
+    table = step.profile(x, y, *params, runs=2, lr=0.1)
+    kernels = [row for row in table.rows if row["kernel"] != "(launch overhead)"]
+    assert kernels and all(row["calls"] == 2 and row["total_ms"] >= 0 for row in kernels)
+    assert abs(sum(row["share"] for row in table.rows) - 1.0) < 1e-9
+    assert all("@" in row["kernel"] and row["kernel"].rpartition("@")[2] in row["source_lines"] for row in kernels)

@@ -1,0 +1,102 @@
+"""``runtime.load(path)``: a compiled artifact as a Python callable, with the runtime alone.
+
+    import runtime
+    step = runtime.load("build/mlp")
+    loss, w1, b1, w2, b2 = step(x, y, w1, b1, w2, b2)      # positional, in parameter order
+    loss, *params = step(x=x, y=y, w1=w1, b1=b1, w2=w2, b2=b2)   # or by name (or both)
+
+Inputs are checked against the manifest (names, dtypes, shapes); outputs come
+back in the function's return structure (the manifest's template). Static
+(Python scalar) parameters were fixed at compile time: passing one is allowed
+when it has the recorded value. ``step.feeds`` maps input names to the output
+slots that update them (the manifest's ``feeds``), which :meth:`Program.loop`
+and ``bendc run --steps N --feed-outputs`` use.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from runtime.artifact import InputsInvalid, check_inputs, load_program, unflatten_outputs
+from runtime.cpu import KernelError
+from runtime.machine import compile_counts
+
+
+class Program:
+    """A verified, loaded artifact: call it like the function it was compiled from."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.manifest, self.plan, self._program = load_program(folder)
+        self.names = [spec["name"] for spec in self.manifest["inputs"]]
+        self.static = dict(self.manifest.get("static", {}))
+        self.feeds: dict[str, int] = {name: int(index) for name, index in self.manifest.get("feeds", {}).items()}
+
+    @property
+    def function(self) -> str:
+        return self.manifest["function"]
+
+    def __repr__(self) -> str:
+        return f"<bendc program {self.function}({', '.join(self.names)}) from {self.folder}>"
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+        """The inputs in parameter order from positional and named arguments, checked."""
+        if len(args) > len(self.names):
+            raise InputsInvalid(f"{self.function} takes {len(self.names)} inputs ({', '.join(self.names)}), "
+                                f"got {len(args)} positional")
+        bound = dict(zip(self.names, args))
+        for name, value in kwargs.items():
+            if name in self.static:
+                if value != self.static[name]:
+                    raise InputsInvalid(f"{name} was fixed to {self.static[name]!r} when {self.function} was "
+                                        f"compiled (got {value!r}): rebuild with --static {name}={value!r}")
+                continue
+            if name not in self.names:
+                raise InputsInvalid(f"unknown input {name!r}; {self.function} takes {', '.join(self.names)}")
+            if name in bound:
+                raise InputsInvalid(f"input {name!r} given twice (positionally and by name)")
+            bound[name] = value
+        missing = [name for name in self.names if name not in bound]
+        if missing:
+            raise InputsInvalid(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                                f"{self.function} takes {', '.join(self.names)}")
+        return check_inputs(self.manifest, [bound[name] for name in self.names])
+
+    def run_flat(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The outputs as a flat list (out0, out1, ...) of checked inputs in parameter order."""
+        try:
+            outputs = self._program.run(inputs)
+        except KernelError as error:
+            step = next((s for s in self.plan["steps"] if s["name"] == error.step), None)
+            if step is None or not step.get("loc"):
+                raise
+            raise KernelError(error.step, f"{step['loc']}: {step['op']}: {error.detail}") from None
+        return [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in outputs]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return unflatten_outputs(self.manifest["template"], self.run_flat(self.bind(args, kwargs)))
+
+    def loop(self, steps: int, *args: Any, feeds: Mapping[str, int] | None = None, **kwargs: Any) -> list[np.ndarray]:
+        """Run ``steps`` times, each step's outputs ``feeds`` (input name -> output slot; default the
+        manifest's) becoming the next step's inputs; the last step's flat outputs."""
+        feeds = self.feeds if feeds is None else dict(feeds)
+        if not feeds:
+            raise InputsInvalid(f"{self.folder} records no outputs to feed back (compile with --feed OUT=INPUT)")
+        inputs = self.bind(args, kwargs)
+        slot = {name: index for index, name in enumerate(self.names)}
+        outputs: list[np.ndarray] = []
+        for _ in range(steps):
+            outputs = self.run_flat(inputs)
+            for name, index in feeds.items():
+                inputs[slot[name]] = outputs[index]
+        return outputs
+
+    def compile_counts(self) -> dict[str, int]:
+        """Functions numba compiled and loaded (from the artifact's machine code) in this process."""
+        return compile_counts(getattr(self._program, "modules", []))  # cuda programs: none counted
+
+
+def load(path: str) -> Program:
+    """The artifact at ``path`` (written by ``bendc compile``), verified and ready to call."""
+    return Program(path)
