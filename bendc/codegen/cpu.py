@@ -58,12 +58,16 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
     local: dict[int, str] = {}
     reads: dict[tuple[int, str], str] = {}
     body: list[str] = []
+    hoisted: list[str] = []
 
     def read(value: int, index: list[str]) -> str:
         key = (value, ",".join(index))
         if key not in reads:
             reads[key] = f"r{len(reads)}"
-            body.append(f"{reads[key]} = {element(arg_of[value], index)}  # %{value}")
+            # A one-element input is read once, before the loops (numba's parfor lowering
+            # cannot type a 0-d array's [()] inside a prange body).
+            where = hoisted if graph.node(value).type.numel == 1 else body
+            where.append(f"{reads[key]} = {element(arg_of[value], index)}  # %{value}")
         return reads[key]
 
     sums = epilogues(graph, step.nodes)
@@ -96,6 +100,6 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         parallel_axis = None
     args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
     lines = [njit_decorator(parallel_axis is not None), f"def kernel({args}):"]
-    lines.extend("    " + line for line in prologue)
+    lines.extend("    " + line for line in hoisted + prologue)
     lines.extend(loop_nest(domain, loops, parallel_axis, body))
     return "\n".join(lines) + "\n"
