@@ -13,7 +13,7 @@ from bendc.codegen.fused import epilogues, member_expression, operand_reference,
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, element, loop_nest, njit_decorator
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, element, loop_nest, njit_decorator, vectorizable_math
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -48,7 +48,11 @@ def render_step(step: Step, graph: Graph) -> str:
         summary = f"{node.op} ({step.kind})"
         lowering = OPS[node.op].lowering
         body = lowering.cpu(node.attr, [graph.node(i).type for i in node.inputs], node.type)
-    return HEADER.format(name=step.name, summary=summary, nodes=listing) + "\n" + body
+    body, helpers = vectorizable_math(body)
+    header = HEADER.format(name=step.name, summary=summary, nodes=listing)
+    if helpers:
+        header += "\n# float32 exp, log, tanh, erf without libm calls (bendc/kernels/templates/cpu_math.py)\n" + helpers
+    return header + "\n" + body
 
 
 # ------------------------------------------------------------------ elementwise
