@@ -13,7 +13,8 @@ from bendc.codegen.fused import epilogues, member_expression, operand_reference,
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, element, loop_nest, njit_decorator, vectorizable_math
+from bendc.kernels.cpu_kit import (PARALLEL_CELLS, REDUCTION_CHUNKS, chunked_loop_nest, element, loop_nest,
+                                   njit_decorator, vectorizable_math)
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -75,16 +76,38 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         return reads[key]
 
     sums = epilogues(graph, step.nodes)
+    summed_axes = set()
+    for id in sums:
+        summed_axes.update(reduced_axes(graph, graph.node(id)))
+    # The first loop of more than one cell runs in parallel. When an epilogue sums over it (its
+    # cells would race on the output), its range is split in a fixed number of chunks (set by the
+    # shape, not the thread count: the same sums on every machine), each summing into its own
+    # partial output; the partials are added in chunk order after the loop.
+    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None)
+    if step.cells < PARALLEL_CELLS:
+        parallel_axis = None
+    chunks = min(REDUCTION_CHUNKS, domain[parallel_axis]) if parallel_axis in summed_axes else 0
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
     prologue: list[str] = []
+    epilogue: list[str] = []
     for number, id in enumerate(step.nodes):
         node = graph.node(id)
         if id in sums:
             # Accumulate the operand into the reduction's output cell, in cell order.
             kept = reduction_index(graph, node, loops)
             flat = f"z{number}"
-            prologue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
-                         f"for q in range({flat}.size):", f"    {flat}[q] = np.float32(0.0)"]
+            prologue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)"]
+            if chunks:
+                partial = f"p{number}"
+                shape = (chunks, *node.type.shape)
+                prologue += [f"{partial} = np.zeros({shape!r}, dtype=np.float32)"]
+                body.append(f"{element(partial, ['chunk', *kept])} += {local[node.inputs[0]]}  # %{id} = {node.op}")
+                epilogue += [f"{partial}_flat = {partial}.reshape(({chunks}, {flat}.size))",
+                             f"for q in range({flat}.size):", f"    {flat}[q] = np.float32(0.0)",
+                             f"for chunk in range({chunks}):",
+                             f"    for q in range({flat}.size):", f"        {flat}[q] += {partial}_flat[chunk, q]"]
+                continue
+            prologue += [f"for q in range({flat}.size):", f"    {flat}[q] = np.float32(0.0)"]
             body.append(f"{element(out_of[id], kept)} += {local[node.inputs[0]]}  # %{id} = {node.op}")
             continue
         operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
@@ -97,13 +120,12 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         index = ["0"] * len(shape) if graph.node(id).type.numel == 1 else loops
         body.append(f"{element(out_of[id], index)} = {local[id]}")
 
-    # The first loop of more than one cell runs in parallel, unless an epilogue sums over it
-    # (its cells would race on the output).
-    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None)
-    if step.cells < PARALLEL_CELLS or any(parallel_axis in reduced_axes(graph, graph.node(e)) for e in sums):
-        parallel_axis = None
     args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
     lines = [njit_decorator(parallel_axis is not None), f"def kernel({args}):"]
     lines.extend("    " + line for line in hoisted + prologue)
-    lines.extend(loop_nest(domain, loops, parallel_axis, body))
+    if chunks:
+        lines.extend(chunked_loop_nest(domain, loops, parallel_axis, chunks, body))
+    else:
+        lines.extend(loop_nest(domain, loops, parallel_axis, body))
+    lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"

@@ -16,6 +16,10 @@ from typing import Sequence
 # smaller ones stay serial, where threads cost more than they give.
 PARALLEL_CELLS = 1 << 16
 
+# A parallel loop that an epilogue sums over is split in at most this many chunks, each summing
+# into its own partial result (a fixed count: results do not depend on the thread count).
+REDUCTION_CHUNKS = 16
+
 
 def njit_decorator(parallel: bool) -> str:
     return f"@njit(parallel={parallel}, cache=True, error_model='numpy')"
@@ -33,6 +37,24 @@ def loop_nest(domain: Sequence[int], loops: Sequence[str], parallel_axis: int | 
     for axis, size in enumerate(domain):
         loop = "prange" if axis == parallel_axis else "range"
         lines.append(f"{indent}for {loops[axis]} in {loop}({size}):")
+        indent += "    "
+    lines.extend(indent + line for line in body)
+    return lines
+
+
+def chunked_loop_nest(domain: Sequence[int], loops: Sequence[str], axis: int, chunks: int, body: list[str],
+                      indent: str = "    ") -> list[str]:
+    """``for chunk in prange(chunks)`` around ``for`` loops over ``domain``, where ``axis`` runs
+    over the chunk's part of its range (chunk c: [c*d//chunks, (c+1)*d//chunks))."""
+    size = domain[axis]
+    lines = [f"{indent}for chunk in prange({chunks}):"]
+    indent += "    "
+    for number, extent in enumerate(domain):
+        if number == axis:
+            lines.append(f"{indent}for {loops[number]} in range(chunk * {size} // {chunks}, "
+                         f"(chunk + 1) * {size} // {chunks}):")
+        else:
+            lines.append(f"{indent}for {loops[number]} in range({extent}):")
         indent += "    "
     lines.extend(indent + line for line in body)
     return lines
