@@ -124,6 +124,34 @@ def transpose_matmul_result(graph: Graph, b: Builder, node: Node) -> int | None:
     return b.matmul(b.permute(c, swap), b.permute(a, swap))
 
 
+def fold_batched_weight_gradient(graph: Graph, b: Builder, node: Node) -> int | None:
+    """sum over batch of matmul(swap(x), c) -> one matmul of x and c with the batch folded into rows."""
+    # A linear layer's weight gradient on (batch, t, features) inputs: one (m, rows) @ (rows, n)
+    # BLAS call instead of a batched product and a sum over its batch (another summation order:
+    # the product is not bit-exact either way).
+    if node.op != "sum_to_size" or node.type.ndim != 2:
+        return None
+    product = graph.node(node.inputs[0])
+    if product.op != "matmul" or len(graph.users(product.id)) != 1 or product.id in graph.outputs:
+        return None
+    ndim = product.type.ndim
+    if ndim < 3 or product.type.shape[-2:] != node.type.shape:
+        return None
+    swapped, right = (graph.node(i) for i in product.inputs)
+    swap = tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+    if swapped.op != "permute" or swapped.attr["perm"] != swap or graph.node(right.id).type.ndim != ndim:
+        return None
+    left = graph.node(swapped.inputs[0])  # (*batch, t, m)
+    if left.type.shape[:-2] != right.type.shape[:-2]:
+        return None  # broadcast batch dims
+    rows = 1
+    for size in left.type.shape[:-1]:
+        rows *= size
+    flat_left = b.reshape(left.id, (rows, left.type.shape[-1]))
+    flat_right = b.reshape(right.id, (rows, right.type.shape[-1]))
+    return b.matmul(b.permute(flat_left, (1, 0)), flat_right)
+
+
 def _add_leaves(graph: Graph, node: Node, root: bool = True) -> list[int]:
     """The operands of a tree of adds of one type (inner adds used only by the tree)."""
     if node.op != "add" or (not root and (len(graph.users(node.id)) != 1 or node.id in graph.outputs)):
@@ -188,11 +216,12 @@ RULES: tuple[Rule, ...] = (
     fold_reshape_chain,
     transpose_matmul_result,
     concat_tiling_scatters,
+    fold_batched_weight_gradient,
 )
 
 
 @register("canonicalize", "Constant folding, x*1 -> x, identity layouts, permute/reshape chains, "
-                          "tiling scatters -> concat.")
+                          "tiling scatters -> concat, batched weight gradients -> one product.")
 def canonicalize(graph: Graph, context: PassContext) -> Graph:
     b = Builder(graph)
     counts: dict[str, int] = {}
