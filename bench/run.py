@@ -34,7 +34,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# --threads N: every pool (numba's, OpenBLAS's, torch's OpenMP and MKL) gets N threads; set
+# before numpy, numba or torch load. On a machine whose cores other work shares, spinning
+# OpenMP pools slow each other down unpredictably: one thread each compares the code itself.
+if "--threads" in sys.argv[1:-1]:
+    _THREADS = sys.argv[sys.argv.index("--threads") + 1]
+    for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[_name] = _THREADS
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -46,6 +54,11 @@ from models import GPT, TRANSFORMER  # noqa: E402
 
 BATCH, FEATURES, HIDDEN, CLASSES = 256, 784, 512, 10
 LEAVES = ("w1", "b1", "w2", "b2", "w3", "b3")
+
+
+def bench_threads() -> int:
+    """The threads torch gets: --threads N, else every core (bendc's numba pool has them all)."""
+    return int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1))
 
 
 def median_time(fn, runs: int, warmup: int = 3) -> float:
@@ -110,7 +123,7 @@ def bench_mlp(target: str, runs: int, with_compile: bool) -> dict:
 
     bendc_time = median_time(bendc_step, runs)
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(bench_threads())
     params = [torch.tensor(a, requires_grad=True) for a in args[2:8]]
     x, y = torch.tensor(args[0]), torch.tensor(args[1])
     optimizer = torch.optim.Adam(params, lr=1e-3)
@@ -399,7 +412,7 @@ def bench_decoder(target: str, runs: int, with_compile: bool, config, name: str)
         state[2 * count:] = out[3::3]
         return out[0]
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(bench_threads())
     ops = TorchOps()
     tparams = {n: torch.tensor(data["params"][n], requires_grad=True) for n in names}
     tokens, targets = torch.tensor(data["tokens"]), torch.tensor(data["targets"]).reshape(-1)
@@ -473,6 +486,7 @@ def blas() -> dict:
 
 def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "threads": bench_threads(), "load_average": os.getloadavg(),
             "numpy": np.__version__, "bendc": bendc.__version__, "blas": blas()}
 
 
@@ -487,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--target", default="cpu", choices=["cpu"])
     parser.add_argument("--only", nargs="*", help="workload names to run")
+    parser.add_argument("--threads", type=int, help="threads for every pool, bendc's and torch's (default: all cores)")
     args = parser.parse_args(argv)
     runs = 5 if args.quick else 20
     workloads = {
