@@ -3,6 +3,12 @@
     python bench/run.py [--quick] [--json] [--target cpu]
 
 Workloads (each a median of several timed runs after warm-up):
+  transformer  4-layer decoder (B=4 T=64 D=64, 4 heads, 2 kv heads, FF=128, vocab 50, RoPE, GELU) step with Adam:
+               bendc vs torch eager and torch.compile, alternating rounds (bench/models.py)
+  gpt          2-layer char GPT (B=16 T=64 D=128, 4 heads, fused q/k/v projection split by slices, GELU MLP,
+               Adam), the same comparisons
+  attention_long  the attention workload at B=1 T=2048 (few runs)
+  transcendental  also reports max ulp of exp, log, tanh, sigmoid, gelu and the chain against torch
   mlp          784-512-512-10 MLP training step, batch 256, cross-entropy, Adam:
                bendc vs torch eager and torch.compile (inductor, CPU)
   elementwise  a VJP chain over 1e7 floats: achieved GB/s vs this machine's copy bandwidth
@@ -28,16 +34,31 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+# --threads N: every pool (numba's, OpenBLAS's, torch's OpenMP and MKL) gets N threads; set
+# before numpy, numba or torch load. On a machine whose cores other work shares, spinning
+# OpenMP pools slow each other down unpredictably: one thread each compares the code itself.
+if "--threads" in sys.argv[1:-1]:
+    _THREADS = sys.argv[sys.argv.index("--threads") + 1]
+    for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[_name] = _THREADS
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import bendc  # noqa: E402
 import bendc.functional as F  # noqa: E402
+from models import GPT, TRANSFORMER  # noqa: E402
 
 BATCH, FEATURES, HIDDEN, CLASSES = 256, 784, 512, 10
 LEAVES = ("w1", "b1", "w2", "b2", "w3", "b3")
+
+
+def bench_threads() -> int:
+    """The threads torch gets: --threads N, else every core (bendc's numba pool has them all)."""
+    return int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count() or 1))
 
 
 def median_time(fn, runs: int, warmup: int = 3) -> float:
@@ -102,7 +123,7 @@ def bench_mlp(target: str, runs: int, with_compile: bool) -> dict:
 
     bendc_time = median_time(bendc_step, runs)
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(bench_threads())
     params = [torch.tensor(a, requires_grad=True) for a in args[2:8]]
     x, y = torch.tensor(args[0]), torch.tensor(args[1])
     optimizer = torch.optim.Adam(params, lr=1e-3)
@@ -170,11 +191,53 @@ def bench_elementwise(target: str, runs: int, size: int, chain=elementwise_chain
         chain(tx, tw, tb)
 
     torch_seconds = median_time(torch_chain, runs)
-    return {"name": name, "target": target, "elements": size, "bendc_ms": seconds * 1e3,
+    ulp = {}
+    if name == "transcendental":
+        ulp = {"max_ulp_vs_torch": transcendental_ulps(target)}
+        grads = step(x, w, b)
+        torch_chain()
+        # The chain's gradients cancel (1 - y*y, 1 - y near 0): relative to their largest value, not ulp.
+        ulp["chain_max_rel_diff_vs_torch"] = max(
+            float(np.max(np.abs(a - t.numpy())) / np.max(np.abs(t.numpy()))) for a, t in zip(grads, (tw.grad, tb.grad)))
+    return {**ulp, "name": name, "target": target, "elements": size, "bendc_ms": seconds * 1e3,
             "torch_eager_ms": torch_seconds * 1e3, "speedup_vs_torch_eager": torch_seconds / seconds,
             "launches": stats.get("launches"), "bytes_moved": moved,
             "achieved_gb_per_s": moved / seconds / 1e9, "copy_gb_per_s": copy_bandwidth / 1e9,
             "fraction_of_copy_bandwidth": moved / seconds / copy_bandwidth}
+
+
+def ulp_distance(actual, expected) -> np.ndarray:
+    def ordered(x):
+        bits = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+    return np.abs(ordered(actual) - ordered(expected))
+
+
+def transcendental_ulps(target: str, size: int = 10**6) -> dict:
+    """Max ulp of each compiled transcendental against torch's CPU result on random float32 inputs."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    wide = rng.standard_normal(size, dtype=np.float32) * np.float32(20)
+    positive = np.abs(wide) + np.float32(1e-3)
+    cases = {"exp": (lambda x: x.exp(), wide, torch.exp), "log": (lambda x: x.log(), positive, torch.log),
+             "tanh": (lambda x: x.tanh(), wide, torch.tanh), "sigmoid": (lambda x: x.sigmoid(), wide, torch.sigmoid),
+             "gelu": (lambda x: F.gelu(x), wide / np.float32(4), torch.nn.functional.gelu)}
+    result = {}
+    def program_of(fn):
+        def program(x):
+            return fn(x)
+        return program
+
+    for name, (fn, x, reference) in cases.items():
+        actual = bendc.jit(program_of(fn), target=target)(x)
+        expected = reference(torch.tensor(x)).numpy()
+        if name == "gelu":  # x * (1 + erf(x / sqrt 2)) / 2 cancels for x < 0: an erf ulp is many gelu ulps
+            result["gelu_max_abs_diff"] = float(np.max(np.abs(actual - expected)))
+        else:
+            result[name] = int(ulp_distance(actual, expected).max())
+    return result
 
 
 # ------------------------------------------------------------------ compile latency
@@ -276,19 +339,20 @@ def interleaved_medians(fns: dict, runs: int, warmup: int = 2) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def bench_attention(target: str, runs: int, quick: bool) -> dict:
+def bench_attention(target: str, runs: int, shape: tuple[int, int, int, int, int],
+                    schedules: tuple[str, ...] = ("triangular", "dense"), name: str = "attention") -> dict:
     import numba
     import torch
     from bendc.passes import default_passes
 
-    batch, heads, kv_heads, t, depth = (2, 8, 2, 128, 64) if quick else (4, 8, 2, 512, 64)
+    batch, heads, kv_heads, t, depth = shape
     rng = np.random.default_rng(0)
     q = rng.standard_normal((batch, heads, t, depth), dtype=np.float32)
     k = rng.standard_normal((batch, kv_heads, t, depth), dtype=np.float32)
     v = rng.standard_normal((batch, kv_heads, t, depth), dtype=np.float32)
     g = rng.standard_normal((batch, heads, t, depth), dtype=np.float32)
     steps = {}
-    for schedule in ("triangular", "dense"):
+    for schedule in schedules:
         passes = [f"attention_schedule_{schedule}" if p == "attention_schedule" else p for p in default_passes()]
         steps[schedule] = bendc.jit(attention_step, leaves=("q", "k", "v"), target=target, passes=passes)
 
@@ -304,19 +368,126 @@ def bench_attention(target: str, runs: int, quick: bool) -> dict:
         return o
 
     expected = [torch_step().detach().numpy(), tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()]
-    error = max(float(np.max(np.abs(a - b))) for step in steps.values() for a, b in zip(step(q, k, v, g), expected))
-    seconds = interleaved_medians({"triangular": lambda: steps["triangular"](q, k, v, g),
-                                   "dense": lambda: steps["dense"](q, k, v, g), "torch": torch_step}, runs)
-    return {"name": "attention", "target": target, "shape": f"B={batch} H={heads} Hkv={kv_heads} T={t} D={depth}",
-            "threads": threads, "triangular_ms": seconds["triangular"] * 1e3, "dense_ms": seconds["dense"] * 1e3,
-            "torch_eager_ms": seconds["torch"] * 1e3, "triangular_vs_dense": seconds["dense"] / seconds["triangular"],
-            "speedup_vs_torch_eager": seconds["torch"] / seconds["triangular"], "max_abs_diff_vs_torch": error}
+    result = {"name": name, "target": target, "shape": f"B={batch} H={heads} Hkv={kv_heads} T={t} D={depth}",
+              "threads": threads}
+    for schedule, step in steps.items():
+        outputs = step(q, k, v, g)
+        result[f"{schedule}_max_rel_diff_vs_torch"] = max(
+            float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30)) for a, b in zip(outputs, expected))
+    fns = {schedule: (lambda step=step: step(q, k, v, g)) for schedule, step in steps.items()}
+    fns["torch"] = torch_step
+    seconds = interleaved_medians(fns, runs)
+    for schedule in steps:
+        result[f"{schedule}_ms"] = seconds[schedule] * 1e3
+    result["torch_eager_ms"] = seconds["torch"] * 1e3
+    best = min(steps, key=lambda schedule: seconds[schedule])
+    if "triangular" in steps and "dense" in steps:
+        result["triangular_vs_dense"] = seconds["dense"] / seconds["triangular"]
+    result["fastest_schedule"] = best
+    result["speedup_vs_torch_eager"] = seconds["torch"] / seconds[best]
+    return result
+
+
+# ------------------------------------------------------------------ decoder language models
+def bench_decoder(target: str, runs: int, with_compile: bool, config, name: str) -> dict:
+    """A decoder's training step (forward, cross-entropy, backward, Adam): bendc vs torch eager
+    and torch.compile (the forward and loss compiled, Adam eager, as in `mlp`)."""
+    import torch
+    from models import TorchOps, decoder_forward, decoder_inputs, decoder_program
+
+    data = decoder_inputs(config)
+    step_fn, names = decoder_program(config)
+    params = [data["params"][n] for n in names]
+    moments = [np.zeros_like(p) for p in params]
+    count = len(names)
+    donated = tuple(names) + tuple(f"{k}_{n}" for n in names for k in ("m", "v"))
+    step = bendc.jit(step_fn, leaves=tuple(names), target=target, donate=donated)
+    fixed = [data["tokens"], data["targets"], data["cos"], data["sin"], np.array(1, np.int64)]
+    state = [a.copy() for a in params] + [a.copy() for a in moments] + [a.copy() for a in moments]
+
+    def bendc_step():
+        out = step(*fixed, *state)
+        state[:count] = out[1::3]
+        state[count:2 * count] = out[2::3]
+        state[2 * count:] = out[3::3]
+        return out[0]
+
+    torch.set_num_threads(bench_threads())
+    ops = TorchOps()
+    tparams = {n: torch.tensor(data["params"][n], requires_grad=True) for n in names}
+    tokens, targets = torch.tensor(data["tokens"]), torch.tensor(data["targets"]).reshape(-1)
+    cos, sin = torch.tensor(data["cos"]), torch.tensor(data["sin"])
+    optimizer = torch.optim.Adam(list(tparams.values()), lr=3e-3)
+
+    def loss_fn(tokens, targets, cos, sin, *values):
+        logits = decoder_forward(ops, config, tokens, cos, sin, dict(zip(names, values)))
+        return torch.nn.functional.cross_entropy(logits, targets)
+
+    def torch_step(fn):
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(tokens, targets, cos, sin, *tparams.values())
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    # The first step from the same parameters: the losses agree (a check that both run one model).
+    first_bendc = float(step(*fixed, *(a.copy() for a in params + moments + moments))[0])
+    first_torch = float(torch_step(loss_fn).detach())
+    fns = {"bendc": bendc_step, "eager": lambda: torch_step(loss_fn)}
+    result = {"name": name, "target": target, "model": config.describe()}
+    if with_compile:
+        try:
+            compiled = torch.compile(loss_fn)
+            torch_step(compiled)
+            fns["compile"] = lambda: torch_step(compiled)
+        except Exception as error:  # inductor needs a working C++ toolchain
+            result["torch_compile_error"] = str(error).splitlines()[0][:200]
+    seconds = interleaved_medians(fns, runs)
+    result.update({"bendc_ms": seconds["bendc"] * 1e3, "torch_eager_ms": seconds["eager"] * 1e3,
+                   "speedup_vs_torch_eager": seconds["eager"] / seconds["bendc"]})
+    if "compile" in seconds:
+        result["torch_compile_ms"] = seconds["compile"] * 1e3
+        result["speedup_vs_torch_compile"] = seconds["compile"] / seconds["bendc"]
+    result["first_loss_bendc"], result["first_loss_torch"] = first_bendc, first_torch
+    return result
 
 
 # ------------------------------------------------------------------ main
+def blas() -> dict:
+    """numpy's BLAS: library, version and the kernel it runs (threadpoolctl where installed, else
+    numpy's build config and OpenBLAS's own openblas_get_corename), and the OPENBLAS_* variables."""
+    info: dict = {name: os.environ[name] for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if name in os.environ}
+    try:
+        from threadpoolctl import threadpool_info
+        for entry in threadpool_info():
+            if entry.get("user_api") == "blas":
+                info.update({"library": entry.get("internal_api"), "version": entry.get("version"),
+                             "kernel": entry.get("architecture"), "threads": entry.get("num_threads"),
+                             "source": "threadpoolctl"})
+                return info
+    except ImportError:
+        pass
+    try:
+        import ctypes
+        config = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        info.update({"library": config.get("name"), "version": config.get("version"), "source": "numpy config"})
+        libs = [line.split()[-1] for line in open(f"/proc/{os.getpid()}/maps") if "openblas" in line.lower()]
+        if libs:
+            library = ctypes.CDLL(libs[0])
+            for prefix in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename"):
+                if hasattr(library, prefix):
+                    getattr(library, prefix).restype = ctypes.c_char_p
+                    info["kernel"] = getattr(library, prefix)().decode()
+                    break
+    except Exception as error:  # the figures still run without it
+        info["error"] = str(error)[:200]
+    return info
+
+
 def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "numpy": np.__version__, "bendc": bendc.__version__}
+            "threads": bench_threads(), "load_average": os.getloadavg(),
+            "numpy": np.__version__, "bendc": bendc.__version__, "blas": blas()}
 
 
 def format_row(result: dict) -> str:
@@ -330,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--target", default="cpu", choices=["cpu"])
     parser.add_argument("--only", nargs="*", help="workload names to run")
+    parser.add_argument("--threads", type=int, help="threads for every pool, bendc's and torch's (default: all cores)")
     args = parser.parse_args(argv)
     runs = 5 if args.quick else 20
     workloads = {
@@ -339,7 +511,12 @@ def main(argv: list[str] | None = None) -> int:
                                                     transcendental_chain, "transcendental"),
         "compile": lambda: bench_compile(args.target, with_torch=not args.quick),
         "fusion": lambda: bench_fusion(args.target),
-        "attention": lambda: bench_attention(args.target, runs, args.quick),
+        "attention": lambda: bench_attention(args.target, runs, (2, 8, 2, 128, 64) if args.quick else (4, 8, 2, 512, 64)),
+        # T=2048: one batch, few runs (each step is seconds with the packed schedules).
+        "attention_long": lambda: bench_attention(args.target, 3, (1, 8, 2, 512, 64) if args.quick else (1, 8, 2, 2048, 64),
+                                                  ("triangular",), "attention_long"),
+        "transformer": lambda: bench_decoder(args.target, runs, not args.quick, TRANSFORMER, "transformer"),
+        "gpt": lambda: bench_decoder(args.target, runs, not args.quick, GPT, "gpt"),
     }
     results = []
     for name, run in workloads.items():

@@ -215,3 +215,21 @@ def test_an_unfused_elementwise_node_reading_one_value_twice(target):
     got = step(x)
     assert_bitwise(got[0], x + x)
     assert_bitwise(got[1], x * x)
+
+
+def test_a_large_adam_step_with_a_traced_step_count_runs_in_parallel():
+    """A 0-d operand (the traced step's bias corrections) of a kernel large enough for prange:
+    numba's parfor lowering cannot type ``x[()]`` in a prange body, so one-element inputs are
+    read once before the loops."""
+    def step(w, m, v, t):
+        loss = (w * w).sum()
+        loss.backward()
+        return F.adam_step(w, w.grad, m, v, t, 1e-3)
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((512, 128), dtype=np.float32)
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    results = {target: bendc.jit(step, leaves=("w",), target=target)(w, m, v, np.array(3, np.int64))
+               for target in TARGETS}
+    for expected, actual in zip(results["reference"], results["cpu"]):
+        assert_bitwise(actual, expected, "adam over 65536 cells")

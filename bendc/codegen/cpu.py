@@ -13,7 +13,8 @@ from bendc.codegen.fused import epilogues, member_expression, operand_reference,
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, element, loop_nest, njit_decorator
+from bendc.kernels.cpu_kit import (PARALLEL_CELLS, REDUCTION_CHUNKS, chunked_loop_nest, element, loop_nest,
+                                   njit_decorator, vectorizable_math)
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -48,7 +49,11 @@ def render_step(step: Step, graph: Graph) -> str:
         summary = f"{node.op} ({step.kind})"
         lowering = OPS[node.op].lowering
         body = lowering.cpu(node.attr, [graph.node(i).type for i in node.inputs], node.type)
-    return HEADER.format(name=step.name, summary=summary, nodes=listing) + "\n" + body
+    body, helpers = vectorizable_math(body)
+    header = HEADER.format(name=step.name, summary=summary, nodes=listing)
+    if helpers:
+        header += "\n# float32 exp, log, tanh, erf without libm calls (bendc/kernels/templates/cpu_math.py)\n" + helpers
+    return header + "\n" + body
 
 
 # ------------------------------------------------------------------ elementwise
@@ -58,18 +63,33 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
     local: dict[int, str] = {}
     reads: dict[tuple[int, str], str] = {}
     body: list[str] = []
+    hoisted: list[str] = []
 
     def read(value: int, index: list[str]) -> str:
         key = (value, ",".join(index))
         if key not in reads:
             reads[key] = f"r{len(reads)}"
-            body.append(f"{reads[key]} = {element(arg_of[value], index)}  # %{value}")
+            # A one-element input is read once, before the loops (numba's parfor lowering
+            # cannot type a 0-d array's [()] inside a prange body).
+            where = hoisted if graph.node(value).type.numel == 1 else body
+            where.append(f"{reads[key]} = {element(arg_of[value], index)}  # %{value}")
         return reads[key]
 
     sums = epilogues(graph, step.nodes)
+    summed_axes = set()
+    for id in sums:
+        summed_axes.update(reduced_axes(graph, graph.node(id)))
+    # The first loop of more than one cell runs in parallel. When an epilogue sums over it (its
+    # cells would race on the output), its range is split in a fixed number of chunks (set by the
+    # shape, not the thread count: the same sums on every machine), each summing into its own
+    # partial output; the partials are added in chunk order after the loop.
+    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None)
+    if step.cells < PARALLEL_CELLS:
+        parallel_axis = None
+    chunks = min(REDUCTION_CHUNKS, domain[parallel_axis]) if parallel_axis in summed_axes else 0
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
     prologue: list[str] = []
-    finish: list[str] = []
+    epilogue: list[str] = []
     for number, id in enumerate(step.nodes):
         node = graph.node(id)
         if id in sums:
@@ -77,11 +97,24 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
             # round once at the end: a float32 running sum over many cells drifts far from the
             # pairwise sums of numpy and PyTorch (~100x their error over 65536 cells).
             kept = reduction_index(graph, node, loops)
-            total, flat, wide = f"a{number}", f"z{number}", f"w{number}"
-            prologue.append(f"{total} = np.zeros({out_of[id]}.shape, np.float64)")
-            body.append(f"{element(total, kept)} += np.float64({local[node.inputs[0]]})  # %{id} = {node.op}")
-            finish += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)", f"{wide} = {total}.reshape({total}.size)",
-                       f"for q in range({flat}.size):", f"    {flat}[q] = np.float32({wide}[q])"]
+            flat, wide = f"z{number}", f"w{number}"
+            value = f"np.float64({local[node.inputs[0]]})"
+            if chunks:  # one float64 partial sum per chunk, added in chunk order after the loop
+                total = f"p{number}"
+                prologue.append(f"{total} = np.zeros({(chunks, *node.type.shape)!r}, np.float64)")
+                body.append(f"{element(total, ['chunk', *kept])} += {value}  # %{id} = {node.op}")
+                epilogue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
+                             f"{wide} = {total}.reshape(({chunks}, {flat}.size))",
+                             f"for q in range({flat}.size):", f"    s{number} = np.float64(0.0)",
+                             f"    for chunk in range({chunks}):", f"        s{number} += {wide}[chunk, q]",
+                             f"    {flat}[q] = np.float32(s{number})"]
+            else:
+                total = f"a{number}"
+                prologue.append(f"{total} = np.zeros({out_of[id]}.shape, np.float64)")
+                body.append(f"{element(total, kept)} += {value}  # %{id} = {node.op}")
+                epilogue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
+                             f"{wide} = {total}.reshape({total}.size)",
+                             f"for q in range({flat}.size):", f"    {flat}[q] = np.float32({wide}[q])"]
             continue
         operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
         local[id] = f"v{number}"
@@ -93,14 +126,12 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         index = ["0"] * len(shape) if graph.node(id).type.numel == 1 else loops
         body.append(f"{element(out_of[id], index)} = {local[id]}")
 
-    # The first loop of more than one cell runs in parallel, unless an epilogue sums over it
-    # (its cells would race on the output).
-    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None)
-    if step.cells < PARALLEL_CELLS or any(parallel_axis in reduced_axes(graph, graph.node(e)) for e in sums):
-        parallel_axis = None
     args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
     lines = [njit_decorator(parallel_axis is not None), f"def kernel({args}):"]
-    lines.extend("    " + line for line in prologue)
-    lines.extend(loop_nest(domain, loops, parallel_axis, body))
-    lines.extend("    " + line for line in finish)
+    lines.extend("    " + line for line in hoisted + prologue)
+    if chunks:
+        lines.extend(chunked_loop_nest(domain, loops, parallel_axis, chunks, body))
+    else:
+        lines.extend(loop_nest(domain, loops, parallel_axis, body))
+    lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"

