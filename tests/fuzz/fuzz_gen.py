@@ -51,8 +51,8 @@ PIPELINES = (None, None, None, None,
 # elementwise families are listed several times (weights).
 FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity", "nonfinite", "reduce", "rows",
             "layout", "index", "matmul", "gelu", "norm", "rope_family", "attention", "index_select",
-            "gather", "cross_entropy", "mse", "sgd", "adam", "adam_traced", "combine", "backward", "zero_grad",
-            "grad_read")
+            "gather", "cross_entropy", "mse", "sgd", "adam", "adam_traced", "split", "combine", "backward",
+            "zero_grad", "grad_read")
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -653,6 +653,32 @@ class Builder:
             out = list(x.shape)
             out.insert(d % (rank + 1), 1)
             self.emit(f"{x.name}.unsqueeze({d})", out, x.bound, (x,), "layout")
+        return True
+
+    def split(self) -> bool:
+        """Slices that tile the last axis (a fused projection split into parts), each used, and a
+        backward through all of them: the gradient is their concatenation (canonicalize's concat)."""
+        draw = self.draw
+        x = self.pick(lambda v: len(v.shape) > 0 and v.shape[-1] >= 2 and bool(v.deps) and math.isfinite(v.bound))
+        if x is None:
+            return False
+        size = x.shape[-1]
+        cuts = sorted(set(draw(st.lists(st.integers(1, size - 1), min_size=1, max_size=2))))
+        bounds = [0, *cuts, size]
+        parts = [self.fresh() for _ in range(len(bounds) - 1)]
+        for name, start, stop in zip(parts, bounds, bounds[1:]):
+            self.lines.append((f"{name} = {x.name}[..., {start}:{stop}]",) * 2)
+        root = self.fresh("loss")
+        terms = " + ".join(f"({name} * {float(k + 1)!r}).sum()" for k, name in enumerate(parts))
+        self.lines.append((f"{root} = {terms}",) * 2)
+        self.lines.append((f"{root}.backward()", f"{root}.backward(retain_graph=True)"))
+        scalar = Value(root, (), x.bound * len(parts) ** 2 * max(1, _numel(x.shape)), x.deps, False)
+        self.values.append(scalar)
+        self.roots.append(scalar)
+        for leaf in x.deps:
+            self.grad_set[leaf] = True
+        self.backwards += 1
+        self.families.add("split")
         return True
 
     def index(self) -> bool:

@@ -105,6 +105,9 @@ OP_TABLE: dict[str, OpEntry] = {
                               ("adam",)),
     "adam_bias_root": OpEntry(D, "F.adam_step with a traced 0-d step (as adam_step_size)", "as adam_step_size",
                               ("adam", "adam_traced")),
+    "concat": OpEntry(I, "backward of slices that tile an axis (x[..., :k] and x[..., k:] both used): "
+                      "canonicalize turns the sum of their index_scatters into one concat", "autograd of the slices",
+                      ("split",)),
     "adam_lr_step_size": OpEntry(D, "bendc.optim.adam(..., lr=<0-d array parameter>)", "lr / (1 - beta1 ** step)",
                                  ("adam_traced",)),
     "bias_correction": OpEntry(D, "bendc.optim.adam(..., betas=(<0-d array parameter>, 0.999))",
