@@ -51,12 +51,17 @@ def entries(cache: Path) -> list[Path]:
     return sorted(folder.iterdir()) if folder.is_dir() else []
 
 
-def assert_one_valid_entry(cache: Path) -> None:
+def assert_one_valid_entry(cache: Path, killed_writers: bool = False) -> None:
+    """One valid entry; no temporary folder left, except (``killed_writers``) the staging folders of
+    writers killed mid-write, which no reader opens (they are swept once an hour old)."""
     found = entries(cache)
     visible = [p for p in found if not p.name.startswith(".")]
     assert len(visible) == 1, found
     read_manifest(str(visible[0]))  # raises ArtifactInvalid on anything damaged
-    assert visible == found, f"temporaries left behind: {found}"
+    if killed_writers:
+        assert all(".tmp-" in p.name for p in found if p not in visible), found
+    else:
+        assert visible == found, f"temporaries left behind: {found}"
 
 
 def test_concurrent_compiles_leave_one_valid_entry(tmp_path):
@@ -115,7 +120,7 @@ def test_sigkill_during_a_cold_compile_leaves_nothing_trusted(tmp_path):
     lines = finish(start(*map(str, caches), "--verify"), timeout=300)
     assert len(lines) == len(caches), lines
     for cache in caches:
-        assert_one_valid_entry(cache)
+        assert_one_valid_entry(cache, killed_writers=True)
 
 
 def compile_here(cache: Path):
