@@ -17,18 +17,17 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from typing import Any
 
 import numba
 import numpy as np
 
-from bendc.codegen.cache import STALE_SECONDS
 from bendc.codegen.plan import KernelPlan
 from bendc.ir.graph import Graph
 from bendc.ops import OPS
 from bendc.ops.base import indexed_size
 from bendc.version import __version__
+from runtime.files import STALE_SECONDS, sweep_stale
 from runtime.artifact import (FORMAT_VERSION, KIND, MANIFEST, ArtifactInvalid, content_hash, file_hash,
                               read_manifest)
 
@@ -139,25 +138,8 @@ _TEMPORARY = re.compile(r"^\..+\.(tmp|old|bad)-[A-Za-z0-9_]{8}$")
 
 
 def sweep_stale_folders(parent: str, older_than: float = STALE_SECONDS) -> None:
-    """Remove the temporary folders that killed writers left in ``parent`` once they are old.
-
-    They are never read (a reader opens only the destination's own name); a
-    recent one may be another process's build in progress and is left alone.
-    """
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    now = time.time()
-    for name in names:
-        if not _TEMPORARY.match(name):
-            continue
-        path = os.path.join(parent, name)
-        try:
-            if os.path.isdir(path) and not os.path.islink(path) and now - os.lstat(path).st_mtime > older_than:
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
+    """Remove the temporary folders that killed writers left in ``parent`` once they are old."""
+    sweep_stale(parent, lambda name: _TEMPORARY.match(name) is not None, older_than)
 
 
 def discard_artifact(folder: str) -> bool:

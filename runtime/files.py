@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import time
 from typing import BinaryIO, Callable
 
 
@@ -32,3 +34,31 @@ def default_cache_dir() -> str:
         return configured
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "bendc")
+
+
+# Temporaries older than this are left by a killed process (a write takes milliseconds).
+STALE_SECONDS = 3600
+
+
+def sweep_stale(folder: str, matches: Callable[[str], bool], older_than: float = STALE_SECONDS) -> None:
+    """Remove the files and folders in ``folder`` whose names match and that are older than
+    ``older_than`` seconds: temporaries killed writers left (never read by anyone; a recent one may
+    be another process's write in progress and is left alone)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if not matches(name):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if now - os.lstat(path).st_mtime <= older_than or os.path.islink(path):
+                continue
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass  # gone already, or not ours to remove

@@ -12,18 +12,13 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-import time
 
 from runtime.artifact import is_module_file, module_name
-from runtime.files import default_cache_dir  # noqa: F401 - re-exported: the cache lives there
+from runtime.files import default_cache_dir, sweep_stale  # noqa: F401 - default_cache_dir re-exported
 
 
 def structural_hash(source: str) -> str:
     return module_name(source)[2:]
-
-
-# Temporaries older than this are left by a killed process (a write takes milliseconds).
-STALE_SECONDS = 3600
 
 
 def kernel_path(cache_dir: str, module: str) -> str:
@@ -65,21 +60,3 @@ def _sweep_once(folder: str) -> None:
     sweep_stale(folder, lambda name: name.startswith(".tmp-"))
     # numba writes its cache files as NAME.tmp.<hex> and renames them.
     sweep_stale(os.path.join(folder, "__pycache__"), lambda name: ".tmp." in name)
-
-
-def sweep_stale(folder: str, matches, older_than: float = STALE_SECONDS) -> None:
-    """Remove the files in ``folder`` whose names match and that are older than ``older_than``."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    now = time.time()
-    for name in names:
-        if not matches(name):
-            continue
-        path = os.path.join(folder, name)
-        try:
-            if os.path.isfile(path) and now - os.lstat(path).st_mtime > older_than:
-                os.unlink(path)
-        except OSError:
-            pass  # gone already, or not ours to remove

@@ -763,7 +763,8 @@ class Builder:
         return True
 
     def norm(self) -> bool:
-        # Normalized operands are the program's own random inputs: a row of equal values (an
+        # Normalized operands are the program's own random inputs, over two or more elements: a row
+        # of equal values (one element, an
         # index_select repeating an element, a relu's zeros) has zero variance, where the input
         # gradient is a cancellation of terms of size rstd * g ~ 300 * g. torch's fused backward
         # cancels those exactly; bendc's layer_norm/group_norm backward (composed of its ops)
@@ -776,6 +777,8 @@ class Builder:
                 return False
             k = draw(st.integers(1, len(x.shape)))
             normalized = tuple(x.shape[-k:])
+            if _numel(normalized) < 2:  # one element: zero variance always (see above)
+                return False
             w = self.pick_or_new(normalized) if draw(st.booleans()) else None
             b = self.pick_or_new(normalized) if draw(st.booleans()) else None
             args = f"{x.name}, {normalized!r}" + (f", {w.name}" if w else ", None" if b else "") + \
@@ -917,14 +920,19 @@ class Builder:
         self.exact_grads = False
         return True
 
-    def adam(self) -> bool:
-        draw = self.draw
+    def adam_operands(self):
+        """(param, grad, m, v) for an Adam step, or None: v is squared, so it stays small."""
         p = self.pick()
         if p is None:
+            return None
+        return p, self.pick_or_new(p.shape), self.pick_or_new(p.shape), self.pick_or_new(p.shape, lambda u: u.bound <= 30)
+
+    def adam(self) -> bool:
+        draw = self.draw
+        operands = self.adam_operands()
+        if operands is None:
             return False
-        g = self.pick_or_new(p.shape)
-        m = self.pick_or_new(p.shape)
-        v = self.pick_or_new(p.shape, lambda u: u.bound <= 30)
+        p, g, m, v = operands
         if draw(st.booleans()):
             step = self.new_input((), "step", False).name
         else:
@@ -948,12 +956,10 @@ class Builder:
     def adam_traced(self) -> bool:
         """bendc.optim.adam with a traced (0-d array) learning rate, and sometimes traced betas."""
         draw = self.draw
-        p = self.pick()
-        if p is None:
+        operands = self.adam_operands()
+        if operands is None:
             return False
-        g = self.pick_or_new(p.shape)
-        m = self.pick_or_new(p.shape)
-        v = self.pick_or_new(p.shape, lambda u: u.bound <= 30)
+        p, g, m, v = operands
         lr = self.new_input((), "hyper", False, high=0).name
         if draw(st.booleans()):
             betas = f"({self.new_input((), 'hyper', False, high=1).name}, 0.999)"
