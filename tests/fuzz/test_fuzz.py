@@ -76,9 +76,13 @@ def test_programs_match_torch(target: str) -> None:
     @_with_known_bug_examples
     def check(program: Program) -> None:
         run_and_check(program, target, CACHE_DIR)
+        counted[0] += 1
 
+    counted = [0]
     try:
         _seeded(check)()
+        if FUZZ_N:  # the long run's count, in pytest's warnings summary
+            warnings.warn(f"fuzz ({target}): {counted[0]} programs ran and matched torch (asked for {FUZZ_N})")
     except AssertionError as error:
         report = minimized_report(target, CACHE_DIR)
         if report:
