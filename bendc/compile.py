@@ -41,7 +41,7 @@ from bendc.passes import PassContext, Pipeline
 from bendc.trace import Tensor, Tracer
 from bendc import tree
 from bendc.tree import Template
-from runtime.artifact import ArtifactInvalid, load_kernel, load_module, load_program, read_stages, read_text
+from runtime.artifact import ArtifactInvalid, load_module, load_program, read_stages, read_text
 from runtime.cuda import numba_cuda_installed
 from runtime.cpu import CpuProgram, KernelError, KernelFailure
 from runtime.files import atomic_write
@@ -160,16 +160,16 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
     render_plan(plan, graph)
     donated = frozenset(p for p in graph.params if graph.node(p).attr["name"] in donate)
     decisions = plan_memory(plan, donated)
-    kernels = {}
+    from bendc.progress import expect
+    from runtime.machine import dispatchers
+
+    kernels, modules = {}, {}
     for number, step in enumerate(plan.steps, start=1):
         if progress is not None:
             progress(number, len(plan.steps), step.name)
         step.module = write_kernel(cache_dir, step.source)
-        kernels[step.name] = load_kernel(kernel_path(cache_dir, step.module), step.module)
-    from bendc.progress import expect
-    from runtime.machine import dispatchers
-
-    modules = {s.module: load_module(kernel_path(cache_dir, s.module), s.module) for s in plan.steps}
+        modules[step.module] = load_module(kernel_path(cache_dir, step.module), step.module)
+        kernels[step.name] = modules[step.module].kernel
     expect(sum(1 for function in dispatchers(modules.values()) if not function.overloads))  # to compile
     plan_json = plan.to_json()
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
