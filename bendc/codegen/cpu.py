@@ -123,6 +123,10 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         if id in sums:
             continue
         shape = graph.node(id).type.shape
+        if not shape:  # a 0-d output through a 1-element view: numba's parfor lowering cannot type out[()] = v
+            prologue.append(f"{out_of[id]}_cell = {out_of[id]}.reshape(1)")
+            body.append(f"{out_of[id]}_cell[0] = {local[id]}")
+            continue
         index = ["0"] * len(shape) if graph.node(id).type.numel == 1 else loops
         body.append(f"{element(out_of[id], index)} = {local[id]}")
 
