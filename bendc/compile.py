@@ -220,14 +220,15 @@ def build_cuda(graph: Graph, cache_dir: str) -> Built:
 def build_cuda_artifact(graph: Graph, cache_dir: str, arch: str, progress: Progress | None = None) -> Built:
     """The cuda kernels compiled ahead of time for ``arch``: PTX (NVVM) and cubin (nvJitLink) per
     kernel, with registers, spills and shared memory in the report. Needs numba-cuda, not a GPU."""
-    from bendc.codegen.ptx import compile_plan
+    from bendc.codegen.ptx import compile_plan, cubin_file, record_launches
 
     kernels = render_cuda(graph, cache_dir)
     compiled = compile_plan(kernels.plan, kernels.modules, arch, progress)
+    record_launches(kernels.plan, compiled)  # entry symbols and parameter layouts, for runtime/cuda_graph.py
     files: dict[str, str | bytes] = {}
     for kernel in compiled:
         files[f"ptx/{kernel.step}.{kernel.kernel}.ptx"] = kernel.ptx
-        files[f"cubin/{kernel.step}.{kernel.kernel}.{arch}.cubin"] = kernel.cubin
+        files[cubin_file(kernel.step, kernel.kernel, arch)] = kernel.cubin
     report = kernels.report + [f"compiled: {kernel.describe()}" for kernel in compiled]
 
     def run(inputs: Sequence[np.ndarray]) -> list:

@@ -26,9 +26,9 @@ from runtime.machine import compile_counts
 class Program:
     """A verified, loaded artifact: call it like the function it was compiled from."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, cuda_runtime: str | None = None, outputs: str = "copy") -> None:
         self.folder = folder
-        self.manifest, self.plan, self._program = load_program(folder)
+        self.manifest, self.plan, self._program = load_program(folder, cuda_runtime=cuda_runtime, outputs=outputs)
         self.names = [spec["name"] for spec in self.manifest["inputs"]]
         self.static = dict(self.manifest.get("static", {}))
         self.feeds: dict[str, int] = {name: int(index) for name, index in self.manifest.get("feeds", {}).items()}
@@ -65,14 +65,23 @@ class Program:
 
     def run_flat(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """The outputs as a flat list (out0, out1, ...) of checked inputs in parameter order."""
+        return [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in self._run(inputs)]
+
+    def _run(self, inputs: list[Any]) -> list[Any]:
         try:
-            outputs = self._program.run(inputs)
+            return self._program.run(inputs)
         except KernelError as error:
             step = next((s for s in self.plan["steps"] if s["name"] == error.step), None)
             if step is None or not step.get("loc"):
                 raise
             raise KernelError(error.step, f"{step['loc']}: {step['op']}: {error.detail}") from None
-        return [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in outputs]
+
+    def run_device(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """A cuda artifact's flat outputs left on the device (``copy_to_host()``,
+        ``__cuda_array_interface__``); inputs may be torch CUDA tensors, copied device to device."""
+        if self.manifest["target"] != "cuda":
+            raise InputsInvalid(f"{self.folder} was built for {self.manifest['target']}: run_device is for cuda")
+        return self._run(self.bind(args, kwargs))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return unflatten_outputs(self.manifest["template"], self.run_flat(self.bind(args, kwargs)))
@@ -97,6 +106,11 @@ class Program:
         return compile_counts(getattr(self._program, "modules", []))  # cuda programs: none counted
 
 
-def load(path: str) -> Program:
-    """The artifact at ``path`` (written by ``bendc compile``), verified and ready to call."""
-    return Program(path)
+def load(path: str, *, cuda_runtime: str | None = None, outputs: str = "copy") -> Program:
+    """The artifact at ``path`` (written by ``bendc compile``), verified and ready to call.
+
+    A cuda artifact runs its cubins as one CUDA graph per step on a GPU of its architecture
+    (``cuda_runtime``: "auto", "graph", "eager" launches, or "numba" JIT; default
+    ``$BENDC_CUDA_RUNTIME`` or "auto"); ``outputs="copy"`` (default) returns fresh outputs each
+    call, ``"static"`` the graph's own buffers, overwritten by the next call."""
+    return Program(path, cuda_runtime, outputs)

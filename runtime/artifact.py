@@ -15,7 +15,9 @@ Format 2 added ``content_hash`` and, on integer inputs used as indices,
 builds, the kernels' machine code: ``numba/*.nbi`` and ``numba/*.nbc`` (numba's
 cache files, listed and hashed like the rest) and ``machine``, the CPU they were
 compiled for (runtime/machine.py); the runtime reads them in place and never
-writes into the folder.
+writes into the folder. Format 4 records, on cuda builds, each launch's entry
+symbol, cubin, arguments and parameters, and each source step's constant
+(``value``), so that runtime/cuda_graph.py runs the cubins without numba.
 """
 from __future__ import annotations
 
@@ -41,7 +43,13 @@ from runtime.cpu import CpuProgram
 from runtime.files import default_cache_dir
 from runtime.machine import MACHINE_FOLDER, describe_machine, host_machine, place_cache, same_machine, seal
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
+# What each format added: the refusal of an older artifact says what it lacks.
+FORMAT_CHANGES = {
+    2: "content hashes and index bounds",
+    3: "the cpu kernels' machine code",
+    4: "the cuda launches' entry symbols and parameter layouts and the constants' values, for the cubin runtime",
+}
 KIND = "bendc-artifact"
 MANIFEST = "manifest.json"
 # Fields every manifest has; a manifest without one is foreign or damaged.
@@ -111,9 +119,12 @@ def is_artifact(folder: str) -> bool:
 
 def _check_header(folder: str, manifest: dict) -> None:
     """Format version, required fields and the manifest's own content hash."""
-    if manifest.get("format") != FORMAT_VERSION:
-        raise ArtifactInvalid(f"{folder} has artifact format {manifest.get('format')!r}; this runtime reads "
-                              f"format {FORMAT_VERSION}: rebuild it with this bendc")
+    found = manifest.get("format")
+    if found != FORMAT_VERSION:
+        lacks = [FORMAT_CHANGES[k] for k in sorted(FORMAT_CHANGES) if isinstance(found, int) and k > found]
+        why = f" (it lacks {'; '.join(lacks)})" if lacks else ""
+        raise ArtifactInvalid(f"{folder} has artifact format {found!r}; this runtime reads "
+                              f"format {FORMAT_VERSION}{why}: rebuild it with this bendc")
     missing = [name for name in REQUIRED_FIELDS if name not in manifest]
     if missing:
         raise ArtifactInvalid(f"{folder}: {MANIFEST} lacks {', '.join(missing)} (damaged or foreign artifact)")
@@ -261,17 +272,19 @@ def read_plan(folder: str, manifest: dict) -> dict:
     return plan
 
 
-def load_program(folder: str, kernel_dir: str | None = None) -> tuple[dict, dict, CpuProgram]:
-    """(manifest, plan, bound program) of a verified cpu artifact.
+def load_program(folder: str, kernel_dir: str | None = None, cuda_runtime: str | None = None,
+                 outputs: str = "copy") -> tuple[dict, dict, CpuProgram]:
+    """(manifest, plan, bound program) of a verified artifact.
 
     ``kernel_dir`` may name a folder of the same kernel modules (named by
     structural hash) whose compiled code numba has already cached; a module
     there is imported only when its source has the hash of its name, else the
-    artifact's own copy is.
+    artifact's own copy is. ``cuda_runtime`` and ``outputs``: see
+    :func:`_load_cuda_program`.
     """
     manifest = read_manifest(folder)
     if manifest["target"] == "cuda":
-        return manifest, *_load_cuda_program(folder, manifest)
+        return manifest, *_load_cuda_program(folder, manifest, cuda_runtime, outputs)
     if manifest["target"] != "cpu":
         raise ArtifactInvalid(f"{folder} was built for target {manifest['target']!r}; this runtime runs cpu")
     plan = read_plan(folder, manifest)
@@ -310,9 +323,46 @@ def machine_code_home(folder: str, manifest: dict) -> tuple[str, bool] | None:
     return outside, False
 
 
-def _load_cuda_program(folder: str, manifest: dict) -> tuple[dict, Any]:
-    """(plan, bound program) of a cuda artifact: needs numba-cuda and a GPU (or the simulator)."""
+CUDA_RUNTIMES = ("auto", "graph", "eager", "numba")
+
+
+def _load_cuda_program(folder: str, manifest: dict, cuda_runtime: str | None = None,
+                       outputs: str = "copy") -> tuple[dict, Any]:
+    """(plan, bound program) of a cuda artifact.
+
+    ``cuda_runtime`` (default ``$BENDC_CUDA_RUNTIME``, else ``auto``): ``graph`` or ``eager``
+    run the artifact's cubins through cuda.core (runtime/cuda_graph.py: one CUDA graph per
+    step, or the same launches one by one), with ``outputs`` "copy" (default: each call's
+    outputs are fresh) or "static" (overwritten by the next call); ``numba`` JIT-compiles the
+    artifact's kernel sources with numba-cuda (runtime/cuda.py; under numba's CUDA simulator,
+    the only choice). ``auto`` is ``graph`` on a GPU of the artifact's architecture, else
+    ``numba`` (a note says so when a GPU of another architecture is present).
+    """
     plan = read_plan(folder, manifest)
+    choice = cuda_runtime or os.environ.get("BENDC_CUDA_RUNTIME") or "auto"
+    if choice not in CUDA_RUNTIMES:
+        raise ArtifactInvalid(f"cuda runtime {choice!r}: expected one of {', '.join(CUDA_RUNTIMES)}")
+    arch = manifest.get("arch", "sm_90")
+    if choice == "auto" and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        from runtime.cuda_graph import device_arch
+
+        found = device_arch()
+        if found == arch:
+            choice = "graph"
+        elif found is not None:
+            print(f"bendc: note: {folder} holds cubins for {arch}; this GPU is {found}: its kernels are "
+                  "compiled by numba-cuda at the first run", file=sys.stderr, flush=True)
+    if choice in ("graph", "eager"):
+        from runtime.cuda_graph import CubinMismatch, load_cubin_program
+
+        try:
+            return plan, load_cubin_program(folder, plan, choice, outputs)
+        except CubinMismatch as error:
+            raise ArtifactInvalid(f"{folder}: {error}") from None
+        except Exception as error:  # noqa: BLE001 - no cuda.core, no driver, no device: named below
+            first = str(error).splitlines()[0] if str(error) else ""
+            raise ArtifactInvalid(f"{folder} was built for cuda ({arch}): its cubin runtime needs cuda.core and "
+                                  f"a usable NVIDIA GPU: {type(error).__name__}: {first}") from None
     if not numba_cuda_installed():
         raise ArtifactInvalid(f"{folder} was built for cuda: running it needs numba-cuda (pip install "
                               "'numba-cuda[cu13]') and an NVIDIA GPU")
@@ -403,6 +453,9 @@ def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
                             f"got {len(inputs)}")
     checked = []
     for spec, array in zip(specs, inputs):
+        if manifest["target"] == "cuda" and _checked_device_input(spec, array):
+            checked.append(array)  # a device array of the right type: the cuda runtime copies from it
+            continue
         array = np.asarray(array, order="C")  # keeps a 0-d array 0-d
         want = np.dtype(DTYPES[spec["dtype"]])
         if array.dtype != want or tuple(array.shape) != tuple(spec["shape"]):
@@ -410,6 +463,23 @@ def check_inputs(manifest: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
                                 f"got {array.dtype}{list(array.shape)}")
         checked.append(array)
     return checked
+
+
+def _checked_device_input(spec: dict, array: Any) -> bool:
+    """Whether ``array`` is a device array (a torch CUDA tensor, ``__cuda_array_interface__``);
+    InputsInvalid when it is one of another dtype or shape, or strided."""
+    from runtime.cuda_graph import device_input
+
+    try:
+        found = device_input(array)
+    except ValueError as error:
+        raise InputsInvalid(f"input {spec['name']!r}: {error}") from None
+    if found is None:
+        return False
+    if found[1] != spec["dtype"] or list(found[2]) != list(spec["shape"]):
+        raise InputsInvalid(f"input {spec['name']!r} must be {type_text(spec)}, got a device array "
+                            f"{found[1]}{list(found[2])}")
+    return True
 
 
 def inputs_by_name(manifest: dict, arrays: Mapping[str, np.ndarray]) -> list[np.ndarray]:

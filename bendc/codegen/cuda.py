@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from bendc.codegen.fused import epilogues, member_expression, operand_reference, reduction_index
 from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
 from bendc.codegen.views import Views, materialize, resolve_accesses, view_access
@@ -101,6 +103,8 @@ def render_step(step: Step, graph: Graph, access: dict[int, Access], options: Cu
     step.source = source
     step.launches = [asdict(launch) for launch in kernels.launches]
     step.check = kernels.check
+    if step.kind == "source":
+        step.value = float(np.float32(nodes[0].attr["value"]))
 
 
 def _render_kind(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels:

@@ -35,9 +35,11 @@ class Step:
     op: str = ""  # the op of the step's first node and its user's line (path:line), for errors
     loc: str = ""
     # Target-specific, optional (empty on cpu): the cuda kernels' launch configurations
-    # ({kernel, grid, block, shared_bytes}, in launch order) and an index check's error message.
+    # ({kernel, grid, block, shared_bytes}, in launch order; an ahead-of-time build adds entry,
+    # cubin, arguments and parameters: bendc/codegen/ptx.py) and an index check's error message.
     launches: list[dict] = field(default_factory=list)
     check: str = ""
+    value: float | None = None  # a cuda source step's constant (the cubin runtime uploads it; plan.json)
 
 
 @dataclass

@@ -4,6 +4,11 @@ capability), then nvJitLink to cubin through ``cuda.core``'s Linker (the
 PTX's ISA version is newer than the toolkit's ptxas accepts). The linker's
 info log gives each kernel's registers, spills and shared memory.
 
+Each kernel's entry symbol (the PTX's one ``.visible .entry``: numba mangles a
+per-process counter into it, so the runtime cannot guess it) and its parameters
+(offset and size of each, as the PTX declares them) are recorded in the plan's
+launches (:func:`record_launches`), for the runtime that loads the cubins.
+
 NVVM is told not to contract a*b+c into fma (runtime.cuda.install_nvvm_options)
 unless a kernel asks for fastmath. Not usable in a process running numba's
 CUDA simulator (NUMBA_ENABLE_CUDASIM=1), which replaces numba.cuda.
@@ -34,6 +39,8 @@ class CompiledKernel:
     shared_bytes: int
     info_log: str
     seconds: float  # NVVM and nvJitLink together
+    entry: str = ""  # the cubin's kernel symbol
+    parameters: tuple[tuple[int, int], ...] = ()  # (offset, size) in bytes of each kernel parameter
 
     def describe(self) -> str:
         return (f"{self.step}.{self.kernel} ({self.arch}): {self.registers} registers, "
@@ -66,6 +73,68 @@ def parse_resources(log: str) -> dict[str, int]:
     }
 
 
+ENTRY = re.compile(r"\.visible\s+\.entry\s+([\w$.]+)\s*\(([^)]*)\)", re.S)
+PARAMETER = re.compile(r"\.param\s+(?:\.align\s+(\d+)\s+)?\.(b|u|s|f)(8|16|32|64)\s+[\w$.]+(?:\[(\d+)\])?")
+
+
+def entry_point(ptx: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """(entry symbol, (offset, size) of each parameter) of the single ``.visible .entry`` of a
+    kernel's PTX. Offsets follow the parameters' alignment, as the cubin's parameter table does."""
+    entries = ENTRY.findall(ptx)
+    if len(entries) != 1:
+        raise CompileError(f"expected one .visible .entry in the PTX, found {len(entries)}")
+    name, declared = entries[0]
+    parameters, offset = [], 0
+    for align, _, bits, count in PARAMETER.findall(declared):
+        size = int(bits) // 8 * (int(count) if count else 1)
+        alignment = int(align) if align else int(bits) // 8
+        offset = -(-offset // alignment) * alignment
+        parameters.append((offset, size))
+        offset += size
+    if len(parameters) != declared.count(".param"):
+        raise CompileError(f"{name}: unreadable parameter list in the PTX")
+    return name, tuple(parameters)
+
+
+def kernel_arguments(plan: KernelPlan, step: Any) -> list[dict]:
+    """The arguments every kernel of a cuda step takes, in order: its inputs, its outputs and the
+    error words of an index check, each a flat C-contiguous array (numba passes one as
+    5 + 2*ndim words: runtime.cuda_graph.array_words)."""
+    values = step.inputs + step.outputs
+    arguments = [{"dtype": plan.values[value][0], "ndim": 1} for value in values]
+    if step.check:
+        arguments.append({"dtype": "i64", "ndim": 1})
+    return arguments
+
+
+def record_launches(plan: KernelPlan, compiled: list[CompiledKernel]) -> None:
+    """Write each launch's ``entry``, ``cubin`` (its file in the artifact), ``arguments`` and
+    ``parameters`` into the plan, after checking that numba's layout of the arguments is what the
+    PTX declares: one 8-byte word per field, in order."""
+    from runtime.cuda_graph import array_words_count
+
+    by_launch = {(kernel.step, kernel.kernel): kernel for kernel in compiled}
+    for step in plan.steps:
+        for launch in step.launches:
+            kernel = by_launch[(step.name, launch["kernel"])]
+            arguments = kernel_arguments(plan, step)
+            words = sum(array_words_count(argument["ndim"]) for argument in arguments)
+            expected = tuple((8 * k, 8) for k in range(words))
+            if kernel.parameters != expected:
+                raise CompileError(f"{step.name}.{launch['kernel']}: the PTX declares {len(kernel.parameters)} "
+                                   f"parameters {list(kernel.parameters)[:4]}..., numba's layout of "
+                                   f"{len(arguments)} arrays is {words} words of 8 bytes")
+            launch["entry"] = kernel.entry
+            launch["cubin"] = cubin_file(step.name, launch["kernel"], kernel.arch)
+            launch["arguments"] = arguments
+            launch["parameters"] = [list(p) for p in kernel.parameters]
+
+
+def cubin_file(step: str, kernel: str, arch: str) -> str:
+    """Where a kernel's cubin lies in a cuda artifact."""
+    return f"cubin/{step}.{kernel}.{arch}.cubin"
+
+
 def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", fastmath: bool = False,
                    step: str = "", kernel: str = "") -> CompiledKernel:
     """NVVM -> PTX -> cubin for one Python kernel function and its numba signature."""
@@ -86,8 +155,12 @@ def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", f
     seconds = time.perf_counter() - start
     log = linker.get_info_log() or ""
     code = cubin.code if hasattr(cubin, "code") else bytes(cubin)
+    try:
+        entry, parameters = entry_point(ptx)
+    except CompileError as error:
+        raise CompileError(f"{step}.{kernel}: {error}") from None
     return CompiledKernel(step, kernel, arch, ptx, bytes(code), seconds=seconds, info_log=log,
-                          **parse_resources(log))
+                          entry=entry, parameters=parameters, **parse_resources(log))
 
 
 def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
