@@ -1,6 +1,6 @@
 """bendc benchmarks: ratios against PyTorch measured in the same run.
 
-    python bench/run.py [--quick] [--json] [--target cpu]
+    python bench/run.py [--quick] [--json] [--target cpu|cuda]
 
 Workloads (each a median of several timed runs after warm-up):
   transformer  4-layer decoder (B=4 T=64 D=64, 4 heads, 2 kv heads, FF=128, vocab 50, RoPE, GELU) step with Adam:
@@ -18,6 +18,9 @@ Workloads (each a median of several timed runs after warm-up):
   attention    causal grouped-query attention forward + backward (B=4, H=8, Hkv=2, T=512, D=64):
                the triangular schedule vs the dense one (same compiler, each forced), and vs
                torch's scaled_dot_product_attention (eager, same thread count)
+--target cuda runs bench/cuda_bench.py's workloads instead (mlp, transformer, gpt, attention,
+elementwise, launch_overhead: the cubin runtime's graph and eager launches and numba's loop vs
+torch eager CUDA and torch.compile(mode="reduce-overhead")); without a GPU it stops with a message.
 Benchmarks are not tests: nothing here asserts on time. With --json the last
 line is one JSON object {"machine": ..., "workloads": [...]}.
 """
@@ -499,10 +502,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer runs, smaller sizes, no torch.compile")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    parser.add_argument("--target", default="cpu", choices=["cpu"])
+    parser.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--only", nargs="*", help="workload names to run")
     parser.add_argument("--threads", type=int, help="threads for every pool, bendc's and torch's (default: all cores)")
     args = parser.parse_args(argv)
+    # --target cuda: the cuda workloads (bench/cuda_bench.py), which need a GPU
+    if args.target == "cuda":
+        from cuda_bench import gpu_info, run_cuda
+
+        results = run_cuda(args.only, args.quick, lambda result: print(format_row(result), flush=True))
+        if args.json:
+            print(json.dumps({"machine": {**machine(), **gpu_info()}, "workloads": results}))
+        return 0
     runs = 5 if args.quick else 20
     workloads = {
         "mlp": lambda: bench_mlp(args.target, runs, with_compile=not args.quick),

@@ -230,6 +230,7 @@ class DeviceArray:
 
     def __init__(self, device: Any, pointer: int, dtype: str, shape: tuple[int, ...], owner: Any) -> None:
         self.device = device
+        self.stream = device.stream_handle()  # where it was written: a consumer orders its reads after that
         self.pointer = pointer
         self.dtype = np.dtype(DTYPES[dtype])
         self.shape = tuple(shape)
@@ -239,7 +240,7 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        stream = self.device.stream_handle()
+        stream = self.stream
         return {"version": 3, "shape": self.shape, "typestr": self.dtype.str, "strides": None,
                 "data": (self.pointer, False), **({"stream": stream} if stream else {})}
 
@@ -278,6 +279,7 @@ class CubinProgram:
         self.graph = device.record(static.calls) if mode == "graph" and static.calls else None
         if static.errors is not None:
             self._raise_index_errors()
+        device.synchronize()  # the allocations, uploads and hoisted steps are done before any call's stream
 
     @property
     def launches(self) -> int:
@@ -328,6 +330,8 @@ class CubinProgram:
 
 
 # ------------------------------------------------------------------ the GPU (cuda.core)
+# GPU-only from here on: never run without a GPU (no test here reaches it offline; on a GPU,
+# tests/gpu/test_cubin_runtime.py and tests/gpu/device_check.sh do). Not yet run on a GPU.
 def cuda_core() -> Any:
     """cuda.core's namespace (``cuda.core`` from 1.0, ``cuda.core.experimental`` before)."""
     import cuda.core as core
@@ -391,13 +395,17 @@ class CudaCoreDevice:
 
     # streams
     def select_stream(self, inputs: Sequence[Any]) -> None:
-        """torch's current stream when an input is a torch CUDA tensor, else the program's own."""
-        self.stream = self.own_stream
+        """torch's current stream when an input is a torch CUDA tensor, else the program's own.
+        Switching streams waits for the previous one: the static buffers are shared by all calls."""
+        stream = self.own_stream
         if any(is_torch_cuda(value) for value in inputs):
             handle = int(sys.modules["torch"].cuda.current_stream().cuda_stream)
             if handle not in self._torch_streams:
                 self._torch_streams[handle] = self.core.Stream.from_handle(handle)
-            self.stream = self._torch_streams[handle]
+            stream = self._torch_streams[handle]
+        if stream is not self.stream:
+            self.stream.sync()
+            self.stream = stream
 
     def stream_handle(self) -> int:
         handle = int(self.stream.handle)

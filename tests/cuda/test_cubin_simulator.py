@@ -1,0 +1,187 @@
+"""The cubin runtime's bookkeeping, round-tripped through numba's CUDA simulator (its own process:
+tests/cuda/run_simulator.sh).
+
+runtime/cuda_graph.py's CubinProgram is driven with a device whose pointers stand for numpy
+buffers: its launches decode the packed parameter words back into arrays (checking numba's
+layout word by word: meminfo, parent, nitems, itemsize, data, shape, stride) and run the step's
+kernel from the artifact's own source under the simulator; its "graph" is the recorded list of
+launches replayed. So static allocation, views, planned buffers, constants, hoisted steps, index
+checks, input copies and both output contracts run as on a GPU, and the results are compared with
+the cpu build of the same step. What is left for a GPU: cuda.core itself (loading, launching,
+capture), tests/gpu/test_cubin_runtime.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+    pytest.skip("runs under numba's CUDA simulator: tests/cuda/run_simulator.sh", allow_module_level=True)
+if importlib.util.find_spec("numba_cuda") is None:
+    pytest.skip("numba-cuda is not installed (pip install 'bendc[cuda]')", allow_module_level=True)
+
+import runtime  # noqa: E402
+from runtime.artifact import load_module, read_manifest, read_plan  # noqa: E402
+from runtime.cpu import KernelError  # noqa: E402
+from runtime.cli import random_inputs  # noqa: E402
+from runtime.cuda_graph import CubinProgram, array_words_count, check_cubins  # noqa: E402
+from runtime.dtypes import DTYPES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = "x=f32[4,8] y=i64[4] w1=f32[8,8]:leaf b1=f32[8]:leaf w2=f32[3,8]:leaf b2=f32[3]:leaf"
+ALIGN = 256
+
+
+class SimulatedDevice:
+    """CubinProgram's device, with numpy buffers for device memory and the simulator for kernels."""
+
+    def __init__(self, folder: Path, plan: dict) -> None:
+        self.cubins = check_cubins(str(folder), plan)  # the build's records agree with its cubins
+        self.modules = {step["name"]: load_module(str(folder / "kernels" / f"{step['module']}.py"), step["module"])
+                        for step in plan["steps"] if step["launches"]}
+        self.memory: dict[int, np.ndarray] = {}
+        self.next = 0x7F0000000000
+        self.launched: list[str] = []
+
+    def allocate(self, nbytes: int) -> tuple[int, np.ndarray]:
+        base, self.next = self.next, self.next + -(-nbytes // ALIGN) * ALIGN + ALIGN
+        self.memory[base] = buffer = np.full(nbytes, 0xA5, np.uint8)  # uninitialized memory is garbage
+        return base, buffer
+
+    def bytes_at(self, pointer: int, nbytes: int) -> np.ndarray:
+        for base, buffer in self.memory.items():
+            if base <= pointer < base + len(buffer):
+                assert pointer + nbytes <= base + len(buffer), "a word points past its allocation"
+                return buffer[pointer - base:pointer - base + nbytes]
+        raise AssertionError(f"{pointer:#x} is no allocation")
+
+    def upload(self, pointer: int, host: np.ndarray) -> None:
+        self.bytes_at(pointer, host.nbytes)[:] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        self.bytes_at(destination, nbytes)[:] = self.bytes_at(source, nbytes)
+
+    def download(self, pointer: int, host: np.ndarray) -> None:
+        host.reshape(-1).view(np.uint8)[:] = self.bytes_at(pointer, host.nbytes)
+
+    def select_stream(self, inputs) -> None:
+        pass
+
+    def stream_handle(self) -> int:
+        return 0
+
+    def synchronize(self) -> None:
+        pass
+
+    def load(self, step: str, launch: dict):
+        assert launch["cubin"] in self.cubins
+        return getattr(self.modules[step], launch["kernel"])
+
+    def decode(self, words: tuple[int, ...], arguments: list[dict]) -> list[np.ndarray]:
+        """The arrays numba's kernel ABI words describe."""
+        arrays, position = [], 0
+        for argument in arguments:
+            assert argument["ndim"] == 1
+            meminfo, parent, count, itemsize, data, shape, stride = words[position:position + array_words_count(1)]
+            position += array_words_count(1)
+            dtype = DTYPES[argument["dtype"]]
+            assert (meminfo, parent) == (0, 0) and itemsize == stride == dtype.itemsize and shape == count
+            arrays.append(self.bytes_at(data, count * itemsize).view(dtype))
+        assert position == len(words)
+        return arrays
+
+    def launch(self, call) -> None:
+        arrays = self.decode(call.words, call.launch["arguments"])
+        call.kernel[tuple(call.launch["grid"]), tuple(call.launch["block"])](*arrays)
+        self.launched.append(f"{call.step}.{call.launch['kernel']}")
+
+    def record(self, calls) -> list:
+        return list(calls)
+
+    def replay(self, graph: list) -> None:
+        for call in graph:
+            self.launch(call)
+
+
+class FakeDeviceArray:
+    """An input already in (simulated) device memory: read through __cuda_array_interface__."""
+
+    def __init__(self, device: SimulatedDevice, array: np.ndarray) -> None:
+        self.pointer, _ = device.allocate(array.nbytes)
+        device.upload(self.pointer, array)
+        self.__cuda_array_interface__ = {"version": 3, "shape": array.shape, "typestr": array.dtype.str,
+                                         "strides": None, "data": (self.pointer, False)}
+
+
+def build(target: str, folder: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # PTX needs the real numba.cuda
+    result = subprocess.run([sys.executable, "-m", "bendc", "compile", "examples/mlp.py:train_step", "--shapes", TINY,
+                             "--target", target, "-o", str(folder)], cwd=ROOT, capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cubin-sim")
+    build("cuda", folder / "cuda")
+    build("cpu", folder / "cpu")
+    manifest = read_manifest(str(folder / "cuda"))
+    inputs = random_inputs(manifest, 0)
+    want = runtime.load(str(folder / "cpu")).run_flat(list(inputs))
+    return folder / "cuda", read_plan(str(folder / "cuda"), manifest), inputs, want
+
+
+def check_outputs(got, want) -> None:
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        host = mine.copy_to_host()
+        assert host.shape == theirs.shape and host.dtype == theirs.dtype, index
+        np.testing.assert_allclose(host, theirs, rtol=1e-5, atol=1e-6, err_msg=f"out{index}")
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_packed_launches_run_like_the_cpu_build(built, mode: str) -> None:
+    folder, plan, inputs, want = built
+    device = SimulatedDevice(folder, plan)
+    program = CubinProgram(plan, device, mode=mode)
+    hoisted = len(device.launched)
+    check_outputs(program.run(inputs), want)
+    assert device.launched[hoisted:] == [f"{c.step}.{c.launch['kernel']}" for c in program.static.calls]
+    assert program.launches == sum(len(s["launches"]) for s in plan["steps"] if not s["hoisted"])
+
+
+def test_output_contracts_and_device_inputs(built) -> None:
+    folder, plan, inputs, want = built
+    device = SimulatedDevice(folder, plan)
+    static = CubinProgram(plan, device, outputs="static")
+    first = static.run(inputs)
+    kept = [o.copy_to_host() for o in first]
+    check_outputs(first, want)
+    other = [np.ascontiguousarray(a * 2 if a.dtype == np.float32 else a) for a in inputs]
+    second = static.run([FakeDeviceArray(device, a) for a in other])  # device to device copies
+    assert [o.pointer for o in first] == [o.pointer for o in second]  # the same static buffers...
+    assert not np.array_equal(first[0].copy_to_host(), kept[0])  # ...which the next call overwrote
+    copying = CubinProgram(plan, device, outputs="copy")
+    again = copying.run(inputs)
+    check_outputs(again, want)
+    later = copying.run(other)
+    assert {o.pointer for o in again}.isdisjoint(o.pointer for o in later)
+    check_outputs(again, want)  # still the first call's values
+    for mine, theirs in zip(later, second):
+        np.testing.assert_array_equal(mine.copy_to_host(), theirs.copy_to_host())
+
+
+def test_a_bad_index_raises_the_steps_check_and_the_next_call_is_clean(built) -> None:
+    folder, plan, inputs, want = built
+    program = CubinProgram(plan, SimulatedDevice(folder, plan))
+    bad = list(inputs)
+    bad[1] = np.array([0, 7, 1, 2], np.int64)
+    with pytest.raises(KernelError, match="7"):
+        program.run(bad)
+    check_outputs(program.run(inputs), want)
