@@ -31,7 +31,8 @@ Outputs, as torch.compile's ``reduce-overhead`` offers them:
 ``outputs="copy"`` (the default) gives each call's outputs fresh device
 memory, copied from the static buffers (one device-to-device copy each), so
 they stay valid; ``outputs="static"`` returns views of the static buffers
-themselves, overwritten by the next call (no copy; torch.compile's default).
+themselves, overwritten by the next call and not to be written to (no copy;
+torch.compile's default).
 
 Streams: when an input is a torch CUDA tensor the call runs on torch's current
 stream (``torch.cuda.current_stream()``), so torch work before and after needs
@@ -290,17 +291,20 @@ class CubinProgram:
         device = self.device
         device.select_stream(inputs)
         for (pointer, dtype, shape), value in zip(self.static.inputs, inputs):
+            nbytes = _nbytes((dtype, shape))
             source = device_input(value)
             if source is None:
                 host = np.ascontiguousarray(value, DTYPES[dtype])
                 if host.shape != shape:
                     raise ValueError(f"an input of shape {list(host.shape)} for a parameter of shape {list(shape)}")
-                device.upload(pointer, host)
+                if nbytes:
+                    device.upload(pointer, host)
             else:
                 if source[1:] != (dtype, shape):
                     raise ValueError(f"a device input {source[1]}{list(source[2])} for a parameter "
                                      f"{dtype}{list(shape)}")
-                device.copy(pointer, source[0], _nbytes((dtype, shape)))
+                if nbytes and source[0] != pointer:  # (a static output fed back may be this very buffer)
+                    device.copy(pointer, source[0], nbytes)
         if self.graph is not None:
             device.replay(self.graph)
         else:
@@ -315,7 +319,8 @@ class CubinProgram:
             return DeviceArray(self.device, pointer, dtype, shape, self)
         nbytes = _nbytes((dtype, shape))
         fresh, owner = self.device.allocate(max(nbytes, WORD_BYTES))
-        self.device.copy(fresh, pointer, nbytes)
+        if nbytes:
+            self.device.copy(fresh, pointer, nbytes)
         return DeviceArray(self.device, fresh, dtype, shape, owner)
 
     def _raise_index_errors(self) -> None:

@@ -166,3 +166,12 @@ def test_an_older_format_is_refused_saying_what_it_lacks(artifact: Path, tmp_pat
     with pytest.raises(ArtifactInvalid, match=r"format 3; this runtime reads format 4 \(it lacks the cuda launches' "
                                               r"entry symbols .*\): rebuild"):
         read_manifest(str(copy))
+
+
+def test_the_cuda_benchmarks_stop_with_a_message_without_a_gpu() -> None:
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("a GPU is present")
+    result = subprocess.run([sys.executable, "bench/run.py", "--target", "cuda", "--quick"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "bench/run.py --target cuda needs an NVIDIA GPU" in result.stderr
