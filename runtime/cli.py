@@ -23,7 +23,7 @@ import numpy as np
 
 from runtime.dtypes import DTYPES
 from runtime.files import atomic_write
-from runtime.artifact import (ArtifactInvalid, check_feeds, check_inputs, inputs_by_name, load_program,
+from runtime.artifact import (CUDA_RUNTIMES, ArtifactInvalid, check_feeds, check_inputs, inputs_by_name, load_program,
                               parse_feeds, type_text)
 from runtime.cpu import CpuProgram, KernelError
 from runtime.machine import compile_counts
@@ -65,6 +65,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="feed outputs back as inputs between steps: the pairs given (e.g. "
                              "out1=w1,out2=b1), or without a value the artifact's recorded feeds "
                              "(bendc compile --donate)")
+    # a cuda artifact: which runtime runs it (runtime/artifact.py _load_cuda_program)
+    parser.add_argument("--cuda-runtime", choices=CUDA_RUNTIMES, default=None,
+                        help="cuda artifacts: graph (its cubins as one CUDA graph), eager (the same launches one "
+                             "by one), numba (JIT from the kernel sources), or auto (default: $BENDC_CUDA_RUNTIME, "
+                             "else graph on a GPU of the artifact's architecture, else numba)")
     parser.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks for errors")
 
@@ -99,7 +104,7 @@ def run_artifact(args: argparse.Namespace) -> int:
     """Verify and load the artifact, make or read the inputs, run once, summarize the outputs."""
     if args.seed is not None and not args.random_inputs:
         raise RunError("--seed applies to --random-inputs only")
-    manifest, plan, program = load_program(args.artifact)
+    manifest, plan, program = load_program(args.artifact, cuda_runtime=args.cuda_runtime)
     if args.inputs is not None:
         inputs = inputs_by_name(manifest, read_npz(args.inputs))
         source = args.inputs

@@ -175,3 +175,27 @@ def test_the_cuda_benchmarks_stop_with_a_message_without_a_gpu() -> None:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "bench/run.py --target cuda needs an NVIDIA GPU" in result.stderr
+
+
+def test_the_cuda_core_names_the_gpu_path_calls_exist(artifact: Path) -> None:
+    """The GPU-only code (CudaCoreDevice) cannot run here; what it calls must at least exist in the
+    installed cuda.core and cuda.bindings, and what builds without a driver builds."""
+    from cuda.bindings import driver
+    from runtime.cuda_graph import cuda_core
+
+    core = cuda_core()
+    for owner, names in ((core, ("Device", "ObjectCode", "LaunchConfig", "StreamOptions", "Stream", "launch")),
+                         (core.Device, ("set_current", "create_stream", "memory_resource", "compute_capability")),
+                         (core.Stream, ("from_handle", "create_graph_builder", "sync", "handle")),
+                         (core.ObjectCode, ("from_cubin", "get_kernel")),
+                         (core.Kernel, ("num_arguments", "arguments_info")),
+                         (driver, ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync", "CUresult"))):
+        assert [n for n in names if not hasattr(owner, n)] == [], owner
+    from cuda.core.graph import Graph, GraphBuilder
+
+    assert all(hasattr(GraphBuilder, n) for n in ("begin_building", "end_building", "complete"))
+    assert all(hasattr(Graph, n) for n in ("upload", "launch"))
+    core.LaunchConfig(grid=(4, 1, 1), block=(256, 1, 1), shmem_size=0)
+    core.StreamOptions(nonblocking=True)
+    _, launch = launches(plan_of(artifact))[0]
+    core.ObjectCode.from_cubin((artifact / launch["cubin"]).read_bytes(), name=launch["cubin"])  # loads lazily

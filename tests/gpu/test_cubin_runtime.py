@@ -116,3 +116,18 @@ def test_torch_tensors_in_and_out_on_torchs_current_stream(chain_artifacts) -> N
     want = cpu.run_flat([x2.cpu().numpy(), w.detach().cpu().numpy(), b.cpu().numpy()])
     np.testing.assert_array_equal(result.cpu().numpy(), want[0])
     np.testing.assert_array_equal(other.copy_to_host(), want[1])
+
+
+def test_every_loaded_kernels_arguments_info_is_the_cubins_elf(mlp_artifacts) -> None:
+    from runtime.cubin_elf import kernel_parameters
+
+    program = runtime.load(str(mlp_artifacts["cuda"]), cuda_runtime="eager")._program
+    calls = program.static.hoisted + program.static.calls
+    assert calls
+    for call in calls:
+        kernel, _ = call.kernel
+        data = (mlp_artifacts["cuda"] / call.launch["cubin"]).read_bytes()
+        reported = [(int(i.offset), int(i.size)) if hasattr(i, "offset") else tuple(map(int, i))
+                    for i in kernel.arguments_info]
+        assert kernel.num_arguments == len(reported)
+        assert reported == kernel_parameters(data, call.launch["entry"]), call.step
