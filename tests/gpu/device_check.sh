@@ -11,8 +11,9 @@
 #   offline [90]     tests/cuda/test_cubin.py on this machine's Python (records vs the cubins' ELF)
 #   gpu_tests [240]  tests/gpu: parity at real sizes; the cubin runtime (graph, eager) vs numba vs cpu,
 #                    bitwise for the + - * / chain; torch tensors on torch's stream
-#   bench_<name> [each 60 to 90]  bench/run.py --target cuda --only <name> --json
-# Total at most 8 minutes (470 s and one stage's kill grace). Everything lands in $OUT (default ./device-out): one log per stage,
+#   bench_<name> [60 to 120 each]  bench/run.py --target cuda --only <name> --json, while the budget lasts
+# Total at most 8 minutes (470 s and one stage's kill grace). Everything lands in $OUT (default
+# ./device-out): the logs (info.log, tests.log, bench.log), junit files of the two test stages,
 # stages.jsonl (a line per stage: name, rc, seconds, timed_out) and summary.json (the stages, the
 # info, the test counts and the benchmark rows). The device tool brings back at most 8 files, so
 # the benchmarks' rows go into summary.json and their logs into one file.
@@ -49,8 +50,7 @@ stage offline 90 "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider -rfE te
 stage gpu_tests 240 "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider -rfE tests/gpu \
     --junitxml="$OUT/gpu_tests.xml"
 for workload in launch_overhead elementwise mlp transformer attention gpt; do
-    limit=90
-    [ "$workload" = launch_overhead ] && limit=60
+    case $workload in launch_overhead) limit=60 ;; transformer | gpt) limit=120 ;; *) limit=90 ;; esac
     if [ $(( $(date +%s) - SCRIPT_START + limit )) -gt "$BUDGET" ]; then
         echo "{\"name\": \"bench_$workload\", \"skipped\": \"over the script's time budget\"}" >> "$OUT/stages.jsonl"
         continue
