@@ -39,7 +39,8 @@ import numpy as np
 from runtime.cuda import numba_cuda_installed
 from runtime.dtypes import DTYPES
 
-from runtime.cpu import CpuProgram
+from runtime.cpu import CpuProgram, KernelError
+from runtime.cuda_graph import OUTPUT_CONTRACTS
 from runtime.files import default_cache_dir
 from runtime.machine import MACHINE_FOLDER, describe_machine, host_machine, place_cache, same_machine, seal
 
@@ -342,6 +343,8 @@ def _load_cuda_program(folder: str, manifest: dict, cuda_runtime: str | None = N
     choice = cuda_runtime or os.environ.get("BENDC_CUDA_RUNTIME") or "auto"
     if choice not in CUDA_RUNTIMES:
         raise ArtifactInvalid(f"cuda runtime {choice!r}: expected one of {', '.join(CUDA_RUNTIMES)}")
+    if outputs not in OUTPUT_CONTRACTS:
+        raise ArtifactInvalid(f"outputs {outputs!r}: expected one of {', '.join(OUTPUT_CONTRACTS)}")
     arch = manifest.get("arch", "sm_90")
     if choice == "auto" and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         from runtime.cuda_graph import device_arch
@@ -359,6 +362,8 @@ def _load_cuda_program(folder: str, manifest: dict, cuda_runtime: str | None = N
             return plan, load_cubin_program(folder, plan, choice, outputs)
         except CubinMismatch as error:
             raise ArtifactInvalid(f"{folder}: {error}") from None
+        except KernelError:
+            raise  # a hoisted step's index check: the caller names the step
         except Exception as error:  # noqa: BLE001 - no cuda.core, no driver, no device: named below
             first = str(error).splitlines()[0] if str(error) else ""
             raise ArtifactInvalid(f"{folder} was built for cuda ({arch}): its cubin runtime needs cuda.core and "

@@ -405,8 +405,10 @@ class CudaCoreDevice:
         stream = self.own_stream
         if any(is_torch_cuda(value) for value in inputs):
             handle = int(sys.modules["torch"].cuda.current_stream().cuda_stream)
-            if handle not in self._torch_streams:
-                self._torch_streams[handle] = self.core.Stream.from_handle(handle)
+            if handle not in self._torch_streams:  # 0: torch's default, the legacy default stream
+                legacy = getattr(self.core, "LEGACY_DEFAULT_STREAM", None)
+                self._torch_streams[handle] = (legacy if handle == 0 and legacy is not None
+                                               else self.core.Stream.from_handle(handle))
             stream = self._torch_streams[handle]
         if stream is not self.stream:
             self.stream.sync()
