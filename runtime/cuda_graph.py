@@ -101,6 +101,14 @@ def _short(parameters: list) -> str:
     return f"{len(parameters)} [{', '.join(f'{o}:{s}' for o, s in parameters[:3])}{', ...' if len(parameters) > 3 else ''}]"
 
 
+def require_entry(step: dict, launch: dict) -> None:
+    """A launch records what the cubin runtime needs (an ahead-of-time build does), or CubinMismatch."""
+    missing = [key for key in ("entry", "cubin", "arguments", "parameters") if key not in launch]
+    if missing:
+        raise CubinMismatch(f"step {step['name']}: the plan records no {', '.join(missing)} for kernel "
+                            f"{launch['kernel']} (not an ahead-of-time cuda build: rebuild with bendc compile)")
+
+
 def check_cubin(folder: str, launch: dict) -> bytes:
     """The launch's cubin after checking, from its ELF, that it defines the recorded entry with the
     recorded parameters (no GPU needed)."""
@@ -209,8 +217,7 @@ class StaticPlan:
             if step.get("check"):
                 words += array_words(error_words[step["name"]], 2, WORD_BYTES)
             for launch in step["launches"]:
-                if "entry" not in launch:
-                    raise CubinMismatch(f"step {step['name']}: the plan records no entry symbol (rebuild)")
+                require_entry(step, launch)
                 call = Call(step["name"], launch, tuple(words))
                 if len(call.words) != len(launch["parameters"]):
                     raise CubinMismatch(f"{step['name']}.{launch['kernel']}: {len(call.words)} argument words "
@@ -466,8 +473,7 @@ def check_cubins(folder: str, plan: dict) -> dict[str, bytes]:
     cubins: dict[str, bytes] = {}
     for step in plan["steps"]:
         for launch in step["launches"]:
-            if "entry" not in launch:
-                raise CubinMismatch(f"step {step['name']}: the plan records no entry symbol (rebuild)")
+            require_entry(step, launch)
             data = check_cubin(folder, launch)
             cubins.setdefault(launch["cubin"], data)
     return cubins

@@ -199,3 +199,13 @@ def test_the_cuda_core_names_the_gpu_path_calls_exist(artifact: Path) -> None:
     core.StreamOptions(nonblocking=True)
     _, launch = launches(plan_of(artifact))[0]
     core.ObjectCode.from_cubin((artifact / launch["cubin"]).read_bytes(), name=launch["cubin"])  # loads lazily
+
+
+def test_a_plan_without_launch_records_is_refused(artifact: Path) -> None:
+    plan = plan_of(artifact)
+    _, launch = launches(plan)[0]
+    del launch["entry"], launch["parameters"]
+    with pytest.raises(CubinMismatch, match="records no entry, parameters .*not an ahead-of-time cuda build"):
+        StaticPlan(plan, lambda nbytes: (0x1000, None))
+    with pytest.raises(CubinMismatch, match="records no entry, parameters"):
+        check_cubins(str(artifact), plan)
