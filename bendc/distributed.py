@@ -1,0 +1,82 @@
+"""Data-parallel training on MPI: ``init()``, and the set-up of ``bendc.jit(..., data_parallel=True)``.
+
+Run a script under ``mpiexec -n N python script.py``; each rank calls ``init()`` once, traces the
+same step on its shard of the batch, and the step's ``all_reduce`` ops (F.all_reduce, or every
+``.grad`` read under ``data_parallel=True``) average the gradients over the ranks inside the
+compiled step (runtime/collective.py moves them: mpi4py, imported here only when ``init`` runs).
+
+``init`` also installs an excepthook: a rank that raises prints its error and aborts the whole
+job (MPI_Abort), so the other ranks exit within the collective timeout at worst, never hang.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from runtime import collective
+
+_STATE: dict[str, Any] = {}
+
+
+def init(abort_on_error: bool = True) -> tuple[int, int]:
+    """Join the MPI world (mpi4py; the ``bendc[distributed]`` extra): returns (rank, world_size).
+    A process started without mpiexec is rank 0 of a world of 1 (MPI's singleton start)."""
+    if "world" not in _STATE:
+        try:
+            backend = collective.MpiBackend()
+        except ImportError as error:
+            from bendc.errors import UnsupportedError, user_location
+
+            raise UnsupportedError(f"bendc.distributed.init needs mpi4py and an MPI library: pip install "
+                                   f"'bendc[distributed]' ({error})", loc=user_location(),
+                                   op="distributed.init") from None
+        _STATE["world"] = collective.use_world(backend)
+        if abort_on_error and backend.size > 1:
+            _install_excepthook(backend)
+    world = _STATE["world"]
+    return world.rank, world.size
+
+
+def rank() -> int:
+    return collective.world().rank
+
+
+def world_size() -> int:
+    return collective.world().size
+
+
+def _install_excepthook(backend: collective.Backend) -> None:
+    previous = sys.excepthook
+
+    def abort_job(kind, value, traceback) -> None:
+        previous(kind, value, traceback)
+        sys.stderr.write(f"bendc.distributed: rank {backend.rank} of {backend.size} raised "
+                         f"{kind.__name__}; aborting every rank (MPI_Abort)\n")
+        sys.stderr.flush()
+        backend.abort(1)
+
+    sys.excepthook = abort_job
+
+
+def bucket_pass(bucket_mb: float | None):
+    """The ``bucket`` pass with a cap of ``bucket_mb`` MB (its name when the cap is DDP's 25 MB)."""
+    from bendc.passes import get_pass
+
+    if bucket_mb is None:
+        return "bucket"
+    return get_pass("bucket").configured("bucket", f"bucket with a {bucket_mb} MB cap",
+                                         cap_bytes=int(bucket_mb * 1024 * 1024))
+
+
+def overlap(stats: dict[str, list] | None = None) -> dict[str, float]:
+    """Of the last call's exchanges: seconds from start to done (the communication) and seconds the
+    waits blocked; hidden = 1 - blocked / communication (the share that ran behind compute)."""
+    stats = collective.world().stats if stats is None else stats
+    communication = blocked = 0.0
+    for spans in stats.values():
+        if spans:
+            started, waited, done = spans[-1]
+            communication += (done - started) / 1e9
+            blocked += (done - waited) / 1e9
+    hidden = 1.0 - blocked / communication if communication > 0 else 0.0
+    return {"communication_s": communication, "blocked_s": blocked, "hidden": hidden}
