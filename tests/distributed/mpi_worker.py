@@ -1,6 +1,6 @@
 """One rank of a multi-rank test (tests/distributed/test_distributed.py runs it under mpiexec).
 
-    worker.py SCENARIO CACHE_DIR OUT_DIR
+    mpi_worker.py SCENARIO CACHE_DIR OUT_DIR
 
 ``train``: three SGD steps of a tiny MLP, data-parallel, each rank on its shard of a fixed global
 batch; after every step the ranks' parameters are gathered and must be bit-identical; rank 0

@@ -1,0 +1,69 @@
+"""Data-parallel training on two ranks of this machine (mpiexec from the venv, loopback only).
+
+Each test runs tests/distributed/mpi_worker.py under ``mpiexec -n 2`` with a timeout: a hang fails
+the test instead of stalling the suite. Skipped, with the reason, where the ``distributed`` extra
+(mpi4py, mpich) is not installed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mpi_launch import WORKER, run_ranks
+import mpi_worker as worker
+
+# Two ranks on batches of 4 against one process on the batch of 8: the same gradients up to the
+# order of the float32 sums (each rank's mean over 4, then the ranks' mean, vs one mean over 8),
+# after three SGD steps.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("distributed-cache"))
+
+
+def torch_sgd_steps(steps: int) -> list[np.ndarray]:
+    """The worker's three SGD steps in torch eager, in one process on the whole batch."""
+    x, y, params = worker.problem()
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    tensors = [torch.from_numpy(p.copy()).requires_grad_() for p in params]
+    for _ in range(steps):
+        w1, b1, w2, b2 = tensors
+        h = torch.relu(torch.nn.functional.linear(x, w1, b1))
+        loss = torch.nn.functional.mse_loss(torch.nn.functional.linear(h, w2, b2), y)
+        loss.backward()
+        with torch.no_grad():
+            tensors = [(t - 0.1 * t.grad).requires_grad_() for t in tensors]
+    return [t.detach().numpy() for t in tensors]
+
+
+def test_two_ranks_end_every_step_bit_identical_and_match_one_process(cache_dir, tmp_path):
+    result = run_ranks(2, [str(WORKER), "train", cache_dir, str(tmp_path)])
+    assert result.returncode == 0, result.stdout + result.stderr  # the worker checks bit-identity per step
+    saved = np.load(tmp_path / "params.npz")
+    params = [saved[f"arr_{k}"] for k in range(4)]
+    for got, want in zip(params, torch_sgd_steps(worker.STEPS)):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    report = (tmp_path / "report.txt").read_text()
+    assert "[bucket] bucket 1:" in report  # the tiny cap makes two buckets
+    assert "collective all_reduce_b0:" in report and "between start and wait" in report
+
+
+def test_a_rank_that_raises_on_step_3_stops_every_rank(cache_dir, tmp_path):
+    result = run_ranks(2, [str(WORKER), "raise", cache_dir, str(tmp_path)], env={"BENDC_COLLECTIVE_TIMEOUT": "60"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "rank 1 fails on purpose at step 3" in output
+    assert "rank 1 of 2 raised RuntimeError; aborting every rank" in output
+    assert not (tmp_path / "params.npz").exists()
+
+
+def test_ranks_tracing_different_shapes_are_named_at_the_first_step(cache_dir, tmp_path):
+    result = run_ranks(2, [str(WORKER), "mismatch", cache_dir, str(tmp_path)])
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "DistributedError" in output and "the ranks run different programs" in output
+    assert "rank 0: mlp_step(x f32[4,6], y f32[4,3]" in output
+    assert "rank 1: mlp_step(x f32[3,6], y f32[3,3]" in output
