@@ -249,6 +249,7 @@ class Bucket:
         self.gathered: Any = None
         self.reduced = np.empty(self.total, np.float32)
         self.mode = "ordered"
+        self.layout: tuple = ()
         self.started_ns = 0
 
     def describe(self) -> str:
@@ -274,8 +275,9 @@ class Bucket:
             self.checked = True
         device = not isinstance(gradients[0], np.ndarray) if gradients else False
         on_device = device and current.backend.device_buffers
-        if self.message is None or self.device != device or self.gathered.shape[0] not in (1, current.size):
-            self.device = device
+        layout = (device, on_device, current.size, reduction_mode())
+        if self.layout != layout:  # the first call, or another world or kind of array
+            self.layout, self.device = layout, device
             self._buffers(current, device)
         for gradient, low, high in zip(gradients, self.offsets, self.offsets[1:]):
             if on_device:
@@ -304,6 +306,8 @@ class Bucket:
                 reduced = (reduced.astype(np.float64) / current.size).astype(np.float32)
         elif on_device:  # reduced on the device, copied device to device below
             reduced = self.message
+            from runtime.collective_cuda import device_ordered_reduce
+
             device_ordered_reduce(self.gathered, self.op, current.size, self.message)
         else:
             reduced = self.reduced
@@ -313,42 +317,6 @@ class Bucket:
                 output.reshape(high - low).copy_to_device(reduced[low:high])
             else:
                 output.reshape(-1)[:] = reduced[low:high]
-
-
-def device_ordered_reduce(gathered: Any, op: str, size: int, out: Any) -> None:
-    """ordered_reduce on the device: one thread per element sums the ranks in rank order in float64."""
-    from numba import cuda
-
-    kernel = _device_kernels(cuda)[op]
-    count = out.shape[0]
-    kernel[max(1, (count + 255) // 256), 256](gathered, out, size)
-
-
-_KERNELS: dict[str, Any] = {}
-
-
-def _device_kernels(cuda: Any) -> dict[str, Any]:
-    if not _KERNELS:
-        @cuda.jit
-        def sum_ranks(gathered, out, size):  # pragma: no cover (runs on the device)
-            i = cuda.grid(1)
-            if i < out.shape[0]:
-                total = np.float64(gathered[0, i])
-                for rank in range(1, size):
-                    total += np.float64(gathered[rank, i])
-                out[i] = np.float32(total)
-
-        @cuda.jit
-        def mean_ranks(gathered, out, size):  # pragma: no cover (runs on the device)
-            i = cuda.grid(1)
-            if i < out.shape[0]:
-                total = np.float64(gathered[0, i])
-                for rank in range(1, size):
-                    total += np.float64(gathered[rank, i])
-                out[i] = np.float32(total / np.float64(size))
-
-        _KERNELS.update(sum=sum_ranks, mean=mean_ranks)
-    return _KERNELS
 
 
 _BUCKETS: dict[str, Bucket] = {}
