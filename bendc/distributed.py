@@ -80,3 +80,11 @@ def overlap(stats: dict[str, list] | None = None) -> dict[str, float]:
             blocked += (done - waited) / 1e9
     hidden = 1.0 - blocked / communication if communication > 0 else 0.0
     return {"communication_s": communication, "blocked_s": blocked, "hidden": hidden}
+
+
+def average(value: Any) -> Any:
+    """The mean over the ranks of a host value (a loss to print): every rank gets the same number."""
+    import numpy as np
+
+    array = np.asarray(value.copy_to_host() if hasattr(value, "copy_to_host") else value, dtype=np.float32)
+    return collective.reference_all_reduce(array, "mean")

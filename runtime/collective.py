@@ -1,10 +1,11 @@
 """Gradient all-reduce at run time: buckets, communication backends, and their failures.
 
-A compiled step that all-reduces (IR op ``all_reduce``) has, per bucket, two plan steps of kind
+A compiled step that all-reduces (IR op ``all_reduce``) has, per bucket, plan steps of kind
 ``collective``: ``start`` packs the bucket's gradients into one flat float32 message and starts a
 non-blocking exchange; ``wait``, placed just before the first reader of a reduced gradient, waits
-for it (with a timeout), reduces, and unpacks into the step's outputs. The generated modules of
-both steps name the same :class:`Bucket` (``bucket(key, ...)`` returns one object per key).
+for it (with a timeout), reduces, and unpacks into the step's outputs; a ``poll`` after each
+kernel in between lets MPI advance the message. The generated modules of all of them name the
+same :class:`Bucket` (``bucket(key, ...)`` returns one object per key).
 
 Backends (:class:`Backend`) move the bytes: :class:`LocalBackend` (one process: the reduction of
 one rank's gradient is the gradient itself) and :class:`MpiBackend` (mpi4py, imported only when a
@@ -291,6 +292,11 @@ class Bucket:
             self.handle = current.backend.start_allreduce_sum(self.message)
         else:
             self.handle = current.backend.start_allgather(self.message, self.gathered)
+
+    def poll(self) -> None:
+        """Let the backend advance the message (MPI progresses non-blocking exchanges only inside calls)."""
+        if self.handle is not None:
+            world().backend.test(self.handle)
 
     def wait(self, *outputs: Any) -> None:
         current = world()

@@ -117,7 +117,8 @@ def build_plan(graph: Graph) -> KernelPlan:
 def _split_collectives(steps: list[Step]) -> list[Step]:
     """Each collective step becomes a ``start`` step right after the last step writing one of its
     inputs (the gradients are final there) and a ``wait`` step right before the first step reading
-    one of its outputs (the optimizer), the steps between them running while the message moves."""
+    one of its outputs (the optimizer), the steps between them running while the message moves
+    (with a ``poll`` of the message after each)."""
     result = [step for step in steps if step.kind != "collective"]
     for step in (s for s in steps if s.kind == "collective"):
         inputs, outputs = set(step.inputs), set(step.outputs)
@@ -129,6 +130,27 @@ def _split_collectives(steps: list[Step]) -> list[Step]:
         wait = Step(f"{step.name}_wait", step.kind, "write", step.nodes, [], step.outputs, step.cells,
                     lines=step.lines, op=step.op, loc=step.loc, phase="wait")
         result.insert(min(readers) if readers else len(result), wait)
+    return _add_polls(result)
+
+
+def _add_polls(steps: list[Step]) -> list[Step]:
+    """A ``poll`` step after each kernel that runs while a bucket is in flight: MPI moves a
+    non-blocking message only inside MPI calls, so the exchange advances between kernels."""
+    result: list[Step] = []
+    in_flight: dict[str, Step] = {}
+    for step in steps:
+        result.append(step)
+        if step.kind == "collective":
+            base = step.name.rsplit("_", 1)[0]
+            if step.phase == "start":
+                in_flight[base] = step
+            else:
+                in_flight.pop(base, None)
+        elif step.convention == "write" and not step.hoisted:
+            for base, start in in_flight.items():
+                number = sum(1 for s in result if s.name.startswith(f"{base}_poll"))
+                result.append(Step(f"{base}_poll{number}", "collective", "write", start.nodes, [], [], 0,
+                                   lines=start.lines, op=start.op, loc=start.loc, phase="poll"))
     return result
 
 
@@ -215,7 +237,7 @@ def step_traffic(plan: KernelPlan, step: Step) -> int:
 
 def plan_stats(plan: KernelPlan) -> dict[str, int]:
     """Kernel launches and bytes moved per call, and temporary memory planned vs naive."""
-    launches = [s for s in plan.steps if s.convention == "write" and not s.hoisted]
+    launches = [s for s in plan.steps if s.convention == "write" and not s.hoisted and s.phase != "poll"]
     return {
         "launches": sum(max(1, len(s.launches)) for s in launches),  # cuda steps may launch two kernels
         "bytes_moved": sum(step_traffic(plan, s) for s in launches),
@@ -228,6 +250,8 @@ def describe_plan(plan: KernelPlan) -> list[str]:
     """Report lines: each launch with its nodes, cells and bytes moved, then memory."""
     lines = []
     for step in plan.steps:
+        if step.phase == "poll":  # counted on the bucket's line (describe_collectives)
+            continue
         traffic = step_traffic(plan, step)
         what = "view" if step.convention == "view" else f"{step.cells} cells, {traffic} bytes moved"
         when = " (hoisted: runs once at bind)" if step.hoisted else ""
@@ -256,10 +280,12 @@ def describe_collectives(plan: KernelPlan) -> list[str]:
         between = [s for s in plan.steps[start + 1:wait] if s.convention == "write" and not s.hoisted
                    and s.kind != "collective"]
         size = sum(value_bytes(plan, v) for v in plan.steps[wait].outputs)
-        after = plan.steps[start - 1].name if start > 0 else "the call's start"
-        before = plan.steps[wait + 1].name if wait + 1 < len(plan.steps) else "the call's end"
+        after = next((s.name for s in reversed(plan.steps[:start]) if s.phase != "poll"), "the call's start")
+        before = next((s.name for s in plan.steps[wait + 1:] if s.phase != "poll"), "the call's end")
         cells = sum(s.cells for s in between)
+        polls = sum(1 for s in plan.steps[start + 1:wait] if s.phase == "poll" and s.name.startswith(f"{base}_poll"))
         lines.append(f"collective {base}: {len(step.nodes)} tensors, {size} bytes in one message; started "
                      f"after {after}, waited before {before}: {len(between)} kernels ({cells} cells, "
-                     f"{sum(step_traffic(plan, s) for s in between)} bytes moved) of compute between start and wait")
+                     f"{sum(step_traffic(plan, s) for s in between)} bytes moved) of compute between start and "
+                     f"wait, {polls} polls")
     return lines

@@ -32,7 +32,7 @@ class CollectiveStep:
     signature that the ranks compare at the first exchange."""
 
     name: str
-    phase: str  # "start" (reads the gradients) or "wait" (writes the reduced values)
+    phase: str  # "start" (reads the gradients), "poll" (advances the message) or "wait" (writes the results)
     bucket: str  # the key both phases' modules name
     op: str
     shapes: tuple[tuple[int, ...], ...]
@@ -45,6 +45,8 @@ class CollectiveStep:
 
     @property
     def arguments(self) -> str:
+        if self.phase == "poll":
+            return ""
         prefix = "in" if self.phase == "start" else "out"
         return ", ".join(f"{prefix}{k}" for k in range(len(self.shapes)))
 
@@ -76,15 +78,13 @@ def _module(step: CollectiveStep) -> str:
 
 def _cpu_all_reduce(step: CollectiveStep) -> str:
     """A plain Python kernel (no numba): the runtime's bucket does the work on numpy buffers."""
-    call = "start" if step.phase == "start" else "wait"
-    return _module(step) + f"\ndef kernel({step.arguments}):\n    BUCKET.{call}({step.arguments})\n"
+    return _module(step) + f"\ndef kernel({step.arguments}):\n    BUCKET.{step.phase}({step.arguments})\n"
 
 
 def _cuda_all_reduce(step: CollectiveStep) -> Kernels:
     """A host function over device arrays (no launch): the bucket hands them to a CUDA-aware
     backend as they are, or stages them through host memory."""
-    call = "start" if step.phase == "start" else "wait"
-    source = f"\ndef host({step.arguments}):\n    BUCKET.{call}({step.arguments})\n"
+    source = f"\ndef host({step.arguments}):\n    BUCKET.{step.phase}({step.arguments})\n"
     return Kernels(f"all_reduce {step.phase} of {step.bucket} (host: {len(step.shapes)} tensors)", source, [],
                    prelude=_module(step))
 
