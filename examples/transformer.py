@@ -4,7 +4,6 @@ a GELU MLP, cross-entropy and an Adam update of every parameter, all in one
 compiled step.
 
     python examples/transformer.py [--steps 300] [--target auto|reference|cpu|cuda]
-    mpiexec -n 2 .venv/bin/python examples/transformer.py --data-parallel
 
 The text is the Zen of Python, which ships with Python (the ``this`` module
 keeps it rot13-encoded); the model learns it character by character.
@@ -15,7 +14,6 @@ import argparse
 import ast
 import codecs
 import importlib.util
-import os
 import sys
 import time
 
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--target", default="auto", choices=["auto", "reference", "cpu", "cuda"])
-    # data parallel (bendc.distributed): each rank trains on its share of every batch
+    # data parallel (bendc.distributed): mpiexec -n 2 .venv/bin/python examples/transformer.py --data-parallel
     parser.add_argument("--data-parallel", action="store_true",
                         help="under mpiexec -n N: each rank takes 1/N of every batch, gradients averaged")
     args = parser.parse_args(argv)
@@ -155,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_parallel:
         step_fn = bendc.jit(train_step.fn, leaves=PARAMS, target=args.target, data_parallel=True)
         if rank != 0:  # rank 0 prints
+            import os
+
             sys.stdout = open(os.devnull, "w")
         print(f"data parallel: {ranks} ranks, {BATCH // ranks} sequences of every batch of {BATCH} each")
     shard = slice(rank * BATCH // ranks, (rank + 1) * BATCH // ranks)

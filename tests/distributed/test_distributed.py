@@ -6,11 +6,13 @@ the test instead of stalling the suite. Skipped, with the reason, where the ``di
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
 
-from mpi_launch import WORKER, run_ranks
+from mpi_launch import ROOT, WORKER, run_ranks
 import mpi_worker as worker
 
 # Two ranks on batches of 4 against one process on the batch of 8: the same gradients up to the
@@ -67,3 +69,25 @@ def test_ranks_tracing_different_shapes_are_named_at_the_first_step(cache_dir, t
     assert "DistributedError" in output and "the ranks run different programs" in output
     assert "rank 0: mlp_step(x f32[4,6], y f32[4,3]" in output
     assert "rank 1: mlp_step(x f32[3,6], y f32[3,3]" in output
+
+
+def _losses(output: str) -> list[float]:
+    return [float(line.split()[-1]) for line in output.splitlines() if line.startswith("step ")]
+
+
+def test_transformer_example_trains_on_two_ranks_like_one_process(capsys):
+    """examples/transformer.py --data-parallel: each rank on 4 of the 8 sequences of every batch,
+    the printed loss (the ranks' mean) within 1e-3 of the one-process run at every printed step."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import transformer
+
+    assert transformer.main(["--steps", "30", "--target", "cpu"]) == 0
+    single = _losses(capsys.readouterr().out)
+    result = run_ranks(2, [str(ROOT / "examples" / "transformer.py"), "--data-parallel", "--steps", "30",
+                           "--target", "cpu"], timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "data parallel: 2 ranks, 4 sequences of every batch of 8 each" in result.stdout
+    parallel = _losses(result.stdout)
+    assert len(parallel) == len(single) == 3  # steps 0, 25, 29: printed by rank 0 only
+    np.testing.assert_allclose(parallel, single, atol=1e-3)
+    assert parallel[-1] < parallel[0]
