@@ -122,15 +122,19 @@ class MpiBackend(Backend):
 
 
 def mpi_cuda_aware(MPI: Any) -> bool:
-    """Whether the MPI library takes CUDA device buffers: MPIX_Query_cuda_support where mpi4py
-    exposes it, else the library's own variable (MPICH: MPIR_CVAR_ENABLE_GPU); False when unknown."""
+    """Whether the MPI library takes CUDA device buffers: BENDC_MPI_CUDA_AWARE=1/0 when set, else
+    MPIX_Query_cuda_support where mpi4py exposes it, else False (staging through host memory is
+    always correct; a device pointer handed to a library without CUDA support would crash it)."""
+    forced = os.environ.get("BENDC_MPI_CUDA_AWARE")
+    if forced in ("0", "1"):
+        return forced == "1"
     query = getattr(MPI, "Query_cuda_support", None)
-    if query is not None:
-        try:
-            return bool(query())
-        except Exception:  # noqa: BLE001 (a library without the MPIX extension)
-            return False
-    return os.environ.get("MPIR_CVAR_ENABLE_GPU") == "1" and "MPICH" in MPI.Get_library_version()
+    if query is None:
+        return False
+    try:
+        return bool(query())
+    except Exception:  # noqa: BLE001 (a library without the MPIX extension)
+        return False
 
 
 def launched_ranks() -> int:

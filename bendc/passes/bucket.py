@@ -63,7 +63,7 @@ def bucket_all_reduces(graph: Graph, context: PassContext, options: BucketOption
             elif last.attr["op"] != node.attr["op"] or last.attr["group"] != node.attr["group"]:
                 why = f"op={node.attr['op']} differs from the bucket's op={last.attr['op']}"
             elif not _placeable(graph, {**bucket_of, id: len(members) - 1}):
-                why = "it depends on a member's result (or a member on its own)"
+                why = "it reads a member's result, through other kernels (a message cannot wait for itself)"
             joins = why is None
             if not joins:
                 context.decide("bucket", f"%{id} opens bucket {len(members)}: {why}")
@@ -79,7 +79,7 @@ def bucket_all_reduces(graph: Graph, context: PassContext, options: BucketOption
             node = graph.node(id)
             graph.replace(node.replace(attrs={**node.attr, "bucket": number}))
         lines = sorted({graph.node(i).loc.short for i in ids if graph.node(i).loc is not None})
+        where = f"; lines {', '.join(lines)}" if lines else ""
         context.decide("bucket", f"bucket {number}: {len(ids)} all_reduce ({' '.join(f'%{i}' for i in ids)}), "
-                                 f"{_size_text(size)} in one message (cap {_size_text(options.cap_bytes)}); "
-                                 f"lines {', '.join(lines)}")
+                                 f"{_size_text(size)} in one message (cap {_size_text(options.cap_bytes)}){where}")
     return graph
