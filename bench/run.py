@@ -491,14 +491,14 @@ def blas() -> dict:
 def bench_data_parallel(runs: int) -> dict:
     """bench/data_parallel.py under ``mpiexec -n 1`` and ``-n 2`` (the venv's mpiexec, loopback only),
     with DDP's 25 MB buckets (one bucket for this model: nothing to overlap) and 1 MB ones."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    if not mpiexec.exists():
+    from bendc.distributed import LOOPBACK_ENV, loopback_command, mpiexec
+
+    if not mpiexec().exists():
         return {"name": "data_parallel", "skipped": "no mpiexec beside python: pip install -e '.[distributed]'"}
-    env = {**os.environ, "HYDRA_IFACE": "lo", "FI_PROVIDER": "shm", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **LOOPBACK_ENV, "PYTHONPATH": str(ROOT)}
     measured = {}
     for ranks, bucket_mb in ((1, 25.0), (2, 25.0), (2, 1.0)):
-        command = [str(mpiexec), "-launcher", "fork", "-iface", "lo", "-n", str(ranks), sys.executable,
-                   str(ROOT / "bench" / "data_parallel.py"), str(runs), str(bucket_mb)]
+        command = loopback_command(ranks, [str(ROOT / "bench" / "data_parallel.py"), str(runs), str(bucket_mb)])
         output = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800, check=True).stdout
         measured[(ranks, bucket_mb)] = json.loads(output.strip().splitlines()[-1])
     one, two, small = measured[(1, 25.0)], measured[(2, 25.0)], measured[(2, 1.0)]

@@ -11,11 +11,26 @@ job (MPI_Abort), so the other ranks exit within the collective timeout at worst,
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from runtime import collective
 
 _STATE: dict[str, Any] = {}
+
+# mpich's hydra forks the ranks here (no ssh) with its control socket on the loopback interface;
+# the ofi netmod with libfabric's shared-memory provider: ranks talk through shared memory only.
+LOOPBACK_ENV = {"HYDRA_IFACE": "lo", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
+
+
+def mpiexec() -> Path:
+    """The mpiexec the ``distributed`` extra installs beside this interpreter (may be absent)."""
+    return Path(sys.executable).parent / "mpiexec"
+
+
+def loopback_command(ranks: int, arguments: list[str]) -> list[str]:
+    """``mpiexec -n ranks <this python> arguments...`` on this machine only (with LOOPBACK_ENV)."""
+    return [str(mpiexec()), "-launcher", "fork", "-iface", "lo", "-n", str(ranks), sys.executable, *arguments]
 
 
 def init(abort_on_error: bool = True) -> tuple[int, int]:
