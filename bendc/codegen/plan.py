@@ -38,7 +38,7 @@ class Step:
     # ({kernel, grid, block, shared_bytes}, in launch order) and an index check's error message.
     launches: list[dict] = field(default_factory=list)
     check: str = ""
-    phase: str = ""  # collective steps: "start" or "wait" (bendc/ops/collective.py)
+    phase: str = ""  # collective steps: "start", "poll" or "wait" (bendc/ops/collective.py)
 
 
 @dataclass
@@ -138,6 +138,7 @@ def _add_polls(steps: list[Step]) -> list[Step]:
     non-blocking message only inside MPI calls, so the exchange advances between kernels."""
     result: list[Step] = []
     in_flight: dict[str, Step] = {}
+    polls: dict[str, int] = {}
     for step in steps:
         result.append(step)
         if step.kind == "collective":
@@ -148,7 +149,7 @@ def _add_polls(steps: list[Step]) -> list[Step]:
                 in_flight.pop(base, None)
         elif step.convention == "write" and not step.hoisted:
             for base, start in in_flight.items():
-                number = sum(1 for s in result if s.name.startswith(f"{base}_poll"))
+                number = polls[base] = polls.get(base, -1) + 1
                 result.append(Step(f"{base}_poll{number}", "collective", "write", start.nodes, [], [], 0,
                                    lines=start.lines, op=start.op, loc=start.loc, phase="poll"))
     return result
