@@ -5,12 +5,14 @@
 ``train``: three SGD steps of a tiny MLP, data-parallel, each rank on its shard of a fixed global
 batch; after every step the ranks' parameters are gathered and must be bit-identical; rank 0
 writes the final parameters and the compile report. ``raise``: rank 1 raises on step 3.
+``dies``: rank 1 exits at step 3 without a word. ``stuck``: rank 1 sleeps at step 3.
 ``mismatch``: rank 1 traces a batch of another shape.
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -55,6 +57,10 @@ def main() -> int:
     for number in range(1, STEPS + 1):
         if scenario == "raise" and rank == 1 and number == 3:
             raise RuntimeError("rank 1 fails on purpose at step 3")
+        if scenario == "dies" and rank == 1 and number == 3:
+            os._exit(3)  # no excepthook, no MPI_Abort: the launcher sees the rank go
+        if scenario == "stuck" and rank == 1 and number == 3:
+            time.sleep(600)  # alive but silent: rank 0's wait times out
         loss, *params = step(xs, ys, *params)
         gathered = MPI.COMM_WORLD.allgather(b"".join(np.ascontiguousarray(p).tobytes() for p in params))
         if any(other != gathered[0] for other in gathered):

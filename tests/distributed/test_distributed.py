@@ -41,8 +41,10 @@ def torch_sgd_steps(steps: int) -> list[np.ndarray]:
     return [t.detach().numpy() for t in tensors]
 
 
-def test_two_ranks_end_every_step_bit_identical_and_match_one_process(cache_dir, tmp_path):
-    result = run_ranks(2, [str(WORKER), "train", cache_dir, str(tmp_path)])
+@pytest.mark.parametrize("reduction", ["ordered", "native"])
+def test_two_ranks_end_every_step_bit_identical_and_match_one_process(reduction, cache_dir, tmp_path):
+    """``ordered`` (the default): gathered and summed in rank order; ``native``: MPI's Iallreduce."""
+    result = run_ranks(2, [str(WORKER), "train", cache_dir, str(tmp_path)], env={"BENDC_ALLREDUCE": reduction})
     assert result.returncode == 0, result.stdout + result.stderr  # the worker checks bit-identity per step
     saved = np.load(tmp_path / "params.npz")
     params = [saved[f"arr_{k}"] for k in range(4)]
@@ -60,6 +62,22 @@ def test_a_rank_that_raises_on_step_3_stops_every_rank(cache_dir, tmp_path):
     assert "rank 1 fails on purpose at step 3" in output
     assert "rank 1 of 2 raised RuntimeError; aborting every rank" in output
     assert not (tmp_path / "params.npz").exists()
+
+
+def test_a_rank_that_dies_on_step_3_stops_every_rank(cache_dir, tmp_path):
+    """mpiexec ends the job when a rank exits (rank 0, waiting on the all-reduce, is killed) and
+    returns the dead rank's status; rank 0's own timeout (60 s here) is never reached."""
+    result = run_ranks(2, [str(WORKER), "dies", cache_dir, str(tmp_path)], env={"BENDC_COLLECTIVE_TIMEOUT": "60"})
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert not (tmp_path / "params.npz").exists()
+
+
+def test_a_rank_that_stops_answering_is_named_after_the_timeout(cache_dir, tmp_path):
+    result = run_ranks(2, [str(WORKER), "stuck", cache_dir, str(tmp_path)], env={"BENDC_COLLECTIVE_TIMEOUT": "3"})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "DistributedError" in output and "rank 0 of 2: the all_reduce of bucket" in output
+    assert "got no answer from every rank within 3 s" in output
 
 
 def test_ranks_tracing_different_shapes_are_named_at_the_first_step(cache_dir, tmp_path):
