@@ -83,18 +83,15 @@ def bucket_pass(bucket_mb: float | None):
                                          cap_bytes=int(bucket_mb * 1024 * 1024))
 
 
-def overlap(stats: dict[str, list] | None = None) -> dict[str, float]:
-    """Of the last call's exchanges: seconds from start to done (the communication) and seconds the
-    waits blocked; hidden = 1 - blocked / communication (the share that ran behind compute)."""
-    stats = collective.world().stats if stats is None else stats
-    communication = blocked = 0.0
-    for spans in stats.values():
-        if spans:
-            started, waited, done = spans[-1]
-            communication += (done - started) / 1e9
-            blocked += (done - waited) / 1e9
-    hidden = 1.0 - blocked / communication if communication > 0 else 0.0
-    return {"communication_s": communication, "blocked_s": blocked, "hidden": hidden}
+def overlap() -> dict[str, float]:
+    """Of each bucket's last exchange, summed: seconds from start to done (``in_flight_s``) and
+    seconds its wait blocked (``blocked_s``: the exchange's cost the compute did not cover, including
+    waiting for a slower rank)."""
+    in_flight = blocked = 0.0
+    for started, waited, done in collective.world().stats.values():
+        in_flight += (done - started) / 1e9
+        blocked += (done - waited) / 1e9
+    return {"in_flight_s": in_flight, "blocked_s": blocked}
 
 
 def average(value: Any) -> Any:

@@ -148,7 +148,8 @@ def launched_ranks() -> int:
 @dataclass
 class World:
     backend: Backend
-    stats: dict[str, list] = field(default_factory=dict)  # bucket key -> [(start_ns, wait_ns, done_ns)]
+    # bucket key -> (started, waited, done) of its last exchange, perf_counter_ns
+    stats: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -308,7 +309,7 @@ class Bucket:
         wait_for(current.backend, self.handle, f"the all_reduce of {self.describe()}")
         self.handle = None
         done = time.perf_counter_ns()
-        current.stats.setdefault(self.key, []).append((self.started_ns, waited, done))
+        current.stats[self.key] = (self.started_ns, waited, done)
         on_device = self.device and current.backend.device_buffers
         if self.mode == "native":
             reduced = self.message if not on_device else self.message.copy_to_host()
