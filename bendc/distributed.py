@@ -74,13 +74,15 @@ def _install_excepthook(backend: collective.Backend) -> None:
 
 
 def bucket_pass(bucket_mb: float | None):
-    """The ``bucket`` pass with a cap of ``bucket_mb`` MB (its name when the cap is DDP's 25 MB)."""
+    """The ``bucket`` pass with a cap of ``bucket_mb`` MB: its name for DDP's 25 MB (None), else the
+    pass configured (a Pass object: such a step is compiled per process, not kept in the disk cache)."""
     from bendc.passes import get_pass
+    from bendc.passes.bucket import DDP_BUCKET_BYTES
 
-    if bucket_mb is None:
+    cap_bytes = DDP_BUCKET_BYTES if bucket_mb is None else int(bucket_mb * 1024 * 1024)
+    if cap_bytes == DDP_BUCKET_BYTES:
         return "bucket"
-    return get_pass("bucket").configured("bucket", f"bucket with a {bucket_mb} MB cap",
-                                         cap_bytes=int(bucket_mb * 1024 * 1024))
+    return get_pass("bucket").configured("bucket", f"bucket with a cap of {cap_bytes} bytes", cap_bytes=cap_bytes)
 
 
 def overlap() -> dict[str, float]:

@@ -189,7 +189,9 @@ class JitFunction:
         if self.data_parallel or bucket_mb is not None:
             from bendc.distributed import bucket_pass
 
-            self.passes = [p for p in self.passes if getattr(p, "name", p) != "bucket"] + [bucket_pass(bucket_mb)]
+            named = [getattr(p, "name", p) for p in self.passes]
+            self.passes = [p for p, name in zip(self.passes, named) if not str(name).startswith("bucket")]
+            self.passes.append(bucket_pass(bucket_mb))
         Pipeline(self.passes)  # unknown pass names fail here, at decoration
         self._cache: dict[tuple, Executable] = {}
         self._fast: dict[tuple, Executable] = {}
