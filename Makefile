@@ -12,7 +12,7 @@ $(VENV)/.installed-core: pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-core
-	$(PY) -m pip install --quiet -e ".[test,cuda]"
+	$(PY) -m pip install --quiet -e ".[test,cuda,distributed]"
 	touch $@
 
 train: $(VENV)/.installed-core

@@ -15,6 +15,9 @@ Workloads (each a median of several timed runs after warm-up):
   compile      time to the first result: cold (empty cache) and warm (second process),
                against torch.compile's cold time
   fusion       kernel launches and bytes moved per mlp step, fused vs unfused
+  data_parallel  the mlp step data-parallel on 1 and 2 ranks (mpiexec -n N, global batch 256 split): step
+               time, beside the step without the all-reduce, the exchange alone, and the share of the
+               exchange hidden behind compute (bench/data_parallel.py)
   attention    causal grouped-query attention forward + backward (B=4, H=8, Hkv=2, T=512, D=64):
                the triangular schedule vs the dense one (same compiler, each forced), and vs
                torch's scaled_dot_product_attention (eager, same thread count)
@@ -487,6 +490,28 @@ def blas() -> dict:
     return info
 
 
+# ------------------------------------------------------------------ data parallel (bendc.distributed)
+def bench_data_parallel(runs: int) -> dict:
+    """bench/data_parallel.py under ``mpiexec -n 1`` and ``-n 2`` (the venv's mpiexec, loopback only),
+    with DDP's 25 MB buckets (one bucket for this model: nothing to overlap) and 1 MB ones."""
+    from bendc.distributed import LOOPBACK_ENV, loopback_command, mpiexec
+
+    if not mpiexec().exists():
+        return {"name": "data_parallel", "skipped": "no mpiexec beside python: pip install -e '.[distributed]'"}
+    env = {**os.environ, **LOOPBACK_ENV, "PYTHONPATH": str(ROOT)}
+    measured = {}
+    for ranks, bucket_mb in ((1, 25.0), (2, 25.0), (2, 1.0)):
+        command = loopback_command(ranks, [str(ROOT / "bench" / "data_parallel.py"), str(runs), str(bucket_mb)])
+        output = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800, check=True).stdout
+        measured[(ranks, bucket_mb)] = json.loads(output.strip().splitlines()[-1])
+    one, two, small = measured[(1, 25.0)], measured[(2, 25.0)], measured[(2, 1.0)]
+    return {"name": "data_parallel", "step_ms_1rank": one["step_ms"], "step_ms_2ranks": two["step_ms"],
+            "no_all_reduce_ms_2ranks": two["step_ms_without_all_reduce"], "comm_ms": two["communication_ms"],
+            "hidden": two["hidden"], "step_ms_2ranks_1mb": small["step_ms"], "buckets_1mb": small["buckets"],
+            "no_all_reduce_ms_1mb": small["step_ms_without_all_reduce"], "comm_ms_1mb": small["communication_ms"],
+            "hidden_1mb": small["hidden"]}
+
+
 def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
             "threads": bench_threads(), "load_average": os.getloadavg(),
@@ -528,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   ("triangular",), "attention_long"),
         "transformer": lambda: bench_decoder(args.target, runs, not args.quick, TRANSFORMER, "transformer"),
         "gpt": lambda: bench_decoder(args.target, runs, not args.quick, GPT, "gpt"),
+        "data_parallel": lambda: bench_data_parallel(runs),
     }
     results = []
     for name, run in workloads.items():

@@ -25,11 +25,11 @@ _EXPORTS = {
     "jit": "bendc.function", "zero_grad": "bendc.function", "JitFunction": "bendc.function", "Tensor": "bendc.trace",
     "RecompileWarning": "bendc.function", "functional_call": "bendc.torch_bridge", "params": "bendc.torch_bridge",
     **{name: "bendc.errors" for name in ("BendcError", "ShapeError", "UnsupportedError", "GradientError",
-                                          "SignatureError", "RuntimeCheckError", "ArtifactError",
+                                          "SignatureError", "RuntimeCheckError", "ArtifactError", "DistributedError",
                                           "InternalError")},
 }
 
-_SUBMODULES = ("tree", "optim", "functional")
+_SUBMODULES = ("tree", "optim", "functional", "distributed")
 __all__ = [*_EXPORTS, *_SUBMODULES, "__version__"]
 
 

@@ -24,7 +24,7 @@ class Builder:
         self.vjp_of: int | None = None
         self.user_op: str | None = None  # the user's op name, for error messages
 
-    def emit(self, op: str, inputs: Sequence[int], **attrs: Any) -> int:
+    def emit(self, op: str, inputs: Sequence[int], /, **attrs: Any) -> int:  # /: an attr may be named op
         opdef = OPS[op]
         types = [self.graph.node(i).type for i in inputs]
         try:

@@ -30,7 +30,7 @@ from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
 from bendc.codegen.cpu import render_plan
 from bendc.codegen.memory import plan_memory
 from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
-from bendc.errors import InternalError, RuntimeCheckError, SourceLoc, UnsupportedError, user_location
+from bendc.errors import DistributedError, InternalError, RuntimeCheckError, SourceLoc, UnsupportedError, user_location
 from bendc.ir.graph import Graph
 from bendc.ir.interp import Interpreter
 from bendc.ir.parser import parse_graph
@@ -43,6 +43,7 @@ from bendc import tree
 from bendc.tree import Template
 from runtime.artifact import ArtifactInvalid, load_module, load_program, read_stages, read_text
 from runtime.cuda import numba_cuda_installed
+from runtime.collective import CollectiveError
 from runtime.cpu import CpuProgram, KernelError, KernelFailure
 from runtime.files import atomic_write
 
@@ -134,7 +135,12 @@ def cpu_runner(plan: dict, program: Any, final_ir: Callable[[], Graph]) -> Calla
         except KernelError as error:
             step = steps[error.step]
             raise RuntimeCheckError(error.detail, loc=_step_loc(step), op=step["op"]) from None
+        except CollectiveError as error:  # the cuda runtime's host steps raise it as it is
+            raise DistributedError(str(error)) from None
         except KernelFailure as error:
+            if isinstance(error.error, CollectiveError):  # a peer rank, not the kernel, failed
+                step = steps[error.step]
+                raise DistributedError(str(error.error), loc=_step_loc(step), op=step["op"]) from None
             raise kernel_failure(error, plan, final_ir) from error.error
 
     run.program, run.plan = program, plan  # what the self-check (bendc/check.py) steps through
@@ -204,6 +210,10 @@ def render_cuda(graph: Graph, cache_dir: str) -> CudaKernels:
         modules[step.name] = load_module(kernel_path(cache_dir, step.module), step.module)
     report = (describe_plan(plan) + [f"layout: {d}" for d in views.decisions] + [f"memory: {d}" for d in decisions]
               + [f"launch: {line}" for line in describe_launches(plan)])
+    if any(step.kind == "collective" for step in plan.steps):
+        from runtime.collective import cuda_transport
+
+        report.append(f"collective: {cuda_transport()}")
     return CudaKernels(plan, modules, report)
 
 
@@ -318,12 +328,13 @@ class Request:
     # The function's arguments from the traced parameters (by name): pytrees and dynamic scalars
     # (bendc/function.py); None: each parameter is one array or a static value.
     arguments: Callable[[dict[str, Tensor]], dict[str, Any]] | None = None
+    data_parallel: bool = False  # every .grad read is all-reduced (mean) over the ranks
 
 
 def compile_step(request: Request) -> Executable:
     """Trace, differentiate, run the passes and build (or load the cached program)."""
     name = request.fn.__name__
-    tracer = Tracer(name)
+    tracer = Tracer(name, request.data_parallel)
     tensors: dict[str, Tensor] = {}
     for parameter, type in request.types:
         tensors[parameter] = tracer.param(parameter, type, leaf=parameter in request.leaves)

@@ -118,6 +118,10 @@ class ArtifactError(BendcError):
     """A corrupt, truncated, changed or foreign artifact or cache entry."""
 
 
+class DistributedError(BendcError):
+    """A collective that cannot complete: another rank died, raised, is stuck, or runs another program."""
+
+
 class InternalError(BendcError):
     """A bug in bendc: names the pass or kernel that failed and prints the IR around it, with the
     user's source lines (``# file:line`` on each IR line), so that it can be reported."""

@@ -164,7 +164,8 @@ class JitFunction:
 
     def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
                  passes: Sequence[Any] | None, donate: Sequence[str] = (), dynamic: Sequence[str] = (),
-                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None) -> None:
+                 recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None,
+                 data_parallel: bool = False, bucket_mb: float | None = None) -> None:
         functools.update_wrapper(self, fn)
         if check is None and os.environ.get("BENDC_CHECK", "") not in ("", "0"):
             check = "reference"
@@ -184,6 +185,13 @@ class JitFunction:
         self.resolved_target = resolve_target(target)
         self.cache_dir = cache_dir
         self.passes = list(passes) if passes is not None else default_passes()
+        self.data_parallel = bool(data_parallel)
+        if self.data_parallel or bucket_mb is not None:
+            from bendc.distributed import bucket_pass
+
+            named = [getattr(p, "name", p) for p in self.passes]
+            self.passes = [p for p, name in zip(self.passes, named) if not str(name).startswith("bucket")]
+            self.passes.append(bucket_pass(bucket_mb))
         Pipeline(self.passes)  # unknown pass names fail here, at decoration
         self._cache: dict[tuple, Executable] = {}
         self._fast: dict[tuple, Executable] = {}
@@ -480,7 +488,7 @@ class JitFunction:
         return compile_step(Request(self.fn, tuple(self.signature.parameters), tuple(types), dict(static),
                                     leaves, donate, tuple(self.passes), self.resolved_target,
                                     self.cache_dir, artifact, progress, cuda_arch,
-                                    binding.arguments if binding is not None else None))
+                                    binding.arguments if binding is not None else None, self.data_parallel))
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
@@ -528,7 +536,8 @@ class JitFunction:
 
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
         cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = (),
-        dynamic: Sequence[str] = (), recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None):
+        dynamic: Sequence[str] = (), recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None,
+        data_parallel: bool = False, bucket_mb: float | None = None):
     """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``.
 
     Parameters may be arrays, Python scalars and other hashable values (static: a new value is a
@@ -543,10 +552,16 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
     parameter) may be written over them in place and returned. ``check="reference"`` (or
     BENDC_CHECK=1) runs the first call of each signature beside the reference interpreter and
     names the first kernel whose outputs leave the tolerance (bendc/check.py).
+
+    ``data_parallel=True`` makes every ``.grad`` read the mean of the gradient over the ranks of
+    ``mpiexec -n N`` (an ``all_reduce`` op where the gradient is final; bendc.distributed), the
+    all-reduces bucketed by the ``bucket`` pass into messages of up to ``bucket_mb`` MB (25, as
+    DistributedDataParallel) and overlapped with the rest of the backward.
     """
     def wrap(function: Callable) -> JitFunction:
         return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes,
-                           donate=donate, dynamic=dynamic, recompile_limit=recompile_limit, check=check)
+                           donate=donate, dynamic=dynamic, recompile_limit=recompile_limit, check=check,
+                           data_parallel=data_parallel, bucket_mb=bucket_mb)
 
     if fn is not None:
         return wrap(fn)

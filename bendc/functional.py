@@ -355,3 +355,13 @@ def adam_step(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, step: int | Ten
         denom = new_v.sqrt() / bias_correction2_sqrt + eps
         new_param = param + (-step_size) * (new_m / denom)
         return new_param, new_m, new_v
+
+
+# ------------------------------------------------------------------ data parallel (bendc.distributed)
+def all_reduce(x: Tensor, op: str = "mean") -> Tensor:
+    """The sum (op="sum") or mean (op="mean") of ``x`` over every rank (an ``all_reduce`` op; MPI at
+    run time, the identity in a process of one rank). Differentiable: its gradient is the
+    all-reduce of the gradient (torch.distributed's autograd)."""
+    tracer = _tracer("all_reduce", x)
+    with tracer.at_user_line("all_reduce"):
+        return tracer.emit("all_reduce", (_tensor(x, "all_reduce").id,), op=op, group="world")

@@ -43,8 +43,9 @@ class Tracer:
     """Records one traced call: the graph, gradient-requiring values, and
     the backward requests per leaf since its last zero_grad."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, data_parallel: bool = False) -> None:
         self.graph = Graph(name)
+        self.data_parallel = data_parallel  # every .grad read is the gradient's mean over the ranks
         self.builder = Builder(self.graph)
         self.requires_grad: set[int] = set()
         self.leaves: set[int] = set()
@@ -80,7 +81,7 @@ class Tracer:
         finally:
             builder.loc, builder.user_op = outer
 
-    def emit(self, op: str, inputs: Sequence[int], **attrs: Any) -> "Tensor":
+    def emit(self, op: str, inputs: Sequence[int], /, **attrs: Any) -> "Tensor":  # /: an attr may be named op
         """One node; it requires grad where an operand does and the op is differentiable."""
         id = self.builder.emit(op, inputs, **attrs)
         if OPS[op].differentiable and any(i in self.requires_grad for i in inputs):
@@ -158,7 +159,10 @@ class Tracer:
             roots = self.slots[tensor.id]
             if not roots:
                 return None
-            return self.emit("grad", (tensor.id, *roots))
+            grad = self.emit("grad", (tensor.id, *roots))
+            if self.data_parallel:  # reduced where the gradient is final: after its last contribution
+                return self.emit("all_reduce", (grad.id,), op="mean", group="world")
+            return grad
 
     def zero_grad(self, tensors: Sequence["Tensor"]) -> None:
         for tensor in tensors:

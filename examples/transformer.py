@@ -143,9 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--target", default="auto", choices=["auto", "reference", "cpu", "cuda"])
+    # data parallel (bendc.distributed): mpiexec -n 2 .venv/bin/python examples/transformer.py --data-parallel
+    parser.add_argument("--data-parallel", action="store_true",
+                        help="under mpiexec -n N: each rank takes 1/N of every batch, gradients averaged")
     args = parser.parse_args(argv)
 
     step_fn = train_step if args.target == "auto" else bendc.jit(train_step.fn, leaves=PARAMS, target=args.target)
+    rank, ranks = bendc.distributed.init() if args.data_parallel else (0, 1)
+    if args.data_parallel:
+        step_fn = bendc.jit(train_step.fn, leaves=PARAMS, target=args.target, data_parallel=True)
+        if rank != 0:  # rank 0 prints
+            import os
+
+            sys.stdout = open(os.devnull, "w")
+        print(f"data parallel: {ranks} ranks, {BATCH // ranks} sequences of every batch of {BATCH} each")
+    shard = slice(rank * BATCH // ranks, (rank + 1) * BATCH // ranks)
     data = encode(TEXT)
     cos, sin = rope_tables()
     params = init_params()
@@ -158,10 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     stream = batches(data)
     for index in range(args.steps):
         tokens, targets = next(stream)
+        tokens, targets = tokens[shard], targets[shard]
         loss, *updates = step_fn(tokens, targets, cos, sin, np.array(index + 1, np.int64),
                                  *params, *firsts, *seconds)
         params, firsts, seconds = updates[0::3], updates[1::3], updates[2::3]
         loss = float(np.asarray(loss.copy_to_host() if hasattr(loss, "copy_to_host") else loss))
+        if args.data_parallel:  # the whole batch's loss: the mean of the ranks' (equal shares)
+            loss = float(bendc.distributed.average(loss))
         first_loss = loss if first_loss is None else first_loss
         if index % 25 == 0 or index == args.steps - 1:
             print(f"step {index:4d}  loss {loss:.4f}")

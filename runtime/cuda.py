@@ -143,7 +143,10 @@ class CudaProgram:
                     fresh.append((slot[value], numel(shape), DTYPES[dtype]))
                     if value in outputs and not step["hoisted"]:
                         owned.add(value)
-            launches = [getattr(module, l["kernel"])[tuple(l["grid"]), tuple(l["block"])] for l in step["launches"]]
+            if step["kind"] == "collective":  # host code over the device arrays (runtime/collective.py)
+                launches = [module.host]
+            else:
+                launches = [getattr(module, l["kernel"])[tuple(l["grid"]), tuple(l["block"])] for l in step["launches"]]
             arguments = [slot[v] for v in step["inputs"]] + [slot[v] for v in step["outputs"]]
             bound = _Step(step["name"], launches, arguments, fresh, error_words.get(step["name"]))
             if step["hoisted"]:

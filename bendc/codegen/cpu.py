@@ -10,7 +10,7 @@ matrix products, numpy reductions, numba row kernels).
 from __future__ import annotations
 
 from bendc.codegen.fused import epilogues, member_expression, operand_reference, reduction_index
-from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
+from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_domain
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.kernels.cpu_kit import (PARALLEL_CELLS, REDUCTION_CHUNKS, chunked_loop_nest, element, loop_nest,
@@ -34,12 +34,16 @@ from numba import njit, prange
 def render_plan(plan: KernelPlan, graph: Graph) -> None:
     """Fill ``step.source`` for every step of the plan."""
     for step in plan.steps:
-        step.source = render_step(step, graph)
+        step.source = render_step(step, graph, plan)
 
 
-def render_step(step: Step, graph: Graph) -> str:
+def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str:
     nodes = [graph.node(i) for i in step.nodes]
     listing = "\n".join("    " + format_node(graph, n) for n in nodes)
+    if step.kind == "collective":  # host code over the runtime's bucket (bendc/ops/collective.py)
+        summary = f"all_reduce {step.phase} of {len(nodes)} tensors (collective)"
+        body = OPS[nodes[0].op].lowering.cpu(collective_step(plan, step, graph))
+        return HEADER.format(name=step.name, summary=summary, nodes=listing) + "\n" + body
     if step.kind == "elementwise":
         domain = elementwise_domain(graph, step.nodes)
         summary = f"{len(nodes)} fused elementwise ops over [{','.join(map(str, domain))}]"

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from bendc.codegen.fused import epilogues, member_expression, operand_reference, reduction_index
-from bendc.codegen.plan import KernelPlan, Step, elementwise_domain
+from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_domain
 from bendc.codegen.views import Views, materialize, resolve_accesses, view_access
 from bendc.ir.graph import Graph, Node
 from bendc.ir.printer import format_node
@@ -86,13 +86,17 @@ def render_cuda_plan(plan: KernelPlan, graph: Graph, options: CudaOptions = Cuda
     views = resolve_accesses(plan, graph)
     materialize(plan, views)
     for step in plan.steps:
-        render_step(step, graph, views.access, options)
+        render_step(step, graph, views.access, options, plan)
     return views
 
 
-def render_step(step: Step, graph: Graph, access: dict[int, Access], options: CudaOptions) -> None:
+def render_step(step: Step, graph: Graph, access: dict[int, Access], options: CudaOptions,
+                plan: KernelPlan | None = None) -> None:
     nodes = [graph.node(i) for i in step.nodes]
-    kernels = _render_kind(step, graph, access)
+    if step.kind == "collective":  # a host function over device arrays (bendc/ops/collective.py)
+        kernels = OPS[nodes[0].op].lowering.cuda(collective_step(plan, step, graph))
+    else:
+        kernels = _render_kind(step, graph, access)
     listing = "\n".join("    " + format_node(graph, n) for n in nodes)
     launches = "\n".join("    " + launch.describe() for launch in kernels.launches) or "    none"
     header = HEADER.format(name=step.name, summary=kernels.summary, nodes=listing, launches=launches,

@@ -30,6 +30,8 @@ def resolve_accesses(plan: KernelPlan, graph: Graph) -> Views:
     """The access of every value, in launch order, and the layout steps that need a copy."""
     access: dict[int, Access] = {p: dense(p, plan.values[p][1]) for p in plan.params}
     outputs = set(plan.outputs)
+    # A collective step hands its operands' arrays to the backend as they are: they must be dense.
+    dense_reads = {value for step in plan.steps if step.kind == "collective" for value in step.inputs}
     views = Views(access)
     for step in plan.steps:
         if step.convention == "write":
@@ -42,12 +44,13 @@ def resolve_accesses(plan: KernelPlan, graph: Graph) -> Views:
             access[value] = dense(value, node.type.shape)
             continue
         view = view_access(graph, value, access[node.inputs[0]])
-        if view is not None and value not in outputs:
+        if view is not None and value not in outputs and value not in dense_reads:
             access[value] = view
             continue
         views.copies.add(step.name)
         access[value] = dense(value, node.type.shape)
-        why = "it is returned to the caller" if value in outputs else "no strides describe it"
+        why = ("it is returned to the caller" if value in outputs else
+               "a collective reads it whole" if value in dense_reads else "no strides describe it")
         views.decisions.append(f"{step.name}: %{value} = {node.op} is copied into its own buffer ({why})")
     return views
 

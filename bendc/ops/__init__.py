@@ -4,6 +4,6 @@ from __future__ import annotations
 from bendc.ops.base import OPS, InferError, Lowering, OpDef, define_op
 
 from bendc.ops import (source, elementwise, reduce, layout, gather, matmul, optim, norm,  # noqa: E402,F401
-                       attention)
+                       attention, collective)
 
 __all__ = ["OPS", "InferError", "Lowering", "OpDef", "define_op"]

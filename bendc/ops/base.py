@@ -29,6 +29,7 @@ LOWERING_KINDS = (
     "scatter",      # ordered index accumulation into +0.0 words
     "row",          # row-wise kernels (softmax, log_softmax): one cell per row
     "attention",    # attention and its VJPs: one cell per row pair (triangular) or row (dense)
+    "collective",   # all_reduce: start and wait steps per bucket, host code over the runtime's backend
 )
 
 
@@ -45,7 +46,8 @@ class InferError(Exception):
 # their copies on cuda, constants. ``tests/ops/test_registry.py`` checks every op against it.
 REQUIRED_RENDERERS: dict[str, tuple[str, ...]] = {
     "source": (), "placeholder": (), "elementwise": ("scalar",), "layout": ("cpu",),
-    **{kind: ("cpu", "cuda") for kind in ("reduce", "matmul", "gather", "scatter", "row", "attention")},
+    **{kind: ("cpu", "cuda") for kind in ("reduce", "matmul", "gather", "scatter", "row", "attention",
+                                         "collective")},
 }
 assert set(REQUIRED_RENDERERS) == set(LOWERING_KINDS)
 
@@ -67,6 +69,8 @@ class Lowering:
     strided reads and kernel argument names) it returns a
     :class:`bendc.kernels.cuda_kit.Kernels`. REQUIRED_RENDERERS says which
     renderers each kind's ops bring; ``tests/ops/test_registry.py`` checks it.
+    Collective ops' ``cpu`` and ``cuda`` are given a
+    :class:`bendc.ops.collective.CollectiveStep` (one phase of a bucket) instead.
     """
 
     kind: str

@@ -6,5 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3}"
-NUMBA_ENABLE_CUDASIM=1 exec "$PYTHON" -m pytest -q tests/cuda/test_simulator.py tests/cuda/test_fuzz_simulator.py \
-    tests/cuda/test_cubin_simulator.py "$@"
+# Every simulator module: tests/cuda/test_*simulator*.py and tests/cuda/test_sim_*.py (each skips
+# itself outside this process).
+shopt -s nullglob
+NUMBA_ENABLE_CUDASIM=1 exec "$PYTHON" -m pytest -q tests/cuda/test_*simulator*.py tests/cuda/test_sim_*.py "$@"

@@ -112,6 +112,11 @@ OP_TABLE: dict[str, OpEntry] = {
                                  ("adam_traced",)),
     "bias_correction": OpEntry(D, "bendc.optim.adam(..., betas=(<0-d array parameter>, 0.999))",
                                "1 - beta ** step", ("adam_traced",)),
+    # ---------------------------------------------------------------- data parallel (bendc.distributed)
+    # Not fuzzed: in one process it is the identity, and a multi-rank run needs mpiexec; kind "source"
+    # because no generator family can reach it. tests/distributed checks it on two ranks against torch.
+    "all_reduce": OpEntry(S, "F.all_reduce(x, op='mean'|'sum'); every .grad under jit(data_parallel=True)",
+                          "torch.distributed.all_reduce (identity on one rank)", ()),
 }
 
 

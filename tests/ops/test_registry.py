@@ -92,6 +92,7 @@ SAMPLES: dict[str, Sample] = {
     "rope": Sample((T("f32[2,3,4]"), T("f32[3,2]"), T("f32[3,2]")), {"inverse": False}),
     "attention": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]")),
                         {"causal": True, "scale": 0.5, "schedule": "triangular"}),
+    "all_reduce": Sample((T("f32[2,3]"),), {"op": "mean", "group": "world"}),
     "attention_probs": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]")),
                               {"causal": False, "scale": 0.5, "schedule": "dense"}),
     "attention_score_grad": Sample((T("f32[1,2,6]"), T("f32[1,1,3,2]"), T("f32[1,2,3,2]")),
@@ -397,6 +398,16 @@ if hasattr(F, "scaled_dot_product_attention"):
 
     COVERAGE_PROGRAMS["attention"] = (attention, ("w",), lambda: (
         _rng((1, 2, 3, 4), 0), _rng((1, 1, 3, 4), 1), _rng((1, 1, 3, 4), 2), _rng((1, 2, 3, 4), 3)))
+
+
+# Data parallel (bendc.distributed): in one process the all-reduce is the identity.
+def all_reduce(x, w):
+    loss = F.all_reduce(x * w, op="sum").sum()
+    loss.backward()
+    return loss, w.grad
+
+
+COVERAGE_PROGRAMS["all_reduce"] = (all_reduce, ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1)))
 
 
 def _method_program(method: str):

@@ -1,0 +1,186 @@
+"""The all-reduce in one process: the op, the bucket pass, the plan's start and wait steps, the
+runtime's bucket over a two-rank mirror world, the timeout. No MPI needed (mpiexec tests:
+test_distributed.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import bendc
+import bendc.functional as F
+from bendc.ir.parser import parse_graph
+from bendc.ir.printer import format_graph
+from runtime import collective
+
+
+def _rng(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def mlp_step(x, y, w1, b1, w2, b2):
+    h = F.relu(F.linear(x, w1, b1))
+    loss = F.mse_loss(F.linear(h, w2, b2), y)
+    loss.backward()
+    return loss, w1 - 0.1 * w1.grad, b1 - 0.1 * b1.grad, w2 - 0.1 * w2.grad, b2 - 0.1 * b2.grad
+
+
+ARGS = [_rng(s, k) for k, s in enumerate(((4, 6), (4, 3), (16, 6), (16,), (3, 16), (3,)))]
+LEAVES = ("w1", "b1", "w2", "b2")
+
+
+class MirrorBackend(collective.Backend):
+    """Rank 0 of a world of ``size`` where every rank sends the same message (an in-process test
+    of packing, exchange, rank-ordered reduction and unpacking)."""
+
+    name = "mirror"
+    rank = 0
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self.exchanges = 0
+
+    def start_allgather(self, send, receive):
+        self.exchanges += 1
+        receive[:] = send
+        return None
+
+    def start_allreduce_sum(self, buffer):
+        buffer *= self.size
+        return None
+
+    def test(self, handle):
+        return True
+
+
+class StuckBackend(MirrorBackend):
+    """A world whose other rank never answers."""
+
+    def test(self, handle):
+        return False
+
+
+@pytest.fixture
+def world():
+    """Sets the process's world for one test, then puts back a local one."""
+    def use(backend):
+        return collective.use_world(backend)
+
+    yield use
+    collective.use_world(collective.LocalBackend())
+
+
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+def test_all_reduce_on_one_rank_is_the_identity_with_torch_gradients(target, tmp_path):
+    def step(x, w):
+        loss = (F.all_reduce(x * w, op="sum") * F.all_reduce(w, op="mean")).sum()
+        loss.backward()
+        return loss, w.grad
+
+    x, w = _rng((2, 3), 0), _rng((2, 3), 1)
+    loss, grad = bendc.jit(step, leaves=("w",), target=target, cache_dir=str(tmp_path))(x, w)
+    tw = torch.from_numpy(w.copy()).requires_grad_()
+    want = (torch.from_numpy(x) * tw * tw).sum()
+    want.backward()
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(grad, tw.grad.numpy())  # + - * only: bit-exact
+
+
+def test_an_unknown_reduce_op_names_the_line(tmp_path):
+    def step(x):
+        return F.all_reduce(x, op="max")
+
+    with pytest.raises(bendc.BendcError, match=r"test_collective.py:\d+.*all_reduce op='max'"):
+        bendc.jit(step, target="reference")(ARGS[0])
+
+
+def test_data_parallel_on_one_rank_is_bit_identical_to_the_plain_step(tmp_path):
+    plain = bendc.jit(mlp_step, leaves=LEAVES, target="cpu", cache_dir=str(tmp_path))(*ARGS)
+    parallel_step = bendc.jit(mlp_step, leaves=LEAVES, target="cpu", cache_dir=str(tmp_path), data_parallel=True)
+    parallel = parallel_step(*ARGS)
+    for got, want in zip(parallel, plain):
+        np.testing.assert_array_equal(got, want)
+    final = parallel_step.ir("final")
+    assert final.count("all_reduce[bucket=0, group=\"world\", op=\"mean\"]") == 4  # one message for all
+    assert format_graph(parse_graph(final)) == final  # printed IR parses back
+
+
+def test_the_bucket_cap_splits_messages_and_the_report_gives_their_sizes(tmp_path):
+    step = bendc.jit(mlp_step, leaves=LEAVES, target="cpu", cache_dir=str(tmp_path), data_parallel=True,
+                     bucket_mb=0.0005)  # 524 bytes: w1's gradient (384 bytes) does not fit beside the others
+    step(*ARGS)
+    report = step.report()
+    assert "[bucket] bucket 0: 3 all_reduce" in report and "268 bytes in one message (cap 524 bytes)" in report
+    assert "[bucket] bucket 1: 1 all_reduce" in report and "opens bucket 1: it would pass the 524 bytes cap" in report
+    default = bendc.jit(mlp_step, leaves=LEAVES, target="reference", data_parallel=True)
+    default(*ARGS)
+    assert "(cap 25.00 MiB)" in default.report()  # DistributedDataParallel's bucket_cap_mb
+
+
+def test_each_bucket_starts_when_its_gradients_are_final_and_waits_before_the_first_reader(tmp_path):
+    step = bendc.jit(mlp_step, leaves=LEAVES, target="cpu", cache_dir=str(tmp_path), data_parallel=True,
+                     bucket_mb=0.0005)
+    step(*ARGS)
+    plan = step._executable().run.plan
+    steps = plan["steps"]
+    for number in (0, 1):
+        start = next(i for i, s in enumerate(steps) if s["name"] == f"all_reduce_b{number}_start")
+        wait = next(i for i, s in enumerate(steps) if s["name"] == f"all_reduce_b{number}_wait")
+        writers = [i for i, s in enumerate(steps) if set(s["outputs"]) & set(steps[start]["inputs"])]
+        readers = [i for i, s in enumerate(steps) if set(s["inputs"]) & set(steps[wait]["outputs"])]
+        assert start > max(writers) and all(s["phase"] == "poll" for s in steps[max(writers) + 1:start])
+        assert all(s["kind"] == "collective" for s in steps[wait + 1:min(readers)])  # other buckets' waits
+        assert start < wait
+    # bucket 0 (the gradients final first) is in flight while w1's gradient is computed
+    start0 = next(i for i, s in enumerate(steps) if s["name"] == "all_reduce_b0_start")
+    wait0 = next(i for i, s in enumerate(steps) if s["name"] == "all_reduce_b0_wait")
+    assert any(s["kind"] == "matmul" for s in steps[start0 + 1:wait0])
+    assert any(s["name"].startswith("all_reduce_b0_poll") for s in steps[start0 + 1:wait0])
+    assert "collective all_reduce_b0: 3 tensors, 268 bytes in one message" in step.report()
+
+
+@pytest.mark.parametrize("op, factor", [("mean", 1.0), ("sum", 2.0)])
+def test_a_bucket_over_two_mirrored_ranks_reduces_in_rank_order(world, op, factor, tmp_path):
+    backend = world(MirrorBackend(2)).backend
+
+    def step(x, w):
+        loss = (F.all_reduce(x * w, op=op)).sum()
+        loss.backward()
+        return loss, w.grad
+
+    x, w = _rng((2, 3), 0), _rng((2, 3), 1)
+    loss, grad = bendc.jit(step, leaves=("w",), target="cpu", cache_dir=str(tmp_path), passes=[
+        "dce", "canonicalize", "cse", "fuse", "bucket"])(x, w)
+    np.testing.assert_allclose(loss, (x * w).astype(np.float64).sum() * factor, rtol=1e-6)  # a float32 sum
+    np.testing.assert_array_equal(grad, (x * np.float32(factor)).astype(np.float32))
+    assert backend.exchanges >= 2  # the program check, then the message
+
+
+def test_the_ordered_reduction_sums_ranks_in_rank_order_in_float64():
+    gathered = np.array([[1e8, 1.0], [1.0, 3.0], [-1e8, 5.0]], np.float32)
+    out = np.empty(2, np.float32)
+    collective.ordered_reduce(gathered, "sum", 3, out)
+    np.testing.assert_array_equal(out, [1.0, 9.0])  # float32 left to right would give 0.0 for the first
+    collective.ordered_reduce(gathered, "mean", 3, out)
+    np.testing.assert_array_equal(out, np.float32([1 / 3, 3.0]))
+
+
+def test_a_rank_that_never_answers_is_a_distributed_error_after_the_timeout(world, monkeypatch, tmp_path):
+    world(StuckBackend(2))
+    monkeypatch.setenv("BENDC_COLLECTIVE_TIMEOUT", "0.2")
+    step = bendc.jit(mlp_step, leaves=LEAVES, target="cpu", cache_dir=str(tmp_path), data_parallel=True)
+    with pytest.raises(bendc.DistributedError, match=r"rank 0 of 2: .* got no answer from every rank within 0.2 s"):
+        step(*ARGS)
+
+
+def test_a_bucket_checks_that_every_rank_runs_the_same_program(world):
+    class Differs(MirrorBackend):
+        def start_allgather(self, send, receive):
+            receive[:] = send
+            receive[1] = 0  # rank 1's digest and signature differ
+            return None
+
+    world(Differs(2))
+    bucket = collective.Bucket("b", "mean", [(2,)], "step(x f32[2])")
+    with pytest.raises(collective.CollectiveError, match="the ranks run different programs"):
+        bucket.start(np.ones(2, np.float32))
