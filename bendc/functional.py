@@ -473,6 +473,9 @@ def _class_operands(op: str, input: Tensor, target: Tensor, weight: Any, tracer:
         if weight.shape != input.shape[1:]:
             raise ShapeError(f"weight {weight.type} must have one value per class (C={input.shape[1]})",
                              loc=loc, op=op)
+        if weight.requires_grad:  # torch: nll_loss is not differentiable with respect to weight
+            raise UnsupportedError("a class weight that requires grad is not supported (as in torch)", loc=loc,
+                                   op=op)
     return input, target, weight
 
 

@@ -4,7 +4,7 @@
 %1 = class_valid[ignore_index=-100] %target           : bool[N]   target != ignore_index
 %2 = class_safe[ignore_index=-100] %target            : i64[N]    target, 0 where ignored (a valid gather index)
 %3 = bce_logits %x, %t (, %pos_weight)                : f32[..]   torch's stable binary cross-entropy with logits
-%4 = bce_logits_vjp[wrt="input"] %g, %x, %t (, %pw)   : f32[..]   its input (or target) gradient
+%4 = bce_logits_vjp[wrt="input"] %g, %x, %t (, %pw)   : f32[..]   its input gradient (wrt="target": %g, %x (, %pw))
 %5 = padding_rows[padding_idx=0] %rows, %index        : f32[N,D]  rows (embedding); no gradient where index == padding_idx
 %6 = zero_padding[padding_idx=0] %g, %index           : f32[N,D]  g, 0 where index == padding_idx
 %7 = norm_clamp[eps=1e-12] %sumsq                     : f32[..]   max(sqrt(sumsq), eps) (normalize's denominator)
@@ -110,9 +110,9 @@ def _scalar_bce(x, t, pos_weight=None):
 def vjp_bce(b, node, grad, needs):
     """d bce_logits = (bce_logits_vjp[wrt=input], bce_logits_vjp[wrt=target]): torch's
     binary_cross_entropy_with_logits_backward and _target_backward (pos_weight takes none)."""
-    operands = (grad, *node.inputs)
-    grad_x = b.emit("bce_logits_vjp", operands, wrt="input") if needs[0] else None
-    grad_t = b.emit("bce_logits_vjp", operands, wrt="target") if needs[1] else None
+    x, t, *pos_weight = node.inputs
+    grad_x = b.emit("bce_logits_vjp", (grad, x, t, *pos_weight), wrt="input") if needs[0] else None
+    grad_t = b.emit("bce_logits_vjp", (grad, x, *pos_weight), wrt="target") if needs[1] else None
     return (grad_x, grad_t) + ((None,) if len(node.inputs) == 3 else ())
 
 
@@ -131,33 +131,38 @@ define_op(
 def _infer_bce_vjp(types, attrs):
     if attrs.get("wrt") not in ("input", "target"):
         raise InferError(f"wrt must be 'input' or 'target', got {attrs.get('wrt')!r}")
-    if len(types) not in (3, 4):
+    if attrs["wrt"] == "input" and len(types) not in (3, 4):
         raise InferError(f"takes 3 or 4 operands (grad, input, target, pos_weight), got {len(types)}")
+    if attrs["wrt"] == "target" and len(types) not in (2, 3):
+        raise InferError(f"takes 2 or 3 operands (grad, input, pos_weight), got {len(types)}")
     require_float(types, "bce_logits_vjp")
     return TensorType("f32", broadcast_shapes(*(t.shape for t in types)))
 
 
 def _reference_bce_vjp(values, attrs):
-    g, x, t = values[:3]
-    with np.errstate(over="ignore"):
-        s = F32(1.0) / (F32(1.0) + np.exp(-x))
+    g, x = values[:2]
     if attrs["wrt"] == "input":
+        t = values[2]
+        with np.errstate(over="ignore"):
+            s = F32(1.0) / (F32(1.0) + np.exp(-x))
         if len(values) == 4:
             weighted = values[3] * t
             return _f32((((weighted + F32(1.0)) - t) * s - weighted) * g)
         return _f32((s - t) * g)
-    if len(values) == 4:
-        return _f32((_log_sigmoid(-x) - _log_sigmoid(x) * values[3]) * g)
+    if len(values) == 3:
+        return _f32((_log_sigmoid(-x) - _log_sigmoid(x) * values[2]) * g)
     return _f32(-x * g)
 
 
-def _scalar_bce_vjp(g, x, t, pos_weight=None, *, wrt):
+def _scalar_bce_vjp(g, x, *rest, wrt):
     s = f"({_c(1.0)} / ({_c(1.0)} + math.exp(-{x})))"
     if wrt == "input":
+        t, pos_weight = rest[0], (rest[1] if len(rest) == 2 else None)
         if pos_weight is not None:
             weighted = f"({pos_weight} * {t})"
             return f"(((({weighted} + {_c(1.0)}) - {t}) * {s} - {weighted}) * {g})"
         return f"(({s} - {t}) * {g})"
+    pos_weight = rest[0] if rest else None
     if pos_weight is not None:
         return f"(({_scalar_log_sigmoid(f'(-{x})')} - {_scalar_log_sigmoid(x)} * {pos_weight}) * {g})"
     return f"((-{x}) * {g})"
@@ -172,7 +177,7 @@ define_op(
     no_vjp="second derivatives of binary_cross_entropy_with_logits are not supported",
     attr_names=("wrt",),
     doc="`%4 = bce_logits_vjp[wrt=\"input\"] %g, %x, %t : f32[..]`: (sigmoid(x) - t) * g, with pos_weight "
-        "((pw*t + 1 - t) * sigmoid(x) - pw*t) * g; wrt=target: -x * g, with pos_weight "
+        "((pw*t + 1 - t) * sigmoid(x) - pw*t) * g; wrt=target (operands g, x, pw): -x * g, with pos_weight "
         "(log_sigmoid(-x) - log_sigmoid(x) * pw) * g (torch's formulas).",
 )
 
