@@ -483,7 +483,7 @@ def _nll(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index:
     """torch's nll_loss over rows of (N, C) log-probabilities; also returns the rows' mask and weights."""
     tracer = log_probs.tracer
     valid = tracer.emit("class_valid", (target.id,), ignore_index=ignore_index)
-    safe = tracer.emit("class_safe", (target.id,), ignore_index=ignore_index)
+    safe = tracer.emit("class_safe", (target.id,), classes=log_probs.shape[1], ignore_index=ignore_index)
     picked = gather(log_probs, 1, safe.unsqueeze(1)).reshape(target.shape[0])
     zero = tracer.const(0.0)
     if weight is None:

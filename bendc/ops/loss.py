@@ -2,7 +2,7 @@
 
 ```
 %1 = class_valid[ignore_index=-100] %target           : bool[N]   target != ignore_index
-%2 = class_safe[ignore_index=-100] %target            : i64[N]    target, 0 where ignored (a valid gather index)
+%2 = class_safe[classes=10, ignore_index=-100] %target : i64[N]  target, 0 where ignored (a gather index)
 %3 = bce_logits %x, %t (, %pos_weight)                : f32[..]   torch's stable binary cross-entropy with logits
 %4 = bce_logits_vjp[wrt="input"] %g, %x, %t (, %pw)   : f32[..]   its input gradient (wrt="target": %g, %x (, %pw))
 %5 = padding_rows[padding_idx=0] %rows, %index        : f32[N,D]  rows (embedding); no gradient where index == padding_idx
@@ -67,10 +67,14 @@ define_op(
     arity=1,
     infer=_infer_class(None),
     reference=lambda v, a: np.asarray(np.where(v[0] != a["ignore_index"], v[0], 0), dtype=v[0].dtype),
-    lowering=Lowering("elementwise", scalar=lambda t, *, ignore_index: f"({t} if {t} != {ignore_index} else 0)"),
+    lowering=Lowering("elementwise", scalar=lambda t, *, classes, ignore_index: (
+        f"({t} if {t} != {ignore_index} else 0)")),
     no_vjp="integer targets",
-    attr_names=("ignore_index",),
-    doc="`%2 = class_safe[ignore_index=-100] %target : i64[N]`: target, 0 where it is ignore_index "
+    attr_names=("classes", "ignore_index"),
+    # the targets index the classes (artifact.index_bounds draws random targets below ``classes``)
+    index_operand=0,
+    indexed_size=lambda shapes, out, attrs: attrs["classes"],
+    doc="`%2 = class_safe[classes=10, ignore_index=-100] %target : i64[N]`: target, 0 where it is ignore_index "
         "(an index gather can read).",
 )
 

@@ -114,7 +114,7 @@ SAMPLES: dict[str, Sample] = {
     "hardtanh": Sample((T("f32[2,3]"),), {"min_val": -1.0, "max_val": 1.5}),
     "hardtanh_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"min_val": -1.0, "max_val": 1.5}),
     "class_valid": Sample((T("i64[4]"),), {"ignore_index": 1}, index_limit=3),
-    "class_safe": Sample((T("i64[4]"),), {"ignore_index": 1}, index_limit=3),
+    "class_safe": Sample((T("i64[4]"),), {"classes": 3, "ignore_index": 1}, index_limit=3),
     "bce_logits": Sample((T("f32[2,3]"), T("f32[2,3]"))),  # pos_weight takes no gradient (as torch)
     "bce_logits_vjp": Sample((T("f32[2,3]"), T("f32[2,3]"), T("f32[3]")), {"wrt": "target"}),
     # padding_idx outside the drawn indices: by design (torch's) a padding row's gradient is 0, not
