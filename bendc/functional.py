@@ -610,7 +610,8 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> 
             if not -weight.shape[0] <= padding_idx < weight.shape[0]:
                 raise ShapeError(f"padding_idx {padding_idx} must be within num_embeddings {weight.shape[0]}",
                                  loc=builder.loc, op="embedding")
-            rows = tracer.emit("padding_rows", (rows.id, flat.unsqueeze(1).id), padding_idx=padding_idx % weight.shape[0])
+            padding_idx %= weight.shape[0]
+            rows = tracer.emit("padding_rows", (rows.id, flat.unsqueeze(1).id), padding_idx=padding_idx)
         return rows.reshape(*input.shape, weight.shape[1]) if input.ndim != 1 else rows
 
 
@@ -621,8 +622,8 @@ def _attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, sc
     batch, heads, t, width = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
-    scores = matmul(q.reshape(batch, kv_heads, group, t, width), k.reshape(batch, kv_heads, 1, t, width).transpose(-1, -2))
-    scores = scores * scale
+    keys = k.reshape(batch, kv_heads, 1, t, width).transpose(-1, -2)
+    scores = matmul(q.reshape(batch, kv_heads, group, t, width), keys) * scale
     if is_causal:
         scores = q.tracer.emit("causal_fill", (scores.id,), value=-math.inf, size=t)
     probs = dropout(scores.softmax(-1), dropout_p, True, seed)

@@ -238,7 +238,8 @@ for _handler, _text in ((_silu, "`bendc.functional.silu`"), (_softplus, "`bendc.
                         (_hardtanh, "`bendc.functional.hardtanh`"),
                         (_dropout, "`bendc.functional.dropout` (the seed of `bendc.functional.dropout_seed`)"),
                         (_torch_dropout, "`bendc.functional.dropout` (the seed of `bendc.functional.dropout_seed`)"),
-                        (_embedding, "`bendc.functional.embedding`"), (_cross_entropy, "`bendc.functional.cross_entropy`"),
+                        (_embedding, "`bendc.functional.embedding`"),
+                        (_cross_entropy, "`bendc.functional.cross_entropy`"),
                         (_nll_loss, "`bendc.functional.nll_loss`"),
                         (_bce_with_logits, "`bendc.functional.binary_cross_entropy_with_logits`"),
                         (_normalize, "`bendc.functional.normalize`")):

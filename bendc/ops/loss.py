@@ -4,7 +4,8 @@
 %1 = class_valid[ignore_index=-100] %target           : bool[N]   target != ignore_index
 %2 = class_safe[classes=10, ignore_index=-100] %target : i64[N]  target, 0 where ignored (a gather index)
 %3 = bce_logits %x, %t (, %pos_weight)                : f32[..]   torch's stable binary cross-entropy with logits
-%4 = bce_logits_vjp[wrt="input"] %g, %x, %t (, %pw)   : f32[..]   its input gradient (wrt="target": %g, %x (, %pw))
+%4 = bce_logits_vjp[wrt="input"] %g, %x, %t (, %pw)   : f32[..]   its input gradient
+                                                                 (wrt="target": operands %g, %x (, %pw))
 %5 = padding_rows[padding_idx=0] %rows, %index        : f32[N,D]  rows (embedding); no gradient where index == padding_idx
 %6 = zero_padding[padding_idx=0] %g, %index           : f32[N,D]  g, 0 where index == padding_idx
 %7 = norm_clamp[eps=1e-12] %sumsq                     : f32[..]   max(sqrt(sumsq), eps) (normalize's denominator)

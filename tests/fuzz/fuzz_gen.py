@@ -1185,8 +1185,8 @@ class Builder:
             bound = (x.bound + 1) * (max(1, _numel(x.shape)) if reduction == "sum" else 1)
             if bound > LIMIT:
                 return False
-            self.emit(f"F.binary_cross_entropy_with_logits({x.name}, {y.name}.sigmoid(), reduction={reduction!r})",
-                      shape, bound, (x, y), "losses", exact=False)
+            call = f"F.binary_cross_entropy_with_logits({x.name}, {y.name}.sigmoid(), reduction={reduction!r})"
+            self.emit(call, shape, bound, (x, y), "losses", exact=False)
             return True
         if form == "normalize":
             x = self.pick_grad(lambda v: len(v.shape) >= 1)
