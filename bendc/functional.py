@@ -6,11 +6,12 @@ its backward comes from the ops' VJP rules.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import numpy as np
 
-from bendc.errors import ShapeError, UnsupportedError
+from bendc.errors import ShapeError, UnsupportedError, user_location
 from bendc.ops.base import f32_value
 from bendc.ops.base import METHODS
 from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
@@ -198,16 +199,18 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # ------------------------------------------------------------------ attention
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: None = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                                 enable_gqa: bool = False) -> Tensor:
+                                 enable_gqa: bool = False, seed: Tensor | None = None) -> Tensor:
     """softmax(scale * q k^T [causal mask]) v, torch's signature and semantics.
 
     query (B, H, T, D), key (B, Hkv, T, D), value (B, Hkv, T, Dv). With
     ``enable_gqa`` H is a multiple of Hkv and query head h reads key/value
     head h // (H // Hkv); without it Hkv is H (or 1, which broadcasts, as in
-    torch). ``scale`` defaults to 1/sqrt(D). ``attn_mask`` and ``dropout_p``
-    are accepted for torch's positional order and must keep their defaults.
-    Records one ``attention`` node; the ``attention_schedule`` pass picks its
-    schedule.
+    torch). ``scale`` defaults to 1/sqrt(D). ``attn_mask`` is accepted for
+    torch's positional order and must keep its default. Records one
+    ``attention`` node; the ``attention_schedule`` pass picks its schedule.
+    With ``dropout_p`` > 0 the probabilities go through ``dropout`` (``seed``,
+    or the trace's ``dropout_seed``): composed from matmul, softmax and
+    dropout, as torch's math path (the fused kernels keep dropout_p=0).
     """
     op = "scaled_dot_product_attention"
     tracer = _tracer(op, query, key, value)
@@ -215,8 +218,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         if attn_mask is not None:
             raise UnsupportedError("attn_mask is not supported (use is_causal=True for a causal mask)",
                                    loc=builder.loc, op=op)
-        if isinstance(dropout_p, Tensor) or dropout_p != 0.0:
-            raise UnsupportedError(f"dropout_p={dropout_p!r} is not supported (0.0 only)", loc=builder.loc, op=op)
+        dropout_p = _static_float(dropout_p, "dropout_p", op, tracer)
         if not isinstance(is_causal, bool) or not isinstance(enable_gqa, bool):
             raise UnsupportedError("is_causal and enable_gqa must be Python bools", loc=builder.loc, op=op)
         q, k, v = (tracer.value(x, op) for x in (query, key, value))
@@ -238,6 +240,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         if scale is None:
             scale = 1.0 / math.sqrt(q.shape[3]) if q.shape[3] else 1.0
         scale = _static_float(scale, "scale", op, tracer)
+        if dropout_p != 0.0:
+            return _attention_with_dropout(q, k, v, is_causal, f32_value(scale), dropout_p, seed)
         return tracer.emit("attention", (q.id, k.id, v.id), causal=is_causal, scale=f32_value(scale),
                            schedule="auto")
 
@@ -249,22 +253,6 @@ def mse_loss(input: Tensor, target: Tensor) -> Tensor:
     with tracer.at_user_line("mse_loss"):
         diff = tracer.value(input, "mse_loss") - target
         return (diff * diff).mean()
-
-
-def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
-    """Mean over N of -log_softmax(logits)[i, target[i]]; logits (N, C), integer target (N,)."""
-    tracer = _tracer("cross_entropy", logits, target)
-    with tracer.at_user_line("cross_entropy") as builder:
-        logits, target = tracer.value(logits, "cross_entropy"), tracer.value(target, "cross_entropy")
-        if not target.type.is_index:
-            raise UnsupportedError(f"target must hold int64/int32 class indices, got {target.type}",
-                                   loc=builder.loc, op="cross_entropy")
-        if logits.ndim != 2 or target.shape != logits.shape[:1]:
-            raise ShapeError(f"logits must be (N, C) and target (N,), got {logits.type} and {target.type}",
-                             loc=builder.loc, op="cross_entropy")
-        log_probs = logits.log_softmax(1)
-        picked = gather(log_probs, 1, target.unsqueeze(1))
-        return -picked.mean()
 
 
 # ------------------------------------------------------------------ indexing
@@ -365,3 +353,287 @@ def all_reduce(x: Tensor, op: str = "mean") -> Tensor:
     tracer = _tracer("all_reduce", x)
     with tracer.at_user_line("all_reduce"):
         return tracer.emit("all_reduce", (_tensor(x, "all_reduce").id,), op=op, group="world")
+# ------------------------------------------------------------------ dropout, activations, losses
+# (op-coverage issue: bendc/ops/random.py, activation.py, loss.py)
+_RANDOM_STATE: "weakref.WeakKeyDictionary[Tracer, dict]" = weakref.WeakKeyDictionary()
+
+
+def _random_state(tracer: Tracer) -> dict:
+    """Per trace: the seed of dropout calls given none (``dropout_seed``) and the next offset."""
+    return _RANDOM_STATE.setdefault(tracer, {"seed": None, "offset": 0})
+
+
+def _check_seed(seed: Any, op: str, tracer: Tracer) -> Tensor:
+    if not isinstance(seed, Tensor):
+        raise UnsupportedError(f"seed must be a 0-d int64 array parameter of the step (a new value each step), "
+                               f"got {type(seed).__name__}", loc=tracer.builder.loc, op=op)
+    seed = tracer.value(seed, op)
+    if not seed.type.is_index or seed.shape != ():
+        raise UnsupportedError(f"seed must be a 0-d int64 (or int32) array, got {seed.type}",
+                               loc=tracer.builder.loc, op=op)
+    return seed
+
+
+def dropout_seed(seed: Tensor) -> None:
+    """The seed (a 0-d int64 array parameter of the step) of the later dropout calls of this trace
+    that are given none: torch's ``F.dropout``, ``nn.Dropout`` and ``dropout_p`` of attention."""
+    tracer = _tracer("dropout_seed", seed)
+    with tracer.at_user_line("dropout_seed"):
+        _random_state(tracer)["seed"] = _check_seed(seed, "dropout_seed", tracer)
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed: Tensor | None = None) -> Tensor:
+    """torch's dropout: each element zeroed with probability p, kept ones scaled by 1/(1-p);
+    identity for p=0 or training=False. The mask comes from Philox-4x32-10 keyed by ``seed`` (a 0-d
+    int64 array parameter of the step: same seed, same mask) at the element's index and this call's
+    offset in the trace; the backward recomputes it (bendc/ops/random.py)."""
+    tracer = _tracer("dropout", x, seed)
+    with tracer.at_user_line("dropout") as builder:
+        x = tracer.value(_tensor(x, "dropout"), "dropout")
+        p = _static_float(p, "p", "dropout", tracer)
+        if not 0.0 <= p <= 1.0:
+            raise UnsupportedError(f"dropout probability has to be between 0 and 1, but got {p}", loc=builder.loc,
+                                   op="dropout")
+        if not isinstance(training, (bool, np.bool_)):
+            raise UnsupportedError(f"training must be a Python bool, got {training!r}", loc=builder.loc,
+                                   op="dropout")
+        if not training or p == 0.0:
+            return x
+        state = _random_state(tracer)
+        if seed is None:
+            seed = state["seed"]
+            if seed is None:
+                raise UnsupportedError(f"dropout(p={p}) in training mode needs a seed: pass seed= (a 0-d int64 "
+                                       "array parameter of the step, a new value each step) or call "
+                                       "bendc.functional.dropout_seed(seed) first", loc=builder.loc, op="dropout")
+        seed = _check_seed(seed, "dropout", tracer)
+        offset = state["offset"]
+        state["offset"] += 1
+        return tracer.emit("dropout", (x.id, seed.id), p=p, offset=offset)
+
+
+def _unary_op(op: str, x: Tensor, **attrs: Any) -> Tensor:
+    tracer = _tracer(op, x)
+    with tracer.at_user_line(op):
+        x = tracer.value(_tensor(x, op), op)
+        floats = {name: f32_value(_static_float(value, name, op, tracer)) for name, value in attrs.items()}
+        return tracer.emit(op, (x.id,), **floats)
+
+
+def silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x), as torch computes it: x / (1 + exp(-x))."""
+    return _unary_op("silu", x)
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log1p(exp(beta * x)) / beta, and x where beta * x > threshold (torch's)."""
+    return _unary_op("softplus", x, beta=beta, threshold=threshold)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    """x where x > 0, else negative_slope * x (torch's; the gradient at 0 is negative_slope)."""
+    return _unary_op("leaky_relu", x, negative_slope=negative_slope)
+
+
+def elu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, else alpha * (exp(x) - 1) (torch's, with expm1)."""
+    return _unary_op("elu", x, alpha=alpha)
+
+
+def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    """x clamped to [min_val, max_val]; the gradient passes where min_val < x < max_val strictly."""
+    tracer = _tracer("hardtanh", x)
+    if _static_float(min_val, "min_val", "hardtanh", tracer) > _static_float(max_val, "max_val", "hardtanh", tracer):
+        raise UnsupportedError(f"min_val {min_val} cannot be greater than max_val {max_val}",
+                               loc=user_location(), op="hardtanh")
+    return _unary_op("hardtanh", x, min_val=min_val, max_val=max_val)
+
+
+def _no_legacy(op: str, tracer: Tracer, size_average: Any, reduce: Any) -> None:
+    if size_average is not None or reduce is not None:
+        raise UnsupportedError("size_average and reduce are deprecated in torch: use reduction=",
+                               loc=tracer.builder.loc, op=op)
+
+
+def _reduction(op: str, reduction: Any, tracer: Tracer) -> str:
+    if reduction not in ("mean", "sum", "none"):
+        raise UnsupportedError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}",
+                               loc=tracer.builder.loc, op=op)
+    return reduction
+
+
+def _static_int(value: Any, name: str, op: str, tracer: Tracer) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise UnsupportedError(f"{name} must be a Python int, got {value!r}", loc=tracer.builder.loc, op=op)
+    return int(value)
+
+
+def _class_operands(op: str, input: Tensor, target: Tensor, weight: Any, tracer: Tracer):
+    """input (N, C), an integer target (N,), weight None or (C,): validated."""
+    loc = tracer.builder.loc
+    input, target = tracer.value(input, op), tracer.value(target, op)
+    if not target.type.is_index:
+        raise UnsupportedError(f"target must hold int64/int32 class indices, got {target.type}", loc=loc, op=op)
+    if input.ndim != 2 or target.shape != input.shape[:1]:
+        raise ShapeError(f"input must be (N, C) and target (N,), got {input.type} and {target.type}", loc=loc, op=op)
+    if weight is not None:
+        weight = tracer.value(_tensor(weight, op), op)
+        if weight.shape != input.shape[1:]:
+            raise ShapeError(f"weight {weight.type} must have one value per class (C={input.shape[1]})",
+                             loc=loc, op=op)
+        if weight.requires_grad:  # torch: nll_loss is not differentiable with respect to weight
+            raise UnsupportedError("a class weight that requires grad is not supported (as in torch)", loc=loc,
+                                   op=op)
+    return input, target, weight
+
+
+def _nll(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str):
+    """torch's nll_loss over rows of (N, C) log-probabilities; also returns the rows' mask and weights."""
+    tracer = log_probs.tracer
+    valid = tracer.emit("class_valid", (target.id,), ignore_index=ignore_index)
+    safe = tracer.emit("class_safe", (target.id,), classes=log_probs.shape[1], ignore_index=ignore_index)
+    picked = gather(log_probs, 1, safe.unsqueeze(1)).reshape(target.shape[0])
+    zero = tracer.const(0.0)
+    if weight is None:
+        row_weights = tracer.emit("where", (valid.id, tracer.const(1.0).id, zero.id))
+        terms = tracer.emit("where", (valid.id, (-picked).id, zero.id))
+    else:
+        class_weights = index_select(weight, 0, safe)
+        row_weights = tracer.emit("where", (valid.id, class_weights.id, zero.id))
+        terms = tracer.emit("where", (valid.id, (-(picked * class_weights)).id, zero.id))
+    if reduction == "none":
+        loss = terms
+    elif reduction == "sum":
+        loss = terms.sum()
+    else:
+        loss = terms.sum() / row_weights.sum()  # all rows ignored: 0 / 0 = nan, as torch
+    return loss, valid, row_weights
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+             ignore_index: int = -100, reduce=None, reduction: str = "mean") -> Tensor:
+    """torch's nll_loss: -input[i, target[i]] * weight[target[i]] per row (0 where target is
+    ignore_index), summed, or averaged over the weights of the rows not ignored (nan if all are)."""
+    tracer = _tracer("nll_loss", input, target, weight)
+    with tracer.at_user_line("nll_loss"):
+        _no_legacy("nll_loss", tracer, size_average, reduce)
+        input, target, weight = _class_operands("nll_loss", input, target, weight, tracer)
+        ignore_index = _static_int(ignore_index, "ignore_index", "nll_loss", tracer)
+        return _nll(input, target, weight, ignore_index, _reduction("nll_loss", reduction, tracer))[0]
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """torch's cross_entropy with class-index targets: input (N, C), integer target (N,);
+    log_softmax then nll_loss, and with label_smoothing eps torch's (1 - eps) * nll + eps / C *
+    smooth, smooth = -sum_c (log_softmax * weight) per row (0 for ignored rows), reduced alike."""
+    tracer = _tracer("cross_entropy", input, target, weight)
+    with tracer.at_user_line("cross_entropy") as builder:
+        _no_legacy("cross_entropy", tracer, size_average, reduce)
+        input, target, weight = _class_operands("cross_entropy", input, target, weight, tracer)
+        ignore_index = _static_int(ignore_index, "ignore_index", "cross_entropy", tracer)
+        reduction = _reduction("cross_entropy", reduction, tracer)
+        smoothing = _static_float(label_smoothing, "label_smoothing", "cross_entropy", tracer)
+        if not 0.0 <= smoothing <= 1.0:
+            raise UnsupportedError(f"label_smoothing must be between 0.0 and 1.0, got {smoothing}",
+                                   loc=builder.loc, op="cross_entropy")
+        log_probs = input.log_softmax(1)
+        loss, valid, row_weights = _nll(log_probs, target, weight, ignore_index, reduction)
+        if smoothing == 0.0:
+            return loss
+        summed = (log_probs if weight is None else log_probs * weight).sum(1)
+        smooth = tracer.emit("where", (valid.id, (-summed).id, tracer.const(0.0).id))
+        if reduction == "mean":
+            smooth = smooth.sum() / row_weights.sum()
+        elif reduction == "sum":
+            smooth = smooth.sum()
+        return (1.0 - smoothing) * loss + smooth * (smoothing / input.shape[1])
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                     size_average=None, reduce=None, reduction: str = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """torch's stable formula: (1 - t) * x - log_sigmoid(x) * ((pos_weight - 1) * t + 1), times
+    weight, reduced; log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|))."""
+    op = "binary_cross_entropy_with_logits"
+    tracer = _tracer(op, input, target, weight, pos_weight)
+    with tracer.at_user_line(op) as builder:
+        _no_legacy(op, tracer, size_average, reduce)
+        reduction = _reduction(op, reduction, tracer)
+        input = tracer.value(_tensor(input, op), op)
+        target = tracer.value(target, op)
+        if target.shape != input.shape:
+            raise ShapeError(f"target size ({target.type}) must be the same as input size ({input.type})",
+                             loc=builder.loc, op=op)
+        operands = [input.id, target.id]
+        if pos_weight is not None:
+            pos_weight = tracer.value(_tensor(pos_weight, op), op)
+            if pos_weight.requires_grad:
+                raise UnsupportedError("a pos_weight that requires grad is not supported (pass it as a constant)",
+                                       loc=builder.loc, op=op)
+            operands.append(pos_weight.id)
+        loss = tracer.emit("bce_logits", tuple(operands))
+        if loss.shape != input.shape:
+            raise ShapeError(f"pos_weight {pos_weight.type} must broadcast to the input {input.type}",
+                             loc=builder.loc, op=op)
+        if weight is not None:
+            loss = loss * weight
+            if loss.shape != input.shape:
+                raise ShapeError(f"weight must broadcast to the input {input.type}", loc=builder.loc, op=op)
+        if reduction == "mean":
+            return loss.mean()
+        return loss.sum() if reduction == "sum" else loss
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """torch's normalize for p=2: x / max(||x||_2 over dim, eps)."""
+    tracer = _tracer("normalize", input)
+    with tracer.at_user_line("normalize") as builder:
+        input = tracer.value(_tensor(input, "normalize"), "normalize")
+        if _static_float(p, "p", "normalize", tracer) != 2.0:
+            raise UnsupportedError(f"normalize supports p=2 only, got p={p}", loc=builder.loc, op="normalize")
+        eps = f32_value(_static_float(eps, "eps", "normalize", tracer))
+        dim = _normalize_dim(dim, input.ndim, "normalize", builder.loc)
+        sum_of_squares = input.square().sum(dim, keepdim=True)
+        return input / tracer.emit("norm_clamp", (sum_of_squares.id,), eps=eps)
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    """torch's embedding: rows of ``weight`` (V, D) picked by an integer index of any shape; rows
+    picked by ``padding_idx`` take no gradient."""
+    tracer = _tracer("embedding", input, weight)
+    with tracer.at_user_line("embedding") as builder:
+        if not isinstance(input, Tensor):
+            raise UnsupportedError("the index must be an integer array parameter of the jitted function",
+                                   loc=builder.loc, op="embedding")
+        input, weight = tracer.value(input, "embedding"), tracer.value(_tensor(weight, "embedding"), "embedding")
+        if weight.ndim != 2:
+            raise ShapeError(f"weight must be (num_embeddings, embedding_dim), got {weight.type}", loc=builder.loc,
+                             op="embedding")
+        flat = input.reshape(-1) if input.ndim != 1 else input
+        rows = index_select(weight, 0, flat)
+        if padding_idx is not None:
+            padding_idx = _static_int(padding_idx, "padding_idx", "embedding", tracer)
+            if not -weight.shape[0] <= padding_idx < weight.shape[0]:
+                raise ShapeError(f"padding_idx {padding_idx} must be within num_embeddings {weight.shape[0]}",
+                                 loc=builder.loc, op="embedding")
+            padding_idx %= weight.shape[0]
+            rows = tracer.emit("padding_rows", (rows.id, flat.unsqueeze(1).id), padding_idx=padding_idx)
+        return rows.reshape(*input.shape, weight.shape[1]) if input.ndim != 1 else rows
+
+
+def _attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, scale: float, dropout_p: float,
+                            seed: Tensor | None) -> Tensor:
+    """torch's math attention with dropout: softmax(scale * q k^T [causal]) -> dropout -> @ v,
+    query head h reading key/value head h // (H // Hkv) (as a broadcast over head groups)."""
+    batch, heads, t, width = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    keys = k.reshape(batch, kv_heads, 1, t, width).transpose(-1, -2)
+    scores = matmul(q.reshape(batch, kv_heads, group, t, width), keys) * scale
+    if is_causal:
+        scores = q.tracer.emit("causal_fill", (scores.id,), value=-math.inf, size=t)
+    probs = dropout(scores.softmax(-1), dropout_p, True, seed)
+    out = matmul(probs, v.reshape(batch, kv_heads, 1, t, v.shape[3]))
+    return out.reshape(batch, heads, t, v.shape[3])

@@ -64,8 +64,6 @@ def _gelu(input, approximate="none"):
     return F.gelu(input, approximate=approximate)
 
 
-def _silu(input, inplace=False):
-    return input * F.sigmoid(input)
 
 
 def _softmax(input, dim=None, _stacklevel=3, dtype=None):
@@ -94,36 +92,6 @@ def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", w
     _defaults("mse_loss", {"reduction": reduction, "size_average": size_average, "reduce": reduce,
                            "weight": weight}, reduction="mean", size_average=None, reduce=None, weight=None)
     return F.mse_loss(input, target)
-
-
-def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                   reduction="mean", label_smoothing=0.0):
-    _defaults("cross_entropy", dict(weight=weight, size_average=size_average, ignore_index=ignore_index,
-                                    reduce=reduce, reduction=reduction, label_smoothing=label_smoothing),
-              weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
-              label_smoothing=0.0)
-    return F.cross_entropy(input, target)
-
-
-def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
-               sparse=False):
-    """torch's embedding: rows of ``weight`` picked by an integer index of any shape."""
-    _defaults("embedding", dict(padding_idx=padding_idx, max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq,
-                                sparse=sparse), padding_idx=None, max_norm=None, scale_grad_by_freq=False,
-              sparse=False)
-    if not isinstance(input, Tensor):
-        raise UnsupportedError("embedding: the index must be an integer array parameter of the jitted function",
-                               loc=user_location(), op="embedding")
-    flat = input.reshape(-1) if input.ndim != 1 else input
-    rows = F.index_select(weight, 0, flat)
-    return rows.reshape(*input.shape, weight.shape[-1]) if input.ndim != 1 else rows
-
-
-def _dropout(input, p=0.5, training=True, inplace=False):
-    if training and p != 0.0:
-        raise UnsupportedError(f"dropout with p={p} in training mode is not supported here; call "
-                               "module.eval() or use p=0.0", loc=user_location(), op="dropout")
-    return input
 
 
 def _binary(op: str, reflected: bool = False) -> Callable:
@@ -192,14 +160,99 @@ def _contiguous(input, memory_format=None):
     return input
 
 
-for _handler, _text in ((_silu, "`x * bendc.functional.sigmoid(x)`"),
-                        (_embedding, "`bendc.functional.index_select(weight, 0, index)`"),
-                        (_dropout, "identity (eval mode or p=0)"), (_matmul, "`a @ b` (torch.matmul)"),
+for _handler, _text in ((_matmul, "`a @ b` (torch.matmul)"),
                         (_rmatmul, "`a @ b` (torch.matmul)"), (_sum, "`Tensor.sum`"), (_mean, "`Tensor.mean`"),
                         (_rsqrt, "`1 / x.sqrt()`"), (_flatten, "`Tensor.reshape`"), (_t, "`Tensor.T`"),
                         (_contiguous, "the tensor itself"), (_div, "`a / b`"),
                         (_sdpa, "`bendc.functional.scaled_dot_product_attention`")):
     _handler.bendc = _text
+
+
+# ------------------------------------------------------------------ dropout, activations, losses
+# (op-coverage issue): torch's signatures onto bendc.functional's functions
+def _no_inplace(name: str, inplace: bool) -> None:
+    _defaults(name, {"inplace": inplace}, inplace=False)
+
+
+def _silu(input, inplace=False):
+    _no_inplace("silu", inplace)
+    return F.silu(input)
+
+
+def _softplus(input, beta=1.0, threshold=20.0):
+    return F.softplus(input, beta, threshold)
+
+
+def _leaky_relu(input, negative_slope=0.01, inplace=False):
+    _no_inplace("leaky_relu", inplace)
+    return F.leaky_relu(input, negative_slope)
+
+
+def _elu(input, alpha=1.0, inplace=False):
+    _no_inplace("elu", inplace)
+    return F.elu(input, alpha)
+
+
+def _hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    _no_inplace("hardtanh", inplace)
+    return F.hardtanh(input, min_val, max_val)
+
+
+def _dropout(input, p=0.5, training=True, inplace=False):
+    _no_inplace("dropout", inplace)
+    return F.dropout(input, p, training)
+
+
+def _torch_dropout(input, p, train):
+    return F.dropout(input, p, train)
+
+
+def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+               sparse=False):
+    _defaults("embedding", dict(max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq),
+              max_norm=None, scale_grad_by_freq=False)
+    return F.embedding(input, weight, padding_idx)  # sparse=True: the same (dense) gradient values
+
+
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                   reduction="mean", label_smoothing=0.0):
+    return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+
+
+def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    return F.nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction)
+
+
+def _bce_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                     pos_weight=None):
+    return F.binary_cross_entropy_with_logits(input, target, weight, size_average, reduce, reduction, pos_weight)
+
+
+def _normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    _defaults("normalize", {"out": out}, out=None)
+    return F.normalize(input, p, dim, eps)
+
+
+for _handler, _text in ((_silu, "`bendc.functional.silu`"), (_softplus, "`bendc.functional.softplus`"),
+                        (_leaky_relu, "`bendc.functional.leaky_relu`"), (_elu, "`bendc.functional.elu`"),
+                        (_hardtanh, "`bendc.functional.hardtanh`"),
+                        (_dropout, "`bendc.functional.dropout` (the seed of `bendc.functional.dropout_seed`)"),
+                        (_torch_dropout, "`bendc.functional.dropout` (the seed of `bendc.functional.dropout_seed`)"),
+                        (_embedding, "`bendc.functional.embedding`"),
+                        (_cross_entropy, "`bendc.functional.cross_entropy`"),
+                        (_nll_loss, "`bendc.functional.nll_loss`"),
+                        (_bce_with_logits, "`bendc.functional.binary_cross_entropy_with_logits`"),
+                        (_normalize, "`bendc.functional.normalize`")):
+    _handler.bendc = _text
+
+_RANDOM_ACTIVATIONS_LOSSES: dict[str, Callable] = {
+    **{f"torch.nn.functional.{name}": fn for name, fn in (
+        ("silu", _silu), ("softplus", _softplus), ("leaky_relu", _leaky_relu), ("elu", _elu),
+        ("hardtanh", _hardtanh), ("dropout", _dropout), ("embedding", _embedding),
+        ("cross_entropy", _cross_entropy), ("nll_loss", _nll_loss),
+        ("binary_cross_entropy_with_logits", _bce_with_logits), ("normalize", _normalize))},
+    "torch.dropout": _torch_dropout,
+}
 
 
 def _neg(input):
@@ -213,8 +266,9 @@ TORCH_FUNCTIONS: dict[str, Callable] = {
     **{f"torch.nn.functional.{name}": fn for name, fn in (
         ("linear", _linear), ("relu", _relu), ("gelu", _gelu), ("silu", _silu), ("softmax", _softmax),
         ("log_softmax", _log_softmax), ("layer_norm", _layer_norm), ("group_norm", _group_norm),
-        ("scaled_dot_product_attention", _sdpa), ("mse_loss", _mse_loss), ("cross_entropy", _cross_entropy),
-        ("embedding", _embedding), ("dropout", _dropout), ("sigmoid", F.sigmoid), ("tanh", F.tanh))},
+        ("scaled_dot_product_attention", _sdpa), ("mse_loss", _mse_loss), ("sigmoid", F.sigmoid),
+        ("tanh", F.tanh))},
+    **_RANDOM_ACTIVATIONS_LOSSES,
     **{f"torch.{name}": fn for name, fn in (
         ("matmul", _matmul), ("mm", _matmul), ("bmm", _matmul), ("add", _binary("add")), ("sub", _binary("sub")),
         ("subtract", _binary("sub")), ("mul", _binary("mul")), ("multiply", _binary("mul")), ("div", _div),

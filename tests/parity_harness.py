@@ -35,10 +35,14 @@ class _TorchF:
         return getattr(torch.nn.functional, name)
 
     @staticmethod
-    def cross_entropy(logits, target):
+    def cross_entropy(logits, target, *args, **kwargs):
         # torch's nll_loss takes int64 (or uint8) targets only; bendc also takes int32.
         # The class indices are the same, so widening here keeps the reference identical.
-        return torch.nn.functional.cross_entropy(logits, target.long())
+        return torch.nn.functional.cross_entropy(logits, target.long(), *args, **kwargs)
+
+    @staticmethod
+    def nll_loss(log_probs, target, *args, **kwargs):
+        return torch.nn.functional.nll_loss(log_probs, target.long(), *args, **kwargs)
 
     @staticmethod
     def rope(x, cos, sin):

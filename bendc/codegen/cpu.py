@@ -13,6 +13,7 @@ from bendc.codegen.fused import epilogues, member_expression, operand_reference,
 from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_domain
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
+from bendc.kernels.templates import helper_functions
 from bendc.kernels.cpu_kit import (PARALLEL_CELLS, REDUCTION_CHUNKS, chunked_loop_nest, element, loop_nest,
                                    njit_decorator, vectorizable_math)
 from bendc.ops import OPS
@@ -57,6 +58,7 @@ def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str
     header = HEADER.format(name=step.name, summary=summary, nodes=listing)
     if helpers:
         header += "\n# float32 exp, log, tanh, erf without libm calls (bendc/kernels/templates/cpu_math.py)\n" + helpers
+    header += helper_functions(body, "cpu")
     return header + "\n" + body
 
 
@@ -122,7 +124,7 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
             continue
         operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
         local[id] = f"v{number}"
-        body.append(f"v{number} = {member_expression(node, operands)}  # %{id} = {node.op}")
+        body.append(f"v{number} = {member_expression(node, operands, domain, loops)}  # %{id} = {node.op}")
     for id in step.outputs:
         if id in sums:
             continue

@@ -48,6 +48,7 @@ from bendc.ir.types import numel
 from bendc.kernels.access import Access, dense
 from bendc.kernels.cuda_kit import (FASTMATH_DECORATOR, JIT_DEFINITION, KERNEL_DECORATOR, CudaNode, Kernels, Launch, argument_list,
                                     grid_stride_launch, grid_stride_loop, kernel_source, unflatten, used, zero_kernel)
+from bendc.kernels.templates import helper_functions
 from bendc.ops import OPS
 from runtime.dtypes import NUMBA_NAMES
 
@@ -199,7 +200,7 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
                         f"  # %{id} = {node.op} (epilogue)")
             continue
         operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
-        expression = member_expression(node, operands)
+        expression = member_expression(node, operands, domain, loops)
         local[id] = f"v{number}"
         body.append(f"v{number} = {expression}  # %{id} = {node.op}")
     for id in step.outputs:
@@ -220,7 +221,7 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
         source = zero + source
         launches.insert(0, launch)
         summary += ", epilogue " + ", ".join(f"{graph.node(e).op} %{e}" for e in sums)
-    return Kernels(summary, source, launches)
+    return Kernels(summary, source, launches, prelude=helper_functions(source, "cuda"))
 
 
 # ------------------------------------------------------------------ materialized views

@@ -15,7 +15,7 @@ from bendc.ir.graph import Graph, Node
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
-__all__ = ["epilogues", "member_expression", "operand_reference", "reduction_index"]
+__all__ = ["cell_index", "epilogues", "member_expression", "operand_reference", "reduction_index"]
 
 
 def epilogues(graph: Graph, ids: list[int]) -> list[int]:
@@ -53,12 +53,27 @@ def operand_reference(graph: Graph, value: int, node: Node, local: dict[int, str
     return read(value, broadcast_index(shape, domain, loops))
 
 
-def member_expression(node: Node, operands: list[str]) -> str:
+def cell_index(node: Node, domain: tuple[int, ...], loops: list[str]) -> str:
+    """The row-major linear index of ``node``'s own element at the current cell, as an integer
+    expression over the loop indexes (a member's shape is the domain's, or it has one element)."""
+    if node.type.numel == 1:
+        return "0"
+    expression = ""
+    for size, name in zip(node.type.shape, broadcast_index(node.type.shape, domain, loops)):
+        expression = name if not expression else f"({expression} * {size} + {name})"
+    return expression
+
+
+def member_expression(node: Node, operands: list[str], domain: tuple[int, ...], loops: list[str]) -> str:
     """One fused member's value over its operands' names: expand and size-1 reshape just read
-    their operand (at the index ``operand_reference`` chose); other ops render their scalar."""
+    their operand (at the index ``operand_reference`` chose); other ops render their scalar (given
+    the element's linear index too where the op's value depends on it: Lowering.cell_index)."""
     if node.op in ("expand", "reshape"):
         return operands[0]
-    return OPS[node.op].lowering.scalar(*operands, **node.attr)
+    lowering = OPS[node.op].lowering
+    if lowering.cell_index:
+        return lowering.scalar(*operands, index=cell_index(node, domain, loops), **node.attr)
+    return lowering.scalar(*operands, **node.attr)
 
 
 def reduction_index(graph: Graph, node: Node, loops: list[str]) -> list[str]:

@@ -5,5 +5,6 @@ from bendc.ops.base import OPS, InferError, Lowering, OpDef, define_op
 
 from bendc.ops import (source, elementwise, reduce, layout, gather, matmul, optim, norm,  # noqa: E402,F401
                        attention, collective)
+from bendc.ops import random, activation, loss  # noqa: E402,F401  (dropout, activations, losses)
 
 __all__ = ["OPS", "InferError", "Lowering", "OpDef", "define_op"]

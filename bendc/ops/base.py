@@ -77,6 +77,10 @@ class Lowering:
     scalar: Callable[..., str] | None = None
     cpu: Callable[..., str] | None = None
     cuda: Callable[..., Any] | None = None
+    # An elementwise op whose value depends on the element's position (counter-based random
+    # numbers): its ``scalar`` also takes ``index``, an integer expression for the row-major linear
+    # index of the op's own result element at the cell (bendc/codegen/fused.py, ``cell_index``).
+    cell_index: bool = False
 
     @property
     def convention(self) -> str:

@@ -248,6 +248,54 @@ PROGRAMS: list[Program] = [
 MLP_KINDS = frozenset({"matmul", "row", "gather", "scatter", "reduce", "elementwise"})
 
 
+# ------------------------------------------------------------------ dropout, activations, losses (op-coverage issue)
+def dropout_chain(x, w, s):
+    y = F.dropout(x * w, 0.4, seed=s)
+    z = F.dropout(y + 1.0, 0.25, seed=s)  # a second call: another offset
+    (z * x).sum().backward()
+    return y, z, w.grad
+
+
+def activation_grads(x, w):
+    h = x * w
+    y = F.silu(h) + F.softplus(h, 2.0, 1.0) + F.leaky_relu(h, 0.1) + F.elu(h, 0.5) + F.hardtanh(h, -0.5, 0.5)
+    y.sum().backward()
+    return y, w.grad
+
+
+def class_losses(logits, target, x, y, pos_weight, index, table):
+    loss = F.cross_entropy(logits, target, ignore_index=1, label_smoothing=0.1)
+    loss = loss + F.nll_loss(F.log_softmax(logits, 1), target, reduction="sum")
+    loss = loss + F.binary_cross_entropy_with_logits(x, y, pos_weight=pos_weight)
+    loss = loss + F.normalize(x).sum() + F.embedding(index, table, padding_idx=0).sum()
+    loss.backward()
+    return loss, logits.grad, x.grad, table.grad
+
+
+def attention_dropout(q, k, v, s):
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=True, enable_gqa=True, seed=s)
+    (out * out).sum().backward()
+    return out, q.grad, v.grad
+
+
+OPS_RANDOM_PROGRAMS: list[Program] = [
+    Program("dropout_chain", dropout_chain, ("w",),
+            lambda rng: (normal(rng, 4, 6), normal(rng, 4, 6), np.array(77, np.int64)),
+            frozenset({"elementwise"}), bitwise=(0, 1, 2)),
+    Program("activation_grads", activation_grads, ("w",),
+            lambda rng: (normal(rng, 3, 5), normal(rng, 3, 5)), frozenset({"elementwise"})),
+    Program("class_losses", class_losses, ("logits", "x", "table"),
+            lambda rng: (normal(rng, 4, 3), np.array([0, 1, 2, 1]), normal(rng, 2, 3),
+                         rng.uniform(0, 1, (2, 3)).astype(np.float32), rng.uniform(0.5, 2, (3,)).astype(np.float32),
+                         np.array([[0, 2], [1, 0]]), normal(rng, 3, 2)),
+            frozenset({"elementwise", "gather", "row"})),
+    Program("attention_dropout", attention_dropout, ("q", "v"),
+            lambda rng: (normal(rng, 1, 2, 3, 2), normal(rng, 1, 1, 3, 2), normal(rng, 1, 1, 3, 2),
+                         np.array(5, np.int64)),
+            frozenset({"elementwise", "matmul", "row"})),
+]
+
+
 def mlp_tiny() -> Program:
     """examples/mlp.py at batch 4, features 8, hidden 8, classes 3 (for the simulator)."""
     fn, leaves = mlp_program()
@@ -289,7 +337,7 @@ def transformer_example() -> Program:
 def all_programs() -> list[Program]:
     """Every kind-covering program, the mlp example at tiny and at its own shapes, and the norm,
     rope and attention kernels at GPU shapes."""
-    return PROGRAMS + [mlp_tiny(), mlp_example(), transformer_example()]
+    return PROGRAMS + OPS_RANDOM_PROGRAMS + [mlp_tiny(), mlp_example(), transformer_example()]
 
 
 def plan_kinds(plan) -> set[str]:

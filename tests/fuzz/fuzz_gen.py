@@ -55,7 +55,8 @@ MIN_NORMALIZED = 8
 FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity", "nonfinite", "reduce", "rows",
             "layout", "index", "matmul", "gelu", "norm", "rope_family", "attention", "index_select",
             "gather", "cross_entropy", "mse", "sgd", "adam", "adam_traced", "split", "combine", "backward",
-            "zero_grad", "grad_read")
+            "zero_grad", "grad_read",
+            "dropout", "activation_fns", "losses")  # dropout, activations, losses (op-coverage issue)
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -79,6 +80,8 @@ class Input:
             return np.array(float(1 + self.seed % 5), dtype=np.float32)
         if self.kind == "hyper":
             return np.array(self.hyper_value(), dtype=np.float32)
+        if self.kind == "seed":
+            return np.array(self.seed, dtype=np.int64)
         return rng.uniform(-2.0, 2.0, size=self.shape).astype(np.float32)
 
     def hyper_value(self) -> float:
@@ -93,6 +96,8 @@ class Input:
             return f"np.array({float(1 + self.seed % 5)!r}, dtype=np.float32)"
         if self.kind == "hyper":
             return f"np.array({self.hyper_value()!r}, dtype=np.float32)"
+        if self.kind == "seed":
+            return f"np.array({self.seed}, dtype=np.int64)"
         return f"np.random.default_rng({self.seed}).uniform(-2.0, 2.0, size={self.shape}).astype(np.float32)"
 
 
@@ -188,7 +193,41 @@ class TorchF:
     cross_entropy = staticmethod(TF.cross_entropy)
     index_select = staticmethod(torch.index_select)
     gather = staticmethod(torch.gather)
-    scaled_dot_product_attention = staticmethod(TF.scaled_dot_product_attention)
+
+    # dropout, activations, losses (op-coverage issue). dropout draws bendc's mask (Philox words at
+    # the call's offset: one counter per program run, as bendc's trace counts its dropout calls).
+    silu = staticmethod(TF.silu)
+    softplus = staticmethod(TF.softplus)
+    leaky_relu = staticmethod(TF.leaky_relu)
+    elu = staticmethod(TF.elu)
+    hardtanh = staticmethod(TF.hardtanh)
+    nll_loss = staticmethod(TF.nll_loss)
+    binary_cross_entropy_with_logits = staticmethod(TF.binary_cross_entropy_with_logits)
+    normalize = staticmethod(TF.normalize)
+    embedding = staticmethod(TF.embedding)
+
+    def dropout(self, x, p=0.5, training=True, seed=None):
+        from bendc.ops.random import dropout_scale, dropout_words, keep_threshold
+
+        if not training or p == 0.0:
+            return x
+        offset = self.__dict__.setdefault("dropouts", 0)
+        self.__dict__["dropouts"] = offset + 1
+        keep = dropout_words(int(seed), offset, tuple(x.shape)) < np.uint64(keep_threshold(p))
+        noise = np.where(keep, np.float32(dropout_scale(p)), np.float32(0.0))
+        return x * torch.from_numpy(noise).to(x.dtype)
+
+    def scaled_dot_product_attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                     enable_gqa=False, seed=None):
+        """torch's; with dropout_p, its math path with the mask of ``dropout`` above."""
+        if dropout_p == 0.0:
+            return TF.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+        scores = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+        if is_causal:
+            t = q.shape[2]
+            scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+        return self.dropout(scores.softmax(-1), dropout_p, True, seed) @ v
 
     @staticmethod
     def rope(x, cos, sin):
@@ -383,7 +422,7 @@ class Builder:
         draw = self.draw
         if leaf is None:
             leaf = kind == "f32" and draw(st.booleans())
-        prefix = {"f32": "x", "i64": "i", "step": "s", "hyper": "h"}[kind]
+        prefix = {"f32": "x", "i64": "i", "step": "s", "hyper": "h", "seed": "r"}[kind]
         name = f"{prefix}{sum(1 for i in self.inputs if i.name[0] == prefix)}"
         item = Input(name, tuple(shape), kind, leaf, draw(st.integers(0, 2 ** 16)), high)
         self.inputs.append(item)
@@ -1054,6 +1093,118 @@ class Builder:
         self.lines.append((f"{name} = {leaf}.grad", f"{name} = _grad({leaf})"))
         self.values.append(Value(name, shape, LIMIT / 2, frozenset(), self.exact_grads))
         self.families.add("grad_read")
+        return True
+
+    # ------------------------------------------------------------- dropout, activations, losses (op-coverage issue)
+    def dropout(self) -> bool:
+        """F.dropout with a seed input; torch's side draws the same mask (TorchF.dropout)."""
+        draw = self.draw
+        seeds = [i for i in self.inputs if i.kind == "seed"]
+        s = seeds[0].name if seeds and draw(st.booleans()) else self.new_input((), "seed", False).name
+        if draw(st.integers(0, 3)) == 0:  # attention's dropout_p (the composed path)
+            q = self.new_input(draw(st.sampled_from(ATTENTION_SHAPES)))
+            b, h, t, d = q.shape
+            k = self.pick_or_new((b, 1, t, d), lambda v: v.bound <= 8)
+            causal = draw(st.booleans())
+            self.emit(f"F.scaled_dot_product_attention({q.name}, {k.name}, {k.name}, dropout_p=0.5, "
+                      f"is_causal={causal}, enable_gqa={h != 1}, seed={s})", q.shape, 2 * k.bound, (q, k), "dropout",
+                      exact=False)
+            return True
+        x = self.pick()
+        if x is None:
+            return False
+        p = draw(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]))
+        training = "" if draw(st.integers(0, 4)) else ", training=False"
+        bound = x.bound / (1.0 - p) if p < 1.0 else x.bound
+        if bound > LIMIT:
+            return False
+        self.emit(f"F.dropout({x.name}, {p!r}{training}, seed={s})", x.shape, bound, (x,), "dropout", exact=True)
+        return True
+
+    def pick_grad(self, pred=lambda v: True) -> Value | None:
+        """A value whose gradient a backward can reach, when there is one (else any)."""
+        return self.pick(lambda v: bool(v.deps) and pred(v)) or self.pick(pred)
+
+    def activation_fns(self) -> bool:
+        draw = self.draw
+        x = self.pick_grad()
+        if x is None:
+            return False
+        for form in draw(st.lists(st.sampled_from(["silu", "softplus", "leaky_relu", "elu", "hardtanh"]),
+                                  min_size=1, max_size=3, unique=True)):
+            x = self._activation(x, form)
+        return True
+
+    def _activation(self, x: Value, form: str) -> Value:
+        draw = self.draw
+        if form == "silu":
+            expr, bound, exact = f"F.silu({x.name})", x.bound + 1, False
+        elif form == "softplus":
+            beta, threshold = draw(st.sampled_from([(1.0, 20.0), (2.0, 1.0), (0.5, 2.0)]))
+            expr, bound, exact = f"F.softplus({x.name}, {beta!r}, {threshold!r})", x.bound + 2 / beta, False
+        elif form == "leaky_relu":
+            slope = draw(st.sampled_from([0.01, 0.2, 1.5]))
+            expr, bound, exact = f"F.leaky_relu({x.name}, {slope!r})", x.bound * max(1.0, slope), True
+        elif form == "elu":
+            alpha = draw(st.sampled_from([1.0, 0.5, 2.0]))
+            expr, bound, exact = f"F.elu({x.name}, {alpha!r})", max(x.bound, alpha), False
+        else:
+            low, high = draw(st.sampled_from([(-1.0, 1.0), (-0.5, 2.0), (0.0, 1.0)]))
+            expr, bound, exact = f"F.hardtanh({x.name}, {low!r}, {high!r})", 2.0, True
+        return self.emit(expr, x.shape, bound, (x,), "activation_fns", exact=exact)
+
+    def losses(self) -> bool:
+        draw = self.draw
+        form = draw(st.sampled_from(["cross_entropy", "nll_loss", "bce", "normalize", "embedding"]))
+        if form in ("cross_entropy", "nll_loss"):
+            x = self.pick_grad(lambda v: len(v.shape) == 2 and v.bound <= 50)
+            if x is None:
+                return False
+            n, c = x.shape
+            target = self.new_input((n,), "i64", False, high=c)
+            # ignoring a class only with reduction="sum" or "none": a mean over no rows is nan
+            ignore = draw(st.sampled_from([-100, 0, c - 1]))
+            reduction = draw(st.sampled_from(["mean", "sum", "none"] if ignore == -100 else ["sum", "none"]))
+            args = f"ignore_index={ignore}, reduction={reduction!r}"
+            if form == "cross_entropy":
+                args += f", label_smoothing={draw(st.sampled_from([0.0, 0.1]))!r}"
+                operand = x.name
+            else:
+                operand = f"F.log_softmax({x.name}, 1)"
+            shape = (n,) if reduction == "none" else ()
+            bound = (2 * x.bound + math.log(c) + 1) * (n if reduction == "sum" else 1)
+            self.emit(f"F.{form}({operand}, {target.name}, {args})", shape, bound, (x,), "losses", exact=False)
+            return True
+        if form == "bce":
+            x = self.pick_grad()
+            if x is None:
+                return False
+            y = self.pick_or_new(x.shape)
+            reduction = draw(st.sampled_from(["mean", "sum", "none"]))
+            shape = x.shape if reduction == "none" else ()
+            bound = (x.bound + 1) * (max(1, _numel(x.shape)) if reduction == "sum" else 1)
+            if bound > LIMIT:
+                return False
+            call = f"F.binary_cross_entropy_with_logits({x.name}, {y.name}.sigmoid(), reduction={reduction!r})"
+            self.emit(call, shape, bound, (x, y), "losses", exact=False)
+            return True
+        if form == "normalize":
+            x = self.pick_grad(lambda v: len(v.shape) >= 1)
+            if x is None:
+                return False
+            dim = draw(st.integers(-len(x.shape), len(x.shape) - 1))
+            self.emit(f"F.normalize({x.name}, dim={dim})", x.shape, 1.0, (x,), "losses", exact=False)
+            return True
+        table = self.pick_grad(lambda v: len(v.shape) == 2 and bool(v.deps))
+        if table is None or draw(st.booleans()):
+            table = self.new_input(draw(st.sampled_from([(4, 3), (3, 4)])), leaf=True)
+        rows = table.shape[0]
+        index = self.new_input(draw(st.sampled_from([(3,), (2, 2)])), "i64", False, high=rows)
+        padding = draw(st.sampled_from([None, 0, rows - 1]))
+        arg = "" if padding is None else f", padding_idx={padding}"
+        # the value moves data (bitwise); the gradient sums repeated rows in an order of its own
+        self.emit(f"F.embedding({index.name}, {table.name}{arg})", index.shape + (table.shape[1],), table.bound,
+                  (table,), "losses", exact=True, grad_exact=False)
         return True
 
 

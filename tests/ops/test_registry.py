@@ -14,6 +14,8 @@ when users can reach it.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -99,6 +101,29 @@ SAMPLES: dict[str, Sample] = {
                                    {"causal": True, "scale": 0.5, "schedule": "triangular"}),
     "attention_vjp": Sample((T("f32[1,2,6]"), T("f32[1,2,3,4]")),
                             {"causal": True, "heads": 1, "schedule": "auto", "wrt": "k"}),
+    # dropout, activations, losses (op-coverage issue)
+    "dropout": Sample((T("f32[2,3]"), T("i64[]")), {"p": 0.5, "offset": 1}, index_limit=1000),
+    "causal_fill": Sample((T("f32[2,3,3]"),), {"value": -5.0, "size": 3}),
+    "silu": Sample((T("f32[2,3]"),)),
+    "silu_vjp": Sample((T("f32[2,3]"), T("f32[2,3]"))),
+    "softplus": Sample((T("f32[2,3]"),), {"beta": 2.0, "threshold": 1.0}),
+    "softplus_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"beta": 2.0, "threshold": 1.0}),
+    "leaky_relu": Sample((T("f32[2,3]"),), {"negative_slope": 0.1}),
+    "leaky_relu_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"negative_slope": 0.1}),
+    "elu": Sample((T("f32[2,3]"),), {"alpha": 1.5}),
+    "elu_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"alpha": 1.5}),
+    "hardtanh": Sample((T("f32[2,3]"),), {"min_val": -1.0, "max_val": 1.5}),
+    "hardtanh_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"min_val": -1.0, "max_val": 1.5}),
+    "class_valid": Sample((T("i64[4]"),), {"ignore_index": 1}, index_limit=3),
+    "class_safe": Sample((T("i64[4]"),), {"classes": 3, "ignore_index": 1}, index_limit=3),
+    "bce_logits": Sample((T("f32[2,3]"), T("f32[2,3]"))),  # pos_weight takes no gradient (as torch)
+    "bce_logits_vjp": Sample((T("f32[2,3]"), T("f32[2,3]"), T("f32[3]")), {"wrt": "target"}),
+    # padding_idx outside the drawn indices: by design (torch's) a padding row's gradient is 0, not
+    # the derivative of the identity it is (tests/ops/test_ops_activations.py checks that branch)
+    "padding_rows": Sample((T("f32[4,3]"), T("i64[4,1]")), {"padding_idx": 3}, index_limit=3),
+    "zero_padding": Sample((T("f32[4,3]"), T("i64[4,1]")), {"padding_idx": 1}, index_limit=3),
+    "norm_clamp": Sample((T("f32[2,3]"),), {"eps": 0.9}, positive=(0,)),
+    "norm_clamp_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"eps": 0.9}, positive=(1,)),
 }
 
 
@@ -200,12 +225,22 @@ def _scalar_args(name: str, sample: Sample) -> list[str]:
     return [f"v{position}" for position in range(len(sample.types))]
 
 
+@functools.lru_cache(maxsize=1)
+def _helper_scope() -> dict[str, Any]:
+    """The helper functions generated kernels may call (bendc/kernels/templates), for eval."""
+    from bendc.kernels.templates import HELPERS
+
+    return {name: getattr(importlib.import_module(f"bendc.kernels.templates.{file[:-3]}"), name)
+            for name, file in HELPERS.items()}
+
+
 @pytest.mark.parametrize("name", [n for n in op_names() if OPS[n].lowering.scalar is not None
                                   or OPS[n].lowering.kind == "elementwise"])
 def test_scalar_renderer_returns_an_expression_that_matches_the_reference(name):
     opdef, sample = OPS[name], SAMPLES[name]
     names = _scalar_args(name, sample)
-    expression = opdef.lowering.scalar(*names, **sample.attrs)
+    extra = {"index": "cell_index"} if opdef.lowering.cell_index else {}
+    expression = opdef.lowering.scalar(*names, **extra, **sample.attrs)
     assert isinstance(expression, str) and expression.strip(), f"{name}: renderer returned {expression!r}"
     for operand in names:
         assert operand in expression, f"{name}: {expression!r} does not use {operand}"
@@ -214,8 +249,11 @@ def test_scalar_renderer_returns_an_expression_that_matches_the_reference(name):
         expected = np.asarray(opdef.reference(values, dict(sample.attrs)))
     shape = expected.shape
     broadcast = [np.broadcast_to(v, shape) for v in values]
+    helpers = _helper_scope()
     for position in np.ndindex(*shape):
-        scope = {"math": math, "np": np, **{n: v[position] for n, v in zip(names, broadcast)}}
+        scope = {"math": math, "np": np, **helpers, **{n: v[position] for n, v in zip(names, broadcast)}}
+        if extra:
+            scope["cell_index"] = int(np.ravel_multi_index(position, shape)) if shape else 0
         try:
             got = eval(expression, scope)  # noqa: S307 (our own renderer's output)
         except NameError as error:  # a helper codegen provides (e.g. gelu_vjp_none)
@@ -408,6 +446,23 @@ def all_reduce(x, w):
 
 
 COVERAGE_PROGRAMS["all_reduce"] = (all_reduce, ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1)))
+# dropout, activations, losses (op-coverage issue)
+def activations_losses(x, w, target, logits, seed, index, table):
+    h = F.dropout(x * w, 0.25, seed=seed)
+    h = F.silu(h) + F.softplus(h, 2.0, 1.0) + F.leaky_relu(h, 0.1) + F.elu(h) + F.hardtanh(h, -0.5, 0.5)
+    loss = F.cross_entropy(logits * w, target, ignore_index=1, label_smoothing=0.1) + h.sum()
+    loss = loss + F.binary_cross_entropy_with_logits(x * w, x.sigmoid(), pos_weight=x[0]) + F.normalize(x * w).sum()
+    loss = loss + F.nll_loss(logits * w, target) + F.embedding(index, table, padding_idx=0).sum()
+    loss = loss + F.scaled_dot_product_attention((x * w).reshape(1, 1, 2, 3), x.reshape(1, 1, 2, 3),
+                                                 x.reshape(1, 1, 2, 3), dropout_p=0.5, is_causal=True,
+                                                 seed=seed).sum()
+    loss.backward()
+    return loss, w.grad, table.grad
+
+
+COVERAGE_PROGRAMS["activations_losses"] = (activations_losses, ("w", "table"), lambda: (
+    _rng((2, 3), 0), _rng((2, 3), 1), np.array([0, 1]), _rng((2, 3), 2), np.array(7, np.int64),
+    np.array([[0, 2], [1, 0]]), _rng((3, 4), 3)))
 
 
 def _method_program(method: str):
