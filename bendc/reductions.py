@@ -9,8 +9,7 @@ with PyTorch's names, signatures and semantics.
 - ``var`` / ``std`` (dim, ``correction`` or the legacy ``unbiased``, keepdim): composed, as the
   two-pass formula sum((x - mean)^2) / max(0, n - correction); torch's Welford moments agree
   within float32 rounding.
-- ``logsumexp(dim, keepdim)``: torch's stable formula, composed: m = amax(x, dim) with infinite
-  maxima replaced by 0, then log(sum(exp(x - m))) + m.
+- ``logsumexp(dim, keepdim)``: the op (bendc/ops/extrema.py), torch's stable formula and gradient.
 - ``cumsum(dim)``: the scan op (bendc/ops/scan.py).
 
 :class:`ReductionMethods` is a base class of :class:`bendc.trace.Tensor`; this module imports no
@@ -72,7 +71,12 @@ class ReductionMethods:
             x = self.reshape(1) if self.ndim == 0 else self
             index = x.tracer.emit("argmax" if largest else "argmin", (x.id,), dim=axis, keepdim=True)
             values = x.tracer.emit("gather", (x.id, index.id), dim=axis)
-            shape = self.shape if (keepdim or self.ndim == 0) else self.shape[:axis] + self.shape[axis + 1:]
+            if self.ndim == 0:
+                shape = ()
+            elif keepdim:
+                shape = self.shape[:axis] + (1,) + self.shape[axis + 1:]
+            else:
+                shape = self.shape[:axis] + self.shape[axis + 1:]
             return ValuesIndices(values.reshape(shape), index.reshape(shape))
 
     def max(self, dim: Any = None, keepdim: Any = False):
@@ -156,14 +160,7 @@ class ReductionMethods:
         with self.tracer.at_user_line("logsumexp") as builder:
             keepdim = _static_bool(keepdim, "keepdim", "logsumexp", builder.loc)
             dims = self._dims(dim, "logsumexp", builder.loc)
-            tracer = self.tracer
-            maxima = tracer.emit("amax", (self.id,), dims=dims, keepdim=True)
-            zero, infinity, negative = tracer.const(0.0), tracer.const(math.inf), tracer.const(-math.inf)
-            finite = tracer.emit("where", (tracer.emit("le", (infinity.id, maxima.id)).id, zero.id, maxima.id))
-            shift = tracer.emit("where", (tracer.emit("le", (finite.id, negative.id)).id, zero.id, finite.id))
-            total = (self - shift).exp().sum(dims, keepdim=keepdim)
-            kept = shift if keepdim else shift.reshape(tuple(d for a, d in enumerate(self.shape) if a not in dims))
-            return total.log() + kept
+            return self.tracer.emit("logsumexp", (self.id,), dims=dims, keepdim=keepdim)
 
     def cumsum(self, dim: Any, *, dtype: Any = None):
         """torch.cumsum: prefix sums along ``dim`` (accumulated in float64, as torch's CPU kernel)."""
@@ -180,11 +177,8 @@ class ReductionMethods:
 def _function(name: str):
     def function(input: Any, *args: Any, **kwargs: Any):
         if not isinstance(input, ReductionMethods):
-            from bendc.trace import active_tracer
-
-            tracer = active_tracer(name)
             raise UnsupportedError(f"{name} expects a traced tensor, got {type(input).__name__}",
-                                   loc=tracer.builder.loc or user_location(), op=name)
+                                   loc=user_location(), op=name)
         return getattr(input, name)(*args, **kwargs)
 
     function.__name__ = function.__qualname__ = name

@@ -1,5 +1,5 @@
-"""Extrema: amax / amin over dims, the full max() / min(), argmax / argmin along a dim, and the
-``extremum_mask`` their VJP rules use. PyTorch's names and semantics:
+"""Line reductions other than sums: amax / amin over dims, the full max() / min(), argmax / argmin
+along a dim, the ``extremum_mask`` their VJP rules use, and logsumexp. PyTorch's names and semantics:
 
 - NaN propagates: a line holding a NaN has the NaN as its extremum, and argmax / argmin give the
   index of its first NaN (as torch's CPU kernels do).
@@ -10,6 +10,10 @@
   NaNs included (``evenly_distribute_backward``). ``x.max(dim)`` is no op of its own: the front-end
   gathers x at ``argmax(x, dim)``, so its gradient goes to the chosen element by gather's VJP, as
   torch's ``value_selecting_reduction_backward`` scatters it.
+
+- logsumexp: torch's stable formula, m = amax(x, dims) with infinite maxima replaced by 0, then
+  log(sum(exp(x - m))) + m (the sum of exponentials accumulated in float64, rounded once); its
+  gradient is torch's logsumexp_backward, ``g * exp(x - result)``.
 
 The ops are not sums, so they declare no ``reduced_axes`` (fusion takes only sums as epilogues).
 Every kernel reads its operand as a matrix of lines (the kept axes) by reduced elements (the
@@ -297,4 +301,90 @@ define_op(
     attr_names=("nan_equal",),
     doc="`%2 = extremum_mask[nan_equal=False] %x, %m : bool[..]`: x == m (and both NaN when nan_equal), "
         "the ties of an extremum.",
+)
+
+
+# ------------------------------------------------------------------ logsumexp
+def _infer_logsumexp(types, attrs):
+    return _infer_amax("logsumexp")(types, attrs)
+
+
+def _reference_logsumexp(values, attrs):
+    (x,) = values
+    x = np.asarray(x, dtype=np.float32)
+    dims = tuple(attrs["dims"])
+    lines = _lines(x, dims)
+    shift, _ = line_extrema(lines, largest=True)
+    shift = np.where(np.isinf(shift), np.float32(0.0), shift).astype(np.float32)
+    with np.errstate(all="ignore"):
+        exps = np.exp(lines - shift[:, None]).astype(np.float32)
+        total = np.sum(exps.astype(np.float64), axis=1).astype(np.float32)
+        out = (np.log(total).astype(np.float32) + shift).astype(np.float32)
+    return np.array(out.reshape(_reduced_shape(x.shape, dims, attrs["keepdim"])), order="C")
+
+
+def vjp_logsumexp(b, node, grad, needs):
+    """d logsumexp(a, dims) = g * exp(a - result), g and result with the reduced dims restored:
+    PyTorch's logsumexp_backward."""
+    x = node.inputs[0]
+    shape, dims, keepdim = b.shape(x), tuple(node.attr["dims"]), node.attr["keepdim"]
+    result = _restored(b, node.id, shape, dims, keepdim)
+    return (b.mul(_restored(b, grad, shape, dims, keepdim), b.exp(b.sub(x, result))),)
+
+
+def _cpu_logsumexp(attrs, ins, out):
+    shape = ins[0].shape
+    dims = tuple(attrs["dims"])
+    parallel = ins[0].numel >= PARALLEL_CELLS and out.numel > 1
+    loop = "prange" if parallel else "range"
+    return (f"{njit_decorator(parallel)}\n"
+            "def _lines(x, out):\n"
+            f"    for r in {loop}(x.shape[0]):\n"
+            "        m = x[r, 0]\n"
+            "        for c in range(1, x.shape[1]):\n"
+            "            v = x[r, c]\n"
+            "            if v > m or v != v:\n"
+            "                m = v\n"
+            "        if m == np.float32(np.inf) or m == np.float32(-np.inf):\n"
+            "            m = np.float32(0.0)\n"
+            "        total = np.float64(0.0)\n"
+            "        for c in range(x.shape[1]):\n"
+            "            total += np.float64(math.exp(x[r, c] - m))\n"
+            "        out[r] = math.log(np.float32(total)) + m\n\n\n") + _cpu_lines_call(shape, dims)
+
+
+def _cuda_logsumexp(op):
+    """A thread per output element: the line's maximum, then the float64 sum of exp(x - max)."""
+    shape = op.shapes[0]
+    axes = set(op.attrs["dims"])
+    kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(shape))
+    reduced_shape = tuple(size if axis in axes else 1 for axis, size in enumerate(shape))
+    outputs, reduced = numel(kept_shape), numel(reduced_shape)
+    kept_split, kept = kit.unflatten("o", kept_shape, "k")
+    reduced_split, moved = kit.unflatten("q", reduced_shape, "s")
+    index = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, moved))]
+    read = op.read(0, index)
+    body = (kept_split + ["q = 0"] + reduced_split + [f"m = {read}", f"for q in range(1, {reduced}):"]
+            + ["    " + line for line in reduced_split]
+            + [f"    v = {read}", "    if v > m or v != v:", "        m = v",
+               "if m == np.float32(math.inf) or m == np.float32(-math.inf):", "    m = np.float32(0.0)",
+               "total = np.float64(0.0)", f"for q in range({reduced}):"]
+            + ["    " + line for line in reduced_split]
+            + [f"    total += np.float64(math.exp({read} - m))", "out0[o] = math.log(np.float32(total)) + m"])
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
+                               "One thread per output element: its line's maximum, then the sum of exponentials.")
+    what = f"logsumexp of [{','.join(map(str, shape))}] over axes {tuple(sorted(axes))}"
+    return kit.Kernels(f"{what}: a thread per output element", source, [kit.grid_stride_launch("kernel", outputs)])
+
+
+define_op(
+    name="logsumexp",
+    arity=1,
+    infer=_infer_logsumexp,
+    reference=_reference_logsumexp,
+    lowering=Lowering("reduce", cpu=_cpu_logsumexp, cuda=_cuda_logsumexp),
+    vjp=vjp_logsumexp,
+    attr_names=("dims", "keepdim"),
+    doc="`%1 = logsumexp[dims=(1,), keepdim=False] %0`: log(sum(exp(x - m))) + m, m the maximum "
+        "(0 where it is infinite), torch.logsumexp.",
 )

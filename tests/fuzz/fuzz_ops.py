@@ -112,6 +112,21 @@ OP_TABLE: dict[str, OpEntry] = {
                                  ("adam_traced",)),
     "bias_correction": OpEntry(D, "bendc.optim.adam(..., betas=(<0-d array parameter>, 0.999))",
                                "1 - beta ** step", ("adam_traced",)),
+    # ---------------------------------------------------------------- reductions beyond sum (bendc/reductions.py)
+    "amax": OpEntry(D, "x.amax(dim=int|tuple|(), keepdim), F.amax", "torch.amax", ("extrema",)),
+    "amin": OpEntry(D, "x.amin(dim=int|tuple|(), keepdim), F.amin", "torch.amin", ("extrema",)),
+    "max": OpEntry(D, "x.max() (0-d), F.max(x)", "torch.max", ("extrema",)),
+    "min": OpEntry(D, "x.min() (0-d), F.min(x)", "torch.min", ("extrema",)),
+    "argmax": OpEntry(D, "x.argmax(dim=None|int, keepdim), x.max(dim) (its indices; values gathered there)",
+                      "torch.argmax / torch.max(x, dim)", ("extrema",)),
+    "argmin": OpEntry(D, "x.argmin(dim=None|int, keepdim), x.min(dim)", "torch.argmin / torch.min(x, dim)",
+                      ("extrema",)),
+    "extremum_mask": OpEntry(I, "backward of amax/amin/max()/min() (the ties)", "autograd of amax / max",
+                             ("extrema",)),
+    "logsumexp": OpEntry(D, "x.logsumexp(dim=int|tuple, keepdim), F.logsumexp", "torch.logsumexp", ("moments",)),
+    "cumsum": OpEntry(D, "x.cumsum(dim), F.cumsum; its backward is cumsum[reverse=True]", "torch.cumsum",
+                      ("moments",)),
+    # ---- end of reductions beyond sum
 }
 
 

@@ -98,6 +98,16 @@ SAMPLES: dict[str, Sample] = {
                                    {"causal": True, "scale": 0.5, "schedule": "triangular"}),
     "attention_vjp": Sample((T("f32[1,2,6]"), T("f32[1,2,3,4]")),
                             {"causal": True, "heads": 1, "schedule": "auto", "wrt": "k"}),
+    # ---- reductions beyond sum (bendc/ops/extrema.py, bendc/ops/scan.py)
+    "amax": Sample((T("f32[2,3,4]"),), {"dims": (0, 2), "keepdim": False}),
+    "amin": Sample((T("f32[2,3,4]"),), {"dims": (1,), "keepdim": True}),
+    "max": Sample((T("f32[2,3]"),)),
+    "min": Sample((T("f32[3,2]"),)),
+    "argmax": Sample((T("f32[2,3,4]"),), {"dim": 1, "keepdim": False}),
+    "argmin": Sample((T("f32[2,3]"),), {"dim": 0, "keepdim": True}),
+    "extremum_mask": Sample((T("f32[2,3]"), T("f32[2,1]")), {"nan_equal": True}),
+    "cumsum": Sample((T("f32[2,3,4]"),), {"dim": 1, "reverse": False}),
+    "logsumexp": Sample((T("f32[2,3,4]"),), {"dims": (0, 2), "keepdim": True}),
 }
 
 
@@ -397,6 +407,21 @@ if hasattr(F, "scaled_dot_product_attention"):
 
     COVERAGE_PROGRAMS["attention"] = (attention, ("w",), lambda: (
         _rng((1, 2, 3, 4), 0), _rng((1, 1, 3, 4), 1), _rng((1, 1, 3, 4), 2), _rng((1, 2, 3, 4), 3)))
+
+
+# ---- reductions beyond sum (bendc/reductions.py)
+def reductions(x, w):
+    y = x * w
+    values, indices = y.max(dim=1)
+    low = F.min(y, 0, keepdim=True).values
+    spread = y.amax(dim=(0, 1)) - y.amin(1, keepdim=True).sum() + y.max() - y.min()
+    moments = y.var(1, correction=0).sum() + y.std(dim=0).sum() + F.logsumexp(y, 1).sum()
+    loss = values.sum() + low.sum() + spread + moments + (y.cumsum(1) * x).sum()
+    loss.backward()
+    return loss, w.grad, indices, y.argmax(), F.argmin(y, 1)
+
+
+COVERAGE_PROGRAMS["reductions"] = (reductions, ("w",), lambda: (_rng((3, 4), 0), _rng((3, 4), 1)))
 
 
 def _method_program(method: str):
