@@ -18,7 +18,9 @@ along a dim, the ``extremum_mask`` their VJP rules use, and logsumexp. PyTorch's
 The ops are not sums, so they declare no ``reduced_axes`` (fusion takes only sums as epilogues).
 Every kernel reads its operand as a matrix of lines (the kept axes) by reduced elements (the
 reduced axes, row-major), one output element per line: on the CPU a numba loop over lines,
-``prange`` when the operand is large; on cuda a thread per output element in a grid-stride loop.
+``prange`` when the operand is large; on cuda a thread per output element in a grid-stride loop,
+or for extrema over lines of TREE_MIN_EXTENT or more elements a block per output element (a
+shared-memory tree of (value, index) pairs; logsumexp keeps a thread per output element).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
 from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, normalize_dims, require_float
+from bendc.ops.reduce import TREE_MIN_EXTENT
 
 
 def keepdim_shape(shape: tuple[int, ...], dims) -> tuple[int, ...]:
@@ -205,28 +208,63 @@ def _cpu_extremum(largest: bool, want_index: bool):
 
 
 # ------------------------------------------------------------------ cuda kernels
+def _line_indexing(op, shape, axes):
+    """(outputs, reduced, statements splitting ``o``, statements splitting ``q``, the element read)."""
+    kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(shape))
+    reduced_shape = tuple(size if axis in axes else 1 for axis, size in enumerate(shape))
+    kept_split, kept = kit.unflatten("o", kept_shape, "k")
+    reduced_split, moved = kit.unflatten("q", reduced_shape, "s")
+    index = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, moved))]
+    return numel(kept_shape), numel(reduced_shape), kept_split, reduced_split, op.read(0, index)
+
+
 def _cuda_extremum(largest: bool, want_index: bool):
-    """A thread per output element: its line's kept indices, then the reduced elements in order."""
+    """A thread per output element scanning its line in order; a line of TREE_MIN_EXTENT or more
+    elements gets a block: each thread scans every BLOCK-th element, then a shared-memory tree of
+    (value, index) pairs keeps the first NaN, else the extremum of lowest index."""
     def render(op):
         shape = op.shapes[0]
         axes = set(extremum_axes(shape, op.attrs))
-        kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(shape))
-        reduced_shape = tuple(size if axis in axes else 1 for axis, size in enumerate(shape))
-        outputs, reduced = numel(kept_shape), numel(reduced_shape)
-        kept_split, kept = kit.unflatten("o", kept_shape, "k")
-        reduced_split, moved = kit.unflatten("q", reduced_shape, "s")
-        index = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, moved))]
-        first = ["q = 0"] + reduced_split + [f"best = {op.read(0, index)}", "at = 0"]
+        outputs, reduced, kept_split, reduced_split, read = _line_indexing(op, shape, axes)
         better = "v > best" if largest else "v < best"
-        body = (kept_split + first + [f"for q in range(1, {reduced}):", "    if best != best:", "        break"]
-                + ["    " + line for line in reduced_split]
-                + [f"    v = {op.read(0, index)}", f"    if {better} or v != v:", "        best = v",
-                   "        at = q", f"out0[o] = {'at' if want_index else 'best'}"])
+        result = "at" if want_index else "best"
         what = f"{op.node.op} of [{','.join(map(str, shape))}] over axes {tuple(sorted(axes))}"
-        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
-                                   "One thread per output element, scanning its line in order.")
-        return kit.Kernels(f"{what}: a thread per output element", source,
-                           [kit.grid_stride_launch("kernel", outputs)])
+        if reduced < TREE_MIN_EXTENT:
+            body = (kept_split + ["q = 0"] + reduced_split + [f"best = {read}", "at = 0"]
+                    + [f"for q in range(1, {reduced}):", "    if best != best:", "        break"]
+                    + ["    " + line for line in reduced_split]
+                    + [f"    v = {read}", f"    if {better} or v != v:", "        best = v", "        at = q",
+                       f"out0[o] = {result}"])
+            source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
+                                       "One thread per output element, scanning its line in order.")
+            return kit.Kernels(f"{what}: a thread per output element", source,
+                               [kit.grid_stride_launch("kernel", outputs)])
+        block = kit.tree_block(reduced)
+        wins = "ob > mb" if largest else "ob < mb"
+        inner = (kept_split + ["best = np.float32(0.0)", "at = -1  # no element yet", "q = t",
+                               f"while q < {reduced}:"]
+                 + ["    " + line for line in reduced_split]
+                 + [f"    v = {read}", f"    if at < 0 or (best == best and ({better} or v != v)):",
+                    "        best = v", "        at = q", "    q += BLOCK",
+                    "partial[t] = best", "where[t] = at", "cuda.syncthreads()", "half = BLOCK // 2",
+                    "while half > 0:", "    if t < half:",
+                    "        ob, oi, mb, mi = partial[t + half], where[t + half], partial[t], where[t]",
+                    "        take = False", "        if oi >= 0:", "            if mi < 0:", "                take = True",
+                    "            elif mb != mb:", "                take = ob != ob and oi < mi",
+                    "            elif ob != ob:", "                take = True",
+                    f"            elif {wins} or (ob == mb and oi < mi):", "                take = True",
+                    "        if take:", "            partial[t] = ob", "            where[t] = oi",
+                    "    cuda.syncthreads()", "    half //= 2",
+                    "if t == 0:", f"    out0[o] = {'where' if want_index else 'partial'}[0]",
+                    "cuda.syncthreads()  # the shared arrays are reused"])
+        body = ([f"partial = cuda.shared.array({block}, numba.float32)",
+                 f"where = cuda.shared.array({block}, numba.int64)", "t = cuda.threadIdx.x",
+                 "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
+                + ["    o += cuda.gridDim.x"])
+        source = f"\nBLOCK = {block}\n" + kit.kernel_source(
+            "kernel", op.arguments, body, "One block per output element: a shared-memory tree of (value, index).")
+        launch = kit.block_per_row_launch("kernel", outputs, block, 12 * block)
+        return kit.Kernels(f"{what}: a block per output element", source, [launch])
 
     return render
 
@@ -357,13 +395,7 @@ def _cuda_logsumexp(op):
     """A thread per output element: the line's maximum, then the float64 sum of exp(x - max)."""
     shape = op.shapes[0]
     axes = set(op.attrs["dims"])
-    kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(shape))
-    reduced_shape = tuple(size if axis in axes else 1 for axis, size in enumerate(shape))
-    outputs, reduced = numel(kept_shape), numel(reduced_shape)
-    kept_split, kept = kit.unflatten("o", kept_shape, "k")
-    reduced_split, moved = kit.unflatten("q", reduced_shape, "s")
-    index = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, moved))]
-    read = op.read(0, index)
+    outputs, reduced, kept_split, reduced_split, read = _line_indexing(op, shape, axes)
     body = (kept_split + ["q = 0"] + reduced_split + [f"m = {read}", f"for q in range(1, {reduced}):"]
             + ["    " + line for line in reduced_split]
             + [f"    v = {read}", "    if v > m or v != v:", "        m = v",

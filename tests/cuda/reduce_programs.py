@@ -24,6 +24,20 @@ def ties_and_nans(x):
     return values, indices, x.amin(1), x.argmin(1), x.max(), x.argmax(0, keepdim=True)
 
 
+def long_lines(x):
+    """Lines of TREE_MIN_EXTENT or more elements: a block per output element and a (value, index) tree."""
+    values, indices = x.max(1)
+    return values, indices, x.amin(1), x.argmin(1), x.max(), x.argmax(), x.amax(0, keepdim=True)
+
+
+def _long_lines_inputs(rng: np.random.Generator) -> tuple:
+    x = rng.integers(-2, 3, size=(3, 70)).astype(np.float32)  # ties in every line
+    x[0, 40] = x[0, 10] = np.nan  # the first NaN (10) is the extremum and the index
+    x[2, 69] = 9.0
+    x[1, 3] = -9.0
+    return (x,)
+
+
 def moments(x, w):
     y = x * w
     loss = (y.var(1) + y.std(0, correction=0).sum() + y.logsumexp(1) + y.logsumexp((0, 1))).sum() \
@@ -44,6 +58,8 @@ PROGRAMS: list[Program] = [
     Program("extrema", extrema, ("w",), lambda rng: (normal(rng, 2, 3, 4), normal(rng, 2, 3, 4)),
             frozenset({"reduce", "gather", "scatter", "elementwise"}), bitwise=(2, 3, 4, 5)),
     Program("ties_and_nans", ties_and_nans, (), _ties_and_nans_inputs, frozenset({"reduce", "gather"}),
+            bitwise=(1, 3, 5)),
+    Program("long_lines", long_lines, (), _long_lines_inputs, frozenset({"reduce", "gather"}),
             bitwise=(1, 3, 5)),
     Program("moments", moments, ("w",), lambda rng: (normal(rng, 3, 5), normal(rng, 3, 5)),
             frozenset({"reduce", "row", "elementwise"})),

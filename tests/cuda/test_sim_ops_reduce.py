@@ -31,13 +31,17 @@ def test_program_matches_reference(program, cache_dir: str) -> None:
     check_program(program, cache_dir)
 
 
-def test_ties_and_nans_match_torch(cache_dir: str) -> None:
-    (program,) = [p for p in PROGRAMS if p.name == "ties_and_nans"]
+@pytest.mark.parametrize("name", ["ties_and_nans", "long_lines"])
+def test_ties_and_nans_match_torch(name: str, cache_dir: str) -> None:
+    (program,) = [p for p in PROGRAMS if p.name == name]
     (x,) = program.make_inputs(np.random.default_rng(0))
     got = [host(v) for v in jitted(program, "cuda", cache_dir)(x)]
     t = torch.from_numpy(x)
     values, indices = t.max(1)
-    want = [values, indices, t.amin(1), t.argmin(1), t.max(), t.argmax(0, keepdim=True)]
+    if name == "ties_and_nans":
+        want = [values, indices, t.amin(1), t.argmin(1), t.max(), t.argmax(0, keepdim=True)]
+    else:
+        want = [values, indices, t.amin(1), t.argmin(1), t.max(), t.argmax(), t.amax(0, keepdim=True)]
     for position, (mine, theirs) in enumerate(zip(got, want)):
         theirs = theirs.numpy()
         if theirs.dtype == np.int64:
