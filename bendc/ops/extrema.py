@@ -18,7 +18,8 @@ along a dim, the ``extremum_mask`` their VJP rules use, and logsumexp. PyTorch's
 The ops are not sums, so they declare no ``reduced_axes`` (fusion takes only sums as epilogues).
 Every kernel reads its operand as a matrix of lines (the kept axes) by reduced elements (the
 reduced axes, row-major), one output element per line: on the CPU a numba loop over lines,
-``prange`` when the operand is large; on cuda a thread per output element in a grid-stride loop,
+``prange`` when the operand is large (a large operand of few lines: chunks of each line in
+parallel, combined in order); on cuda a thread per output element in a grid-stride loop,
 or for extrema over lines of TREE_MIN_EXTENT or more elements a block per output element (a
 shared-memory tree of (value, index) pairs; logsumexp keeps a thread per output element).
 """
@@ -28,7 +29,7 @@ import numpy as np
 
 from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, REDUCTION_CHUNKS, njit_decorator
 from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, normalize_dims, require_float
 from bendc.ops.reduce import TREE_MIN_EXTENT
 
@@ -197,12 +198,51 @@ def _cpu_lines_call(shape: tuple[int, ...], axes: tuple[int, ...]) -> str:
             f"    _lines({lines}, out0.reshape(out0.size))\n")
 
 
+def _scan_chunks(largest: bool, want_index: bool) -> str:
+    """A large operand of few lines: each line split into REDUCTION_CHUNKS parts scanned in parallel,
+    the parts' (value, index) then combined in order (the same first NaN, first extremum)."""
+    better = "v > best" if largest else "v < best"
+    return (f"{njit_decorator(True)}\n"
+            "def _lines(x, out):\n"
+            "    lines, n = x.shape\n"
+            f"    chunks = min({REDUCTION_CHUNKS}, n)\n"
+            "    values = np.empty((lines, chunks), x.dtype)\n"
+            "    indices = np.empty((lines, chunks), np.int64)\n"
+            "    for job in prange(lines * chunks):\n"
+            "        r, k = job // chunks, job % chunks\n"
+            "        start, stop = k * n // chunks, (k + 1) * n // chunks\n"
+            "        best = x[r, start]\n"
+            "        at = start\n"
+            "        for c in range(start + 1, stop):\n"
+            "            if best != best:\n"
+            "                break\n"
+            "            v = x[r, c]\n"
+            f"            if {better} or v != v:\n"
+            "                best = v\n"
+            "                at = c\n"
+            "        values[r, k] = best\n"
+            "        indices[r, k] = at\n"
+            "    for r in range(lines):\n"
+            "        best = values[r, 0]\n"
+            "        at = indices[r, 0]\n"
+            "        for k in range(1, chunks):\n"
+            "            if best != best:\n"
+            "                break\n"
+            "            v = values[r, k]\n"
+            f"            if {better} or v != v:\n"
+            "                best = v\n"
+            "                at = indices[r, k]\n"
+            f"        out[r] = {'at' if want_index else 'best'}\n\n\n")
+
+
 def _cpu_extremum(largest: bool, want_index: bool):
     def render(attrs, ins, out):
         shape = ins[0].shape
         axes = extremum_axes(shape, attrs)
-        parallel = ins[0].numel >= PARALLEL_CELLS and out.numel > 1
-        return _scan_lines(largest, want_index, parallel) + _cpu_lines_call(shape, axes)
+        large = ins[0].numel >= PARALLEL_CELLS
+        if large and out.numel < REDUCTION_CHUNKS:
+            return _scan_chunks(largest, want_index) + _cpu_lines_call(shape, axes)
+        return _scan_lines(largest, want_index, large) + _cpu_lines_call(shape, axes)
 
     return render
 

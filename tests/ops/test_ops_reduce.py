@@ -138,6 +138,34 @@ def test_argmax_argmin(op, dim, keepdim, data):
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_named_tuple_is_returned_as_torch_returns_it():
+    x = ties((3, 4), 32)
+    result = _jit(lambda x: x.max(1))(x)
+    want = torch.from_numpy(x).max(1)
+    assert type(result).__name__ == "ValuesIndices" and result._fields == ("values", "indices")
+    assert_bitwise(result.values, want.values.numpy())
+    np.testing.assert_array_equal(result.indices, want.indices.numpy())
+
+
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "argmin"])
+@pytest.mark.parametrize("data", ["normal", "ties", "nan"])
+def test_full_reductions_of_large_operands_in_chunks(op, data):
+    """Over PARALLEL_CELLS elements a full max/argmax scans chunks in parallel: the same first NaN
+    and first index as a scan in order (a tie and a NaN at chunk boundaries, where a chunk starts)."""
+    x = normal((256, 300), 33)
+    if data == "ties":
+        x[:] = np.round(x)
+        x.reshape(-1)[[256 * 300 // 16 * 5, 256 * 300 // 16 * 3]] = x.max() + 1 if op.endswith("max") else x.min() - 1
+    elif data == "nan":
+        x.reshape(-1)[[256 * 300 // 16 * 3, 256 * 300 // 16 * 3 + 5, 256 * 300 - 1]] = np.nan
+    got = _jit(lambda x: getattr(x, op)())(x)
+    want = getattr(torch.from_numpy(x), op)().numpy()
+    if op.startswith("arg"):
+        assert int(got) == int(want)
+    else:
+        assert_close(got, want, op)
+
+
 def test_argmax_of_0d():
     got = _jit(lambda x: (x.argmax(), x.argmin(0), x.argmax(0, keepdim=True)))(normal((), 19))
     assert [g.shape for g in got] == [(), (), ()] and all(int(g) == 0 for g in got)
@@ -267,19 +295,21 @@ def test_large_kernels_are_parallel_and_match_torch():
 
     def program(x):
         values, indices = x.max(0)
-        loss = values.sum() + x.amin(1).sum() + (x.cumsum(1) * x).sum() + x.logsumexp(0).sum()
+        loss = values.sum() + x.amin(1).sum() + (x.cumsum(1) * x).sum() + x.logsumexp(0).sum() + x.max()
         loss.backward()
-        return loss, x.grad, indices, x.argmin(1)
+        return loss, x.grad, indices, x.argmin(1), x.argmax()
 
     step = bendc.jit(program, leaves=("x",), target="cpu")
-    loss, grad, indices, low = step(x)
+    loss, grad, indices, low, top = step(x)
     assert module.serial_large_kernels(step) == []
     sources = "\n".join(s for s in step.kernels().values())
-    assert sources.count("prange(x.shape[0])") >= 3
+    assert sources.count("prange(x.shape[0])") >= 3  # lines in parallel
+    assert sources.count("prange(lines * chunks)") >= 2  # the full max and argmax: chunks in parallel
     t = torch.from_numpy(x.copy()).requires_grad_()
     values, want_indices = t.max(0)
-    want = values.sum() + t.amin(1).sum() + (t.cumsum(1) * t).sum() + t.logsumexp(0).sum()
+    want = values.sum() + t.amin(1).sum() + (t.cumsum(1) * t).sum() + t.logsumexp(0).sum() + t.max()
     want.backward()
+    assert int(top) == int(t.argmax())
     assert_close(loss, want.detach().numpy(), "loss", rtol=1e-5)
     assert_close(grad, t.grad.numpy(), "grad", rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(indices, want_indices.numpy())
