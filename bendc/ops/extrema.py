@@ -55,7 +55,7 @@ def extremum_axes(in_shape: tuple[int, ...], attrs) -> tuple[int, ...]:
 
 def _check_extent(x: TensorType, axes, name: str) -> None:
     if x.numel == 0 or any(x.shape[a] == 0 for a in axes):
-        raise InferError(f"{name} of an empty tensor {x} has no identity (PyTorch refuses it too)")
+        raise InferError(f"{name} over an empty dimension of {x} is not supported", unsupported=True)
 
 
 # ------------------------------------------------------------------ inference
@@ -64,7 +64,7 @@ def _infer_amax(name):
         (x,) = types
         require_float(types, name)
         dims = tuple(attrs["dims"])
-        if normalize_dims(dims, x.ndim) != dims and dims:
+        if normalize_dims(dims, x.ndim) != dims:
             raise InferError(f"{name} dims {dims} must be sorted, distinct and non-negative")
         _check_extent(x, dims, name)
         return x.with_shape(_reduced_shape(x.shape, dims, attrs["keepdim"]))
