@@ -21,7 +21,7 @@ reduced axes, row-major), one output element per line: on the CPU a numba loop o
 ``prange`` when the operand is large (a large operand of few lines: chunks of each line in
 parallel, combined in order); on cuda a thread per output element in a grid-stride loop,
 or for extrema over lines of TREE_MIN_EXTENT or more elements a block per output element (a
-shared-memory tree of (value, index) pairs; logsumexp keeps a thread per output element).
+shared-memory tree of (value, index) pairs; for logsumexp trees of the maxima and the sums).
 """
 from __future__ import annotations
 
@@ -258,6 +258,19 @@ def _line_indexing(op, shape, axes):
     return numel(kept_shape), numel(reduced_shape), kept_split, reduced_split, op.read(0, index)
 
 
+def _block_per_output(op, what: str, block: int, outputs: int, types: tuple[str, str], inner: list[str],
+                      doc: str):
+    """A kernel of one block per output element (``o``, looping over the grid), with two shared arrays of
+    BLOCK elements, ``partial`` and ``wide``, of the numba ``types``; ``inner`` is one output's body."""
+    body = ([f"partial = cuda.shared.array({block}, numba.{types[0]})",
+             f"wide = cuda.shared.array({block}, numba.{types[1]})", "t = cuda.threadIdx.x",
+             "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
+            + ["    o += cuda.gridDim.x"])
+    source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body, doc)
+    launch = kit.block_per_row_launch("kernel", outputs, block, 12 * block)
+    return kit.Kernels(f"{what}: a block per output element", source, [launch])
+
+
 def _cuda_extremum(largest: bool, want_index: bool):
     """A thread per output element scanning its line in order; a line of TREE_MIN_EXTENT or more
     elements gets a block: each thread scans every BLOCK-th element, then a shared-memory tree of
@@ -286,25 +299,19 @@ def _cuda_extremum(largest: bool, want_index: bool):
                  + ["    " + line for line in reduced_split]
                  + [f"    v = {read}", f"    if at < 0 or (best == best and ({better} or v != v)):",
                     "        best = v", "        at = q", "    q += BLOCK",
-                    "partial[t] = best", "where[t] = at", "cuda.syncthreads()", "half = BLOCK // 2",
+                    "partial[t] = best", "wide[t] = at", "cuda.syncthreads()", "half = BLOCK // 2",
                     "while half > 0:", "    if t < half:",
-                    "        ob, oi, mb, mi = partial[t + half], where[t + half], partial[t], where[t]",
+                    "        ob, oi, mb, mi = partial[t + half], wide[t + half], partial[t], wide[t]",
                     "        take = False", "        if oi >= 0:", "            if mi < 0:", "                take = True",
                     "            elif mb != mb:", "                take = ob != ob and oi < mi",
                     "            elif ob != ob:", "                take = True",
                     f"            elif {wins} or (ob == mb and oi < mi):", "                take = True",
-                    "        if take:", "            partial[t] = ob", "            where[t] = oi",
+                    "        if take:", "            partial[t] = ob", "            wide[t] = oi",
                     "    cuda.syncthreads()", "    half //= 2",
-                    "if t == 0:", f"    out0[o] = {'where' if want_index else 'partial'}[0]",
+                    "if t == 0:", f"    out0[o] = {'wide' if want_index else 'partial'}[0]",
                     "cuda.syncthreads()  # the shared arrays are reused"])
-        body = ([f"partial = cuda.shared.array({block}, numba.float32)",
-                 f"where = cuda.shared.array({block}, numba.int64)", "t = cuda.threadIdx.x",
-                 "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
-                + ["    o += cuda.gridDim.x"])
-        source = f"\nBLOCK = {block}\n" + kit.kernel_source(
-            "kernel", op.arguments, body, "One block per output element: a shared-memory tree of (value, index).")
-        launch = kit.block_per_row_launch("kernel", outputs, block, 12 * block)
-        return kit.Kernels(f"{what}: a block per output element", source, [launch])
+        return _block_per_output(op, what, block, outputs, ("float32", "int64"), inner,
+                                 "One block per output element: a shared-memory tree of (value, index).")
 
     return render
 
@@ -432,21 +439,42 @@ def _cpu_logsumexp(attrs, ins, out):
 
 
 def _cuda_logsumexp(op):
-    """A thread per output element: the line's maximum, then the float64 sum of exp(x - max)."""
+    """A thread per output element: the line's maximum, then the float64 sum of exp(x - max). A line
+    of TREE_MIN_EXTENT or more elements gets a block: each thread takes every BLOCK-th element, a
+    shared-memory tree combines the maxima (a NaN wins), then the float64 partial sums."""
     shape = op.shapes[0]
     axes = set(op.attrs["dims"])
     outputs, reduced, kept_split, reduced_split, read = _line_indexing(op, shape, axes)
-    body = (kept_split + ["q = 0"] + reduced_split + [f"m = {read}", f"for q in range(1, {reduced}):"]
-            + ["    " + line for line in reduced_split]
-            + [f"    v = {read}", "    if v > m or v != v:", "        m = v",
-               "if m == np.float32(math.inf) or m == np.float32(-math.inf):", "    m = np.float32(0.0)",
-               "total = np.float64(0.0)", f"for q in range({reduced}):"]
-            + ["    " + line for line in reduced_split]
-            + [f"    total += np.float64(math.exp({read} - m))", "out0[o] = math.log(np.float32(total)) + m"])
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
-                               "One thread per output element: its line's maximum, then the sum of exponentials.")
+    shift = ["if m == np.float32(math.inf) or m == np.float32(-math.inf):", "    m = np.float32(0.0)"]
     what = f"logsumexp of [{','.join(map(str, shape))}] over axes {tuple(sorted(axes))}"
-    return kit.Kernels(f"{what}: a thread per output element", source, [kit.grid_stride_launch("kernel", outputs)])
+    if reduced < TREE_MIN_EXTENT:
+        body = (kept_split + ["q = 0"] + reduced_split + [f"m = {read}", f"for q in range(1, {reduced}):"]
+                + ["    " + line for line in reduced_split]
+                + [f"    v = {read}", "    if v > m or v != v:", "        m = v"] + shift
+                + ["total = np.float64(0.0)", f"for q in range({reduced}):"]
+                + ["    " + line for line in reduced_split]
+                + [f"    total += np.float64(math.exp({read} - m))", "out0[o] = math.log(np.float32(total)) + m"])
+        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
+                                   "One thread per output element: its line's maximum, then the sum of exponentials.")
+        return kit.Kernels(f"{what}: a thread per output element", source,
+                           [kit.grid_stride_launch("kernel", outputs)])
+    block = kit.tree_block(reduced)
+
+    def strided(lines: list[str]) -> list[str]:
+        return ["q = t", f"while q < {reduced}:"] + ["    " + line for line in reduced_split + lines] + ["    q += BLOCK"]
+
+    inner = (kept_split + ["m = np.float32(-math.inf)"]
+             + strided([f"v = {read}", "if v > m or v != v:", "    m = v"])
+             + ["partial[t] = m", "cuda.syncthreads()", "half = BLOCK // 2", "while half > 0:", "    if t < half:",
+                "        other = partial[t + half]", "        if other > partial[t] or other != other:",
+                "            partial[t] = other", "    cuda.syncthreads()", "    half //= 2",
+                "m = partial[0]"] + shift
+             + ["total = np.float64(0.0)"] + strided([f"total += np.float64(math.exp({read} - m))"])
+             + ["wide[t] = total"] + kit.tree_lines("sum", ("wide",))
+             + ["if t == 0:", "    out0[o] = math.log(np.float32(wide[0])) + m",
+                "cuda.syncthreads()  # the shared arrays are reused"])
+    return _block_per_output(op, what, block, outputs, ("float32", "float64"), inner,
+                             "One block per output element: trees of the maxima and of the sums.")
 
 
 define_op(

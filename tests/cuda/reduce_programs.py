@@ -27,7 +27,7 @@ def ties_and_nans(x):
 def long_lines(x):
     """Lines of TREE_MIN_EXTENT or more elements: a block per output element and a (value, index) tree."""
     values, indices = x.max(1)
-    return values, indices, x.amin(1), x.argmin(1), x.max(), x.argmax(), x.amax(0, keepdim=True)
+    return values, indices, x.amin(1), x.argmin(1), x.max(), x.argmax(), x.amax(0, keepdim=True), x.logsumexp(1)
 
 
 def _long_lines_inputs(rng: np.random.Generator) -> tuple:
@@ -35,6 +35,7 @@ def _long_lines_inputs(rng: np.random.Generator) -> tuple:
     x[0, 40] = x[0, 10] = np.nan  # the first NaN (10) is the extremum and the index
     x[2, 69] = 9.0
     x[1, 3] = -9.0
+    x[2, 5] = -np.inf
     return (x,)
 
 

@@ -41,7 +41,8 @@ def test_ties_and_nans_match_torch(name: str, cache_dir: str) -> None:
     if name == "ties_and_nans":
         want = [values, indices, t.amin(1), t.argmin(1), t.max(), t.argmax(0, keepdim=True)]
     else:
-        want = [values, indices, t.amin(1), t.argmin(1), t.max(), t.argmax(), t.amax(0, keepdim=True)]
+        want = [values, indices, t.amin(1), t.argmin(1), t.max(), t.argmax(), t.amax(0, keepdim=True),
+                t.logsumexp(1)]
     for position, (mine, theirs) in enumerate(zip(got, want)):
         theirs = theirs.numpy()
         if theirs.dtype == np.int64:
