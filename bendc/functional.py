@@ -14,6 +14,7 @@ import numpy as np
 from bendc.errors import ShapeError, UnsupportedError, user_location
 from bendc.ops.base import f32_value
 from bendc.ops.base import METHODS
+from bendc.reductions import FUNCTIONS as REDUCTIONS
 from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
 
 
@@ -25,6 +26,8 @@ def __getattr__(name: str) -> Any:
 
         function.__name__ = name
         return function
+    if name in REDUCTIONS:  # max, min, amax, ... cumsum (bendc/reductions.py): not globals, so that
+        return REDUCTIONS[name]  # max and min do not shadow the builtins in this module
     raise AttributeError(f"module 'bendc.functional' has no attribute {name!r}")
 
 

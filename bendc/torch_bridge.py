@@ -427,4 +427,23 @@ def functional_call(module: Any, parameters: dict[str, Any], *args: Any, **kwarg
 
 
 
+# ---- reductions beyond sum/mean (bendc/reductions.py): torch.X and torch.Tensor.X, torch's signatures
+def _reduction(name: str) -> Callable:
+    def handler(input, *args, out=None, **kwargs):
+        _defaults(name, {"out": out}, out=None)
+        if not isinstance(input, Tensor):
+            raise UnsupportedError(f"{name}: the input must be a traced tensor, got {type(input).__name__}",
+                                   loc=user_location(), op=name)
+        return getattr(input, name)(*args, **kwargs)
+
+    handler.__name__ = f"_{name}"
+    handler.bendc = f"`Tensor.{name}`" + (" (with dim: `(values, indices)`)" if name in ("max", "min") else "")
+    return handler
+
+
+for _name in ("max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "logsumexp", "cumsum"):
+    TORCH_FUNCTIONS[f"torch.{_name}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_name}"] = _reduction(_name)
+# ---- end of reductions
+
+
 TORCH_FUNCTION[:] = [torch_function]

@@ -24,6 +24,7 @@ from bendc.ir.printer import format_node
 from bendc.ir.types import TensorType
 from bendc.ops import OPS
 from bendc.ops.base import METHODS
+from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
 
 _ACTIVE: list["Tracer"] = []
 # The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
@@ -191,7 +192,7 @@ def _normalize_dim(dim: int, ndim: int, op: str, loc) -> int:
     return dim % rank
 
 
-class Tensor:
+class Tensor(ReductionMethods):
     """A traced value: arithmetic on it records nodes (PyTorch semantics)."""
 
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected ops

@@ -57,6 +57,10 @@ FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity"
             "gather", "cross_entropy", "mse", "sgd", "adam", "adam_traced", "split", "combine", "backward",
             "zero_grad", "grad_read",
             "dropout", "activation_fns", "losses")  # dropout, activations, losses (op-coverage issue)
+            "zero_grad", "grad_read")
+# ---- reductions beyond sum (max/min/amax/amin/argmax/argmin, var/std/logsumexp/cumsum)
+FAMILIES = FAMILIES + ("extrema", "moments")
+# ---- end of reductions beyond sum
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -641,6 +645,96 @@ class Builder:
         expr = f"{x.name}.{op}()" if form == "none" else f"{x.name}.{op}(dim={dim!r}, keepdim={keepdim})"
         self.emit(expr, out, bound, (x,), "reduce")
         return True
+
+    # ---- reductions beyond sum (bendc/reductions.py)
+    def _reduction_dims(self, rank: int):
+        """(spelling of dim, reduced axes): an int (negative too), a tuple, or every dim."""
+        draw = self.draw
+        form = draw(st.sampled_from(["int", "tuple", "all"])) if rank else "all"
+        if form == "all":
+            return None, list(range(rank))
+        if form == "int":
+            dim = draw(st.integers(-rank, rank - 1))
+            return dim, [dim % rank]
+        axes = draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+        return tuple(a - rank if draw(st.booleans()) else a for a in axes), sorted(axes)
+
+    def extrema(self) -> bool:
+        """max/min (0-d, or .values / [0] of (values, indices) along a dim), amax/amin over dims, on
+        values torch computes bit for bit alike (ties then fall on the same elements; relu makes
+        many)."""
+        draw = self.draw
+        x = self.pick(lambda v: v.exact)
+        if x is None:
+            return False
+        rank = len(x.shape)
+        op = draw(st.sampled_from(["max", "min"]))
+        form = draw(st.sampled_from(["full", "dim", "amax", "amax"]))
+        operand = f"{x.name}.relu()" if draw(st.integers(0, 2)) == 0 else x.name
+        if form == "full" or (form == "dim" and rank == 0 and draw(st.booleans())):
+            self.emit(f"{operand}.{op}()", (), x.bound, (x,), "extrema", exact=True, grad_exact=False)
+            return True
+        keepdim = draw(st.booleans())
+        if form == "dim":
+            dim = draw(st.integers(-max(rank, 1), max(rank, 1) - 1))
+            axes = [dim % rank] if rank else []
+            pick = draw(st.sampled_from([".values", "[0]"]))
+            expr = f"{operand}.{op}(dim={dim}, keepdim={keepdim}){pick}"
+        else:
+            dim, axes = self._reduction_dims(rank)
+            spelled = "" if dim is None else f"dim={dim!r}, "
+            expr = f"{operand}.a{op}({spelled}keepdim={keepdim})"
+        out = ([1 if a in axes else d for a, d in enumerate(x.shape)] if keepdim
+               else [d for a, d in enumerate(x.shape) if a not in axes])
+        self.emit(expr, out, x.bound, (x,), "extrema", exact=True, grad_exact=False)
+        return True
+
+    def moments(self) -> bool:
+        """var/std (correction 0, 1, 2 or unbiased=False) where the count exceeds the correction,
+        logsumexp over dims, cumsum along a dim."""
+        draw = self.draw
+        x = self.pick()
+        if x is None:
+            return False
+        rank = len(x.shape)
+        op = draw(st.sampled_from(["var", "std", "logsumexp", "cumsum"]))
+        if op == "cumsum":
+            if rank == 0:
+                return False
+            dim = draw(st.integers(-rank, rank - 1))
+            bound = x.bound * x.shape[dim]
+            if bound > LIMIT:
+                return False
+            # torch's CPU cumsum accumulates in float64 and rounds each prefix, as bendc's does
+            self.emit(f"{x.name}.cumsum({dim})", x.shape, bound, (x,), "moments", exact=x.exact, grad_exact=False)
+            return True
+        dim, axes = self._reduction_dims(rank)
+        keepdim = draw(st.booleans())
+        out = ([1 if a in axes else d for a, d in enumerate(x.shape)] if keepdim
+               else [d for a, d in enumerate(x.shape) if a not in axes])
+        count = _numel([x.shape[a] for a in axes])
+        spelled = "" if dim is None else f"{dim!r}, "
+        if op == "logsumexp":
+            if dim is None:
+                spelled = f"{tuple(range(rank))!r}, "
+            self.emit(f"{x.name}.logsumexp({spelled}keepdim={keepdim})", out, x.bound + math.log(count) + 1,
+                      (x,), "moments", exact=False)
+            return True
+        correction = draw(st.sampled_from(["correction=0", "correction=1", "correction=2", "unbiased=False", ""]))
+        subtract = {"correction=0": 0, "unbiased=False": 0, "correction=2": 2}.get(correction, 1)
+        if count <= subtract + 1:  # no degrees of freedom (torch: inf or NaN), or a single one
+            return False
+        variance = (2 * x.bound) ** 2 * count / (count - subtract)
+        bound = variance if op == "var" else math.sqrt(variance)
+        if bound > LIMIT:
+            return False
+        args = ", ".join(a for a in (spelled.rstrip(", "), correction, f"keepdim={keepdim}") if a)
+        if dim is None and correction.startswith("unbiased"):  # torch: unbiased needs a dim beside keepdim
+            args = ", ".join(a for a in (f"{tuple(range(rank))!r}" if rank else "None", correction,
+                                         f"keepdim={keepdim}") if a)
+        self.emit(f"{x.name}.{op}({args})", out, bound, (x,), "moments", exact=False)
+        return True
+    # ---- end of reductions beyond sum
 
     def rows(self) -> bool:
         draw = self.draw

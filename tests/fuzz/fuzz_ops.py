@@ -145,6 +145,21 @@ OP_TABLE: dict[str, OpEntry] = {
     "zero_padding": OpEntry(I, "backward of F.embedding with padding_idx", "autograd of embedding", ("losses",)),
     "norm_clamp": OpEntry(D, "F.normalize(x, dim=d)", "torch.nn.functional.normalize", ("losses",)),
     "norm_clamp_vjp": OpEntry(I, "backward of F.normalize", "autograd of normalize", ("losses",)),
+    # ---------------------------------------------------------------- reductions beyond sum (bendc/reductions.py)
+    "amax": OpEntry(D, "x.amax(dim=int|tuple|(), keepdim), F.amax", "torch.amax", ("extrema",)),
+    "amin": OpEntry(D, "x.amin(dim=int|tuple|(), keepdim), F.amin", "torch.amin", ("extrema",)),
+    "max": OpEntry(D, "x.max() (0-d), F.max(x)", "torch.max", ("extrema",)),
+    "min": OpEntry(D, "x.min() (0-d), F.min(x)", "torch.min", ("extrema",)),
+    "argmax": OpEntry(D, "x.argmax(dim=None|int, keepdim), x.max(dim) (its indices; values gathered there)",
+                      "torch.argmax / torch.max(x, dim)", ("extrema",)),
+    "argmin": OpEntry(D, "x.argmin(dim=None|int, keepdim), x.min(dim)", "torch.argmin / torch.min(x, dim)",
+                      ("extrema",)),
+    "extremum_mask": OpEntry(I, "backward of amax/amin/max()/min() (the ties)", "autograd of amax / max",
+                             ("extrema",)),
+    "logsumexp": OpEntry(D, "x.logsumexp(dim=int|tuple, keepdim), F.logsumexp", "torch.logsumexp", ("moments",)),
+    "cumsum": OpEntry(D, "x.cumsum(dim), F.cumsum; its backward is cumsum[reverse=True]", "torch.cumsum",
+                      ("moments",)),
+    # ---- end of reductions beyond sum
 }
 
 

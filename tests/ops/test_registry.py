@@ -124,6 +124,16 @@ SAMPLES: dict[str, Sample] = {
     "zero_padding": Sample((T("f32[4,3]"), T("i64[4,1]")), {"padding_idx": 1}, index_limit=3),
     "norm_clamp": Sample((T("f32[2,3]"),), {"eps": 0.9}, positive=(0,)),
     "norm_clamp_vjp": Sample((T("f32[2,3]"), T("f32[2,3]")), {"eps": 0.9}, positive=(1,)),
+    # ---- reductions beyond sum (bendc/ops/extrema.py, bendc/ops/scan.py)
+    "amax": Sample((T("f32[2,3,4]"),), {"dims": (0, 2), "keepdim": False}),
+    "amin": Sample((T("f32[2,3,4]"),), {"dims": (1,), "keepdim": True}),
+    "max": Sample((T("f32[2,3]"),)),
+    "min": Sample((T("f32[3,2]"),)),
+    "argmax": Sample((T("f32[2,3,4]"),), {"dim": 1, "keepdim": False}),
+    "argmin": Sample((T("f32[2,3]"),), {"dim": 0, "keepdim": True}),
+    "extremum_mask": Sample((T("f32[2,3]"), T("f32[2,1]")), {"nan_equal": True}),
+    "cumsum": Sample((T("f32[2,3,4]"),), {"dim": 1, "reverse": False}),
+    "logsumexp": Sample((T("f32[2,3,4]"),), {"dims": (0, 2), "keepdim": True}),
 }
 
 
@@ -463,6 +473,19 @@ def activations_losses(x, w, target, logits, seed, index, table):
 COVERAGE_PROGRAMS["activations_losses"] = (activations_losses, ("w", "table"), lambda: (
     _rng((2, 3), 0), _rng((2, 3), 1), np.array([0, 1]), _rng((2, 3), 2), np.array(7, np.int64),
     np.array([[0, 2], [1, 0]]), _rng((3, 4), 3)))
+# ---- reductions beyond sum (bendc/reductions.py)
+def reductions(x, w):
+    y = x * w
+    values, indices = y.max(dim=1)
+    low = F.min(y, 0, keepdim=True).values
+    spread = y.amax(dim=(0, 1)) - y.amin(1, keepdim=True).sum() + y.max() - y.min()
+    moments = y.var(1, correction=0).sum() + y.std(dim=0).sum() + F.logsumexp(y, 1).sum()
+    loss = values.sum() + low.sum() + spread + moments + (y.cumsum(1) * x).sum()
+    loss.backward()
+    return loss, w.grad, indices, y.argmax(), F.argmin(y, 1)
+
+
+COVERAGE_PROGRAMS["reductions"] = (reductions, ("w",), lambda: (_rng((3, 4), 0), _rng((3, 4), 1)))
 
 
 def _method_program(method: str):
