@@ -57,7 +57,6 @@ FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity"
             "gather", "cross_entropy", "mse", "sgd", "adam", "adam_traced", "split", "combine", "backward",
             "zero_grad", "grad_read",
             "dropout", "activation_fns", "losses")  # dropout, activations, losses (op-coverage issue)
-            "zero_grad", "grad_read")
 # ---- reductions beyond sum (max/min/amax/amin/argmax/argmin, var/std/logsumexp/cumsum)
 FAMILIES = FAMILIES + ("extrema", "moments")
 # ---- end of reductions beyond sum
