@@ -29,8 +29,11 @@ def _infer_sum(types, attrs):
 
 
 def _reference_sum(values, attrs):
+    """float64 accumulation rounded once to float32, as the cpu kernels' chunked sums: numpy's
+    float32 sum is sequential along a strided axis and drifts past torch's cascade sum."""
     (x,) = values
-    return np.asarray(np.sum(x, axis=tuple(attrs["dims"]), keepdims=attrs["keepdim"], dtype=np.float32))
+    total = np.sum(x, axis=tuple(attrs["dims"]), keepdims=attrs["keepdim"], dtype=np.float64)
+    return np.asarray(total, dtype=np.float32)
 
 
 def vjp_sum(b, node, grad, needs):
@@ -126,7 +129,7 @@ def _reference_sum_to_size(values, attrs):
     (x,) = values
     shape = tuple(attrs["shape"])
     _, axes = sum_to_size_axes(x.shape, shape)
-    total = np.sum(x, axis=axes, keepdims=True, dtype=np.float32) if axes else x
+    total = np.sum(x, axis=axes, keepdims=True, dtype=np.float64) if axes else x  # as _reference_sum
     return np.asarray(total, dtype=np.float32).reshape(shape)
 
 
