@@ -112,6 +112,31 @@ class Binding:
                 for name, (treedef, sources) in self.parameters.items()}
 
 
+def _json_value(value: Any) -> Any:
+    """A static value as the manifest records it: JSON scalars, lists of them, else its repr."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    return repr(value)
+
+
+def _parameters_json(signature: inspect.Signature, types: Sequence[tuple[str, TensorType]],
+                     static: dict[str, Any], binding: Binding | None) -> dict[str, Any]:
+    """Each parameter's structure for the manifest (runtime.load and ``bendc run`` take it): the
+    pytree's JSON form (bendc.tree.to_json) with leaves ``{"kind": "input", "value": input name}`` or
+    ``{"kind": "static", "value": value}``, in parameter order."""
+    if binding is not None:
+        return {name: tree.to_json(treedef, lambda i, sources=sources: {
+                    "kind": sources[i][0], "value": sources[i][1] if sources[i][0] == "input"
+                    else _json_value(sources[i][1])})
+                for name, (treedef, sources) in binding.parameters.items()}
+    typed = {name for name, _ in types}
+    return {name: {"kind": "input", "value": name} if name in typed else {"kind": "static",
+                                                                            "value": _json_value(static[name])}
+            for name in signature.parameters if name in typed or name in static}
+
+
 def resolve_target(target: str) -> str:
     """'auto' is cuda where a GPU is usable (not the simulator), else cpu."""
     if target not in TARGETS:
@@ -480,7 +505,8 @@ class JitFunction:
         return compile_step(Request(self.fn, tuple(self.signature.parameters), tuple(types), dict(static),
                                     leaves, donate, tuple(self.passes), self.resolved_target,
                                     self.cache_dir, artifact, progress, cuda_arch,
-                                    binding.arguments if binding is not None else None))
+                                    binding.arguments if binding is not None else None,
+                                    _parameters_json(self.signature, types, static, binding)))
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:
