@@ -53,7 +53,7 @@ def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str | d
                          f"(pytrees of 'f32[64,784]' texts), got {type(shapes).__name__}", op="cli")
     marked: tuple[str, ...]
     if isinstance(shapes, str) and is_tree_spec(shapes):
-        shapes, marked = spec_shapes(shapes)
+        marked = spec_shapes(shapes)[1]  # lowering reads the pytrees (JitFunction._example_binding)
     elif isinstance(shapes, str):
         marked = tuple(n for n, (_, leaf) in parse_spec(shapes).items() if leaf)
     else:
@@ -61,7 +61,7 @@ def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str | d
                        if any(isinstance(leaf, str) and leaf.endswith(":leaf") for leaf in tree.leaves(value)))
     if not isinstance(function, JitFunction):
         function = jit(function, leaves=marked, target="reference")
-    elif not isinstance(shapes, str):
+    elif isinstance(shapes, dict):
         unmarked = [name for name in marked if name not in function.leaves]
         if unmarked:
             raise SignatureError(f"{unmarked[0]!r} is marked :leaf but the function's leaves are "
@@ -89,7 +89,7 @@ def parse_static(entries: Sequence[str]) -> dict[str, Any]:
 
 def check_static(function: JitFunction, shapes: str | dict, static: dict[str, Any]) -> None:
     """Each --static names a parameter of the function that the SPEC gives no shape."""
-    shaped = parse_spec(shapes) if isinstance(shapes, str) else shapes
+    shaped = {name.split(".")[0] for name in parse_spec(shapes)} if isinstance(shapes, str) else set(shapes)
     for name in static:
         if name not in function.signature.parameters:
             raise SignatureError(f"--static {name}: {function.__name__}{function.signature} has no parameter "
@@ -269,7 +269,9 @@ def _random_call_inputs(function: JitFunction, executable: Any, shapes: str | di
 def _call_arguments(function: JitFunction, shapes: str | dict, inputs: list) -> dict[str, Any]:
     """The function's arguments (by name) from the flat inputs of ``_random_call_inputs``: pytree
     parameters rebuilt in their SPEC structure (the binding flattens them in this same order)."""
-    if isinstance(shapes, str):
+    if isinstance(shapes, str) and is_tree_spec(shapes):
+        shapes = spec_shapes(shapes)[0]
+    elif isinstance(shapes, str):
         names = [name for name in function.signature.parameters if name in parse_spec(shapes)]
         return dict(zip(names, inputs))
     flat = iter(inputs)

@@ -411,7 +411,8 @@ class JitFunction:
     def lower(self, shapes: str | dict[str, Any], **static: Any) -> Executable:
         """Trace and compile for a signature given as a SPEC without running it.
 
-        ``shapes`` is a SPEC string (``x=f32[64,784] w=f32[10,784]:leaf``) or a
+        ``shapes`` is a SPEC string (``x=f32[64,784] w=f32[10,784]:leaf``, pytree
+        parameters by dotted path: ``params.w=f32[10,784]:leaf``, bendc/spec.py) or a
         dict of name -> TensorType or SPEC type text, or name -> a pytree of them
         (``{"params": {"w": "f32[10,784]"}, "batch": ("f32[64,784]", "i64[64]")}``);
         Python scalars go in ``static`` (defaults apply). Introspection then shows
@@ -447,10 +448,18 @@ class JitFunction:
         return self._compile(types, static, **extra)
 
     def _example_binding(self, shapes: str | dict[str, Any], static: dict[str, Any]) -> Binding | None:
-        """For shapes given as pytrees of types: the binding of zero arrays of those types (None for
-        a SPEC or a flat dict of types)."""
-        if not isinstance(shapes, dict) or all(isinstance(v, (str, TensorType)) for v in shapes.values()):
+        """For shapes given as pytrees of types (a dict, or a SPEC with dotted pytree entries): the
+        binding of zero arrays of those types (None for a flat SPEC or a flat dict of types)."""
+        from bendc.spec import is_tree_spec, spec_shapes
+
+        if not is_tree_spec(shapes):
             return None
+        if isinstance(shapes, str):
+            shapes, marked = spec_shapes(shapes)
+            unmarked = [name for name in marked if name not in self.leaves]
+            if unmarked:
+                raise SignatureError(f"{unmarked[0]!r} is marked :leaf but the function's leaves are {self.leaves}",
+                                     loc=user_location(), op="lower")
 
         def example(leaf: Any) -> Any:
             if isinstance(leaf, str):
