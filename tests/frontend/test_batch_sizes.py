@@ -142,3 +142,23 @@ def test_size_generic_kernels_match_torch(cache, batch):
     assert_close(loss, torch_loss.detach().numpy(), "loss", rtol=1e-5)
     for name, value in new_params.items():
         assert_close(value, leaves[name].detach().numpy(), name, rtol=1e-4, atol=1e-6)
+
+
+def test_loop_extents_come_from_shapes_except_a_tiny_inner_loop(cache):
+    """Outer extents are read from an argument's shape; an innermost loop of at most
+    UNROLLED_EXTENT iterations keeps its literal (LLVM unrolls it whole)."""
+    from bendc.kernels.cpu_kit import UNROLLED_EXTENT
+
+    @bendc.jit(target="cpu", cache_dir=cache)
+    def scale(x, w):
+        return (x * w + 1.0).relu()
+
+    sources = {}
+    for inner in (UNROLLED_EXTENT, 2 * UNROLLED_EXTENT):
+        x, w = np.ones((6, inner), np.float32), np.full(inner, 2.0, np.float32)
+        np.testing.assert_array_equal(scale(x, w), np.full((6, inner), 3.0, np.float32))
+        (sources[inner],) = [s for s in scale.kernels().values() if "\n@njit(" in s]
+    assert f"for i1 in range({UNROLLED_EXTENT}):" in sources[UNROLLED_EXTENT]
+    assert "for i0 in range(out0.shape[0]):" in sources[UNROLLED_EXTENT]
+    assert "for i1 in range(out0.shape[1]):" in sources[2 * UNROLLED_EXTENT]
+    assert str(2 * UNROLLED_EXTENT) not in sources[2 * UNROLLED_EXTENT].split('"""')[-1]
