@@ -17,13 +17,17 @@ from bendc.errors import BendcError, SignatureError, UnsupportedError
 from bendc.function import JitFunction, jit
 from bendc.ir.dot import format_dot
 from bendc.ir.parser import parse_graph
-from bendc.spec import parse_spec
+from bendc.ir.types import TensorType
+from bendc import tree
+from bendc.spec import is_tree_spec, parse_spec, spec_shapes
 from runtime.artifact import is_artifact, read_manifest, type_text
 from runtime.cli import describe_template
 from runtime.cuda import numba_cuda_installed
 
-def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str]:
-    """``path/to/module.py:function`` -> (jitted function, SPEC to lower it with)."""
+def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str | dict]:
+    """``path/to/module.py:function`` -> (jitted function, SPEC to lower it with: a flat SPEC string,
+    or parameter name -> pytree of type texts where the SPEC has dotted pytree entries or the module's
+    EXAMPLE_SHAPES is such a dict)."""
     path, _, name = target.rpartition(":")
     if not path or not name:
         raise BendcError(f"expected MODULE.py:FUNCTION, got {target!r}", op="cli")
@@ -44,9 +48,24 @@ def load_function(target: str, shapes: str | None) -> tuple[JitFunction, str]:
         shapes = getattr(module, "EXAMPLE_SHAPES", None)
         if shapes is None:
             raise BendcError(f"{path} defines no EXAMPLE_SHAPES; pass --shapes", op="cli")
+    if not isinstance(shapes, (str, dict)):
+        raise BendcError(f"{path}: EXAMPLE_SHAPES must be a SPEC string or a dict of parameter shapes "
+                         f"(pytrees of 'f32[64,784]' texts), got {type(shapes).__name__}", op="cli")
+    marked: tuple[str, ...]
+    if isinstance(shapes, str) and is_tree_spec(shapes):
+        marked = spec_shapes(shapes)[1]  # lowering reads the pytrees (JitFunction._example_binding)
+    elif isinstance(shapes, str):
+        marked = tuple(n for n, (_, leaf) in parse_spec(shapes).items() if leaf)
+    else:
+        marked = tuple(name for name, value in shapes.items()
+                       if any(isinstance(leaf, str) and leaf.endswith(":leaf") for leaf in tree.leaves(value)))
     if not isinstance(function, JitFunction):
-        leaves = tuple(n for n, (_, leaf) in parse_spec(shapes).items() if leaf)
-        function = jit(function, leaves=leaves, target="reference")
+        function = jit(function, leaves=marked, target="reference")
+    elif isinstance(shapes, dict):
+        unmarked = [name for name in marked if name not in function.leaves]
+        if unmarked:
+            raise SignatureError(f"{unmarked[0]!r} is marked :leaf but the function's leaves are "
+                                 f"{function.leaves}", op="spec")
     return function, shapes
 
 
@@ -70,7 +89,7 @@ def parse_static(entries: Sequence[str]) -> dict[str, Any]:
 
 def check_static(function: JitFunction, shapes: str | dict, static: dict[str, Any]) -> None:
     """Each --static names a parameter of the function that the SPEC gives no shape."""
-    shaped = parse_spec(shapes) if isinstance(shapes, str) else shapes
+    shaped = {name.split(".")[0] for name in parse_spec(shapes)} if isinstance(shapes, str) else set(shapes)
     for name in static:
         if name not in function.signature.parameters:
             raise SignatureError(f"--static {name}: {function.__name__}{function.signature} has no parameter "
@@ -229,21 +248,35 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ profile
-def _random_call_inputs(function: JitFunction, executable: Any, shapes: str, seed: int) -> list:
-    """Random inputs of the SPEC's shapes in parameter order (index inputs within their bounds)."""
+def _random_call_inputs(function: JitFunction, executable: Any, shapes: str | dict, seed: int) -> list:
+    """Random inputs of the compiled signature's array inputs, in order (index inputs within their
+    bounds): one per graph parameter, as the program takes them."""
     from bendc.artifact import index_bounds
     from runtime.cli import random_inputs
 
     bounds = index_bounds(executable.graph)
     specs = []
-    for name, (type, _) in parse_spec(shapes).items():
-        spec = {"name": name, "dtype": type.dtype, "shape": list(type.shape)}
+    for param in executable.graph.params:
+        node = executable.graph.node(param)
+        name = node.attr["name"]
+        spec = {"name": name, "dtype": node.type.dtype, "shape": list(node.type.shape)}
         if name in bounds:
             spec["index_bound"] = bounds[name]
         specs.append(spec)
-    order = [name for name in function.signature.parameters if name in {s["name"] for s in specs}]
-    specs.sort(key=lambda spec: order.index(spec["name"]))
     return random_inputs({"inputs": specs}, seed)
+
+
+def _call_arguments(function: JitFunction, shapes: str | dict, inputs: list) -> dict[str, Any]:
+    """The function's arguments (by name) from the flat inputs of ``_random_call_inputs``: pytree
+    parameters rebuilt in their SPEC structure (the binding flattens them in this same order)."""
+    if isinstance(shapes, str) and is_tree_spec(shapes):
+        shapes = spec_shapes(shapes)[0]
+    elif isinstance(shapes, str):
+        names = [name for name in function.signature.parameters if name in parse_spec(shapes)]
+        return dict(zip(names, inputs))
+    flat = iter(inputs)
+    return {name: tree.map(lambda leaf: next(flat) if isinstance(leaf, (str, TensorType)) else leaf, shapes[name])
+            for name in function.signature.parameters if name in shapes}
 
 
 def minify_command(args: argparse.Namespace) -> int:
@@ -254,9 +287,8 @@ def minify_command(args: argparse.Namespace) -> int:
     function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
                    passes=function.passes, donate=function.donate, check="reference")
     inputs = _random_call_inputs(function, function.lower(shapes), shapes, args.seed)
-    names = [name for name in function.signature.parameters if name in parse_spec(shapes)]
     try:
-        function(**dict(zip(names, inputs)))
+        function(**_call_arguments(function, shapes, inputs))
     except KernelMismatchError as error:
         write_repro(error, args.output)
         print(f"kernel {error.step} ({error.op} at {error.loc}) leaves the tolerance; wrote {args.output} "

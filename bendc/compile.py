@@ -261,9 +261,10 @@ def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str
 
 
 # ------------------------------------------------------------------ on-disk cache
-def program_key(traced_ir: str, passes: list[str], target: str, template: Any, donate: Sequence[str]) -> str:
+def program_key(traced_ir: str, passes: list[str], target: str, template: Any, donate: Sequence[str],
+                parameters: dict[str, Any] | None = None) -> str:
     blob = json.dumps([traced_ir, passes, target, repr(template), sorted(donate), versions(),
-                       compiler_fingerprint()], sort_keys=True)
+                       compiler_fingerprint(), parameters], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -329,6 +330,9 @@ class Request:
     # (bendc/function.py); None: each parameter is one array or a static value.
     arguments: Callable[[dict[str, Tensor]], dict[str, Any]] | None = None
     data_parallel: bool = False  # every .grad read is all-reduced (mean) over the ranks
+    # Each parameter's structure in the manifest's JSON form (bendc/function.py _parameters_json):
+    # which inputs make up each pytree parameter, for runtime.load and ``bendc run``.
+    structure: dict[str, Any] | None = None
 
 
 def compile_step(request: Request) -> Executable:
@@ -361,7 +365,8 @@ def compile_step(request: Request) -> Executable:
     on_stage("traced", traced)
     entry = None
     if request.artifact is None and request.target == "cpu" and all(isinstance(p, str) for p in request.passes):
-        key = program_key(stages["traced"], list(request.passes), request.target, template, request.donate)
+        key = program_key(stages["traced"], list(request.passes), request.target, template, request.donate,
+                          request.structure)
         entry = program_entry(request.cache_dir, key)
         cached = load_cached(entry, request.cache_dir)
         if cached is not None:
@@ -399,7 +404,9 @@ def compile_step(request: Request) -> Executable:
                        inputs=_input_specs(request, graph), leaves=list(request.leaves), template=template,
                        plan=built.plan, stages=stages, report=report, tape=tape,
                        extra={"static": _json_static(request.static), "donate": list(request.donate),
-                              **({"arch": request.cuda_arch} if request.cuda_arch else {}), **extra}, files=files,
+                              **({"arch": request.cuda_arch} if request.cuda_arch else {}),
+                              **({"parameters": request.structure} if request.structure is not None else {}),
+                              **extra}, files=files,
                        replace=request.artifact is not None)  # a cache entry: keep a concurrent writer's
     stats = plan_stats(built.plan) if built.plan is not None else {}
     return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)

@@ -112,6 +112,31 @@ class Binding:
                 for name, (treedef, sources) in self.parameters.items()}
 
 
+def _json_value(value: Any) -> Any:
+    """A static value as the manifest records it: JSON scalars, lists of them, else its repr."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_json_value(item) for item in value]
+    return repr(value)
+
+
+def _parameters_json(signature: inspect.Signature, types: Sequence[tuple[str, TensorType]],
+                     static: dict[str, Any], binding: Binding | None) -> dict[str, Any]:
+    """Each parameter's structure for the manifest (runtime.load and ``bendc run`` take it): the
+    pytree's JSON form (bendc.tree.to_json) with leaves ``{"kind": "input", "value": input name}`` or
+    ``{"kind": "static", "value": value}``, in parameter order."""
+    if binding is not None:
+        return {name: tree.to_json(treedef, lambda i, sources=sources: {
+                    "kind": sources[i][0], "value": sources[i][1] if sources[i][0] == "input"
+                    else _json_value(sources[i][1])})
+                for name, (treedef, sources) in binding.parameters.items()}
+    typed = {name for name, _ in types}
+    return {name: {"kind": "input", "value": name} if name in typed else {"kind": "static",
+                                                                            "value": _json_value(static[name])}
+            for name in signature.parameters if name in typed or name in static}
+
+
 def resolve_target(target: str) -> str:
     """'auto' is cuda where a GPU is usable (not the simulator), else cpu."""
     if target not in TARGETS:
@@ -394,7 +419,8 @@ class JitFunction:
     def lower(self, shapes: str | dict[str, Any], **static: Any) -> Executable:
         """Trace and compile for a signature given as a SPEC without running it.
 
-        ``shapes`` is a SPEC string (``x=f32[64,784] w=f32[10,784]:leaf``) or a
+        ``shapes`` is a SPEC string (``x=f32[64,784] w=f32[10,784]:leaf``, pytree
+        parameters by dotted path: ``params.w=f32[10,784]:leaf``, bendc/spec.py) or a
         dict of name -> TensorType or SPEC type text, or name -> a pytree of them
         (``{"params": {"w": "f32[10,784]"}, "batch": ("f32[64,784]", "i64[64]")}``);
         Python scalars go in ``static`` (defaults apply). Introspection then shows
@@ -430,10 +456,18 @@ class JitFunction:
         return self._compile(types, static, **extra)
 
     def _example_binding(self, shapes: str | dict[str, Any], static: dict[str, Any]) -> Binding | None:
-        """For shapes given as pytrees of types: the binding of zero arrays of those types (None for
-        a SPEC or a flat dict of types)."""
-        if not isinstance(shapes, dict) or all(isinstance(v, (str, TensorType)) for v in shapes.values()):
+        """For shapes given as pytrees of types (a dict, or a SPEC with dotted pytree entries): the
+        binding of zero arrays of those types (None for a flat SPEC or a flat dict of types)."""
+        from bendc.spec import is_tree_spec, spec_shapes
+
+        if not is_tree_spec(shapes):
             return None
+        if isinstance(shapes, str):
+            shapes, marked = spec_shapes(shapes)
+            unmarked = [name for name in marked if name not in self.leaves]
+            if unmarked:
+                raise SignatureError(f"{unmarked[0]!r} is marked :leaf but the function's leaves are {self.leaves}",
+                                     loc=user_location(), op="lower")
 
         def example(leaf: Any) -> Any:
             if isinstance(leaf, str):
@@ -488,7 +522,9 @@ class JitFunction:
         return compile_step(Request(self.fn, tuple(self.signature.parameters), tuple(types), dict(static),
                                     leaves, donate, tuple(self.passes), self.resolved_target,
                                     self.cache_dir, artifact, progress, cuda_arch,
-                                    binding.arguments if binding is not None else None, self.data_parallel))
+                                    binding.arguments if binding is not None else None,
+                                    data_parallel=self.data_parallel,
+                                    structure=_parameters_json(self.signature, types, static, binding)))
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:

@@ -1,6 +1,7 @@
 """Train a small decoder-only language model with bendc: a token embedding
 (index_select), LayerNorm, rotary embeddings, causal grouped-query attention,
-a GELU MLP, cross-entropy and an Adam update of every parameter, all in one
+a GELU MLP, cross-entropy and an Adam update of every parameter (bendc.optim.adam
+over a dict of parameters, with a cosine learning-rate schedule), all in one
 compiled step.
 
     python examples/transformer.py [--steps 300] [--target auto|reference|cpu|cuda]
@@ -14,6 +15,7 @@ import argparse
 import ast
 import codecs
 import importlib.util
+import math
 import sys
 import time
 
@@ -24,8 +26,7 @@ import bendc.functional as F
 
 BATCH, CONTEXT, MODEL, HEADS, KV_HEADS, FEED_FORWARD = 8, 32, 32, 4, 2, 64
 HEAD_DIM = MODEL // HEADS
-PARAMS = ("emb", "ln1_w", "ln1_b", "wq", "wk", "wv", "wo", "ln2_w", "ln2_b", "w1", "w2", "lnf_w", "lnf_b",
-          "head")
+LR = 3e-3
 
 
 def zen_of_python() -> str:
@@ -51,56 +52,59 @@ def param_shapes(vocab: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def _spec(shapes: dict[str, tuple[int, ...]], suffix: str = "") -> str:
-    return " ".join(f"{name}=f32[{','.join(map(str, shape))}]{suffix}" for name, shape in shapes.items())
-
-
 _SHAPES = param_shapes(len(VOCAB))
-# Default shapes for `bendc compile examples/transformer.py:train_step` (no --shapes).
+
+
+def _spec(prefix: str, shapes: dict[str, tuple[int, ...]], suffix: str = "") -> str:
+    return " ".join(f"{prefix}.{name}=f32[{','.join(map(str, shape))}]{suffix}" for name, shape in shapes.items())
+
+
+# Default shapes for `bendc compile examples/transformer.py:train_step` (no --shapes): the pytree
+# parameters by dotted path (params.emb, opt_state.exp_avg.emb, batch.0, rope.1, ...).
 EXAMPLE_SHAPES = " ".join([
-    f"tokens=i64[{BATCH},{CONTEXT}] targets=i64[{BATCH},{CONTEXT}]",
-    f"cos=f32[{CONTEXT},{HEAD_DIM // 2}] sin=f32[{CONTEXT},{HEAD_DIM // 2}] step=i64[]",
-    _spec(_SHAPES, ":leaf"),
-    _spec({f"m_{name}": shape for name, shape in _SHAPES.items()}),
-    _spec({f"v_{name}": shape for name, shape in _SHAPES.items()}),
+    _spec("params", _SHAPES, ":leaf"),
+    "opt_state.step=f32[]", _spec("opt_state.exp_avg", _SHAPES), _spec("opt_state.exp_avg_sq", _SHAPES),
+    f"batch.0=i64[{BATCH},{CONTEXT}] batch.1=i64[{BATCH},{CONTEXT}]",
+    f"rope.0=f32[{CONTEXT},{HEAD_DIM // 2}] rope.1=f32[{CONTEXT},{HEAD_DIM // 2}] lr=f32[]",
 ])
 
 
-def forward(tokens, cos, sin, emb, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, w2, lnf_w, lnf_b, head):
+def forward(params, tokens, cos, sin):
     """Logits (batch * context, vocab) of one pre-norm decoder block."""
+    p = params
     batch, context = tokens.shape
-    x = F.index_select(emb, 0, tokens.reshape(batch * context)).reshape(batch, context, MODEL)
-    h = F.layer_norm(x, (MODEL,), ln1_w, ln1_b)
-    q = F.linear(h, wq).reshape(batch, context, HEADS, HEAD_DIM).transpose(1, 2)
-    k = F.linear(h, wk).reshape(batch, context, KV_HEADS, HEAD_DIM).transpose(1, 2)
-    v = F.linear(h, wv).reshape(batch, context, KV_HEADS, HEAD_DIM).transpose(1, 2)
+    x = F.index_select(p["emb"], 0, tokens.reshape(batch * context)).reshape(batch, context, MODEL)
+    h = F.layer_norm(x, (MODEL,), p["ln1_w"], p["ln1_b"])
+    q = F.linear(h, p["wq"]).reshape(batch, context, HEADS, HEAD_DIM).transpose(1, 2)
+    k = F.linear(h, p["wk"]).reshape(batch, context, KV_HEADS, HEAD_DIM).transpose(1, 2)
+    v = F.linear(h, p["wv"]).reshape(batch, context, KV_HEADS, HEAD_DIM).transpose(1, 2)
     q, k = F.rope(q, cos, sin), F.rope(k, cos, sin)
     attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    x = x + F.linear(attended.transpose(1, 2).reshape(batch, context, HEADS * HEAD_DIM), wo)
-    h = F.layer_norm(x, (MODEL,), ln2_w, ln2_b)
-    x = x + F.linear(F.gelu(F.linear(h, w1)), w2)
-    h = F.layer_norm(x, (MODEL,), lnf_w, lnf_b)
-    return F.linear(h, head).reshape(batch * context, head.shape[0])
+    x = x + F.linear(attended.transpose(1, 2).reshape(batch, context, HEADS * HEAD_DIM), p["wo"])
+    h = F.layer_norm(x, (MODEL,), p["ln2_w"], p["ln2_b"])
+    x = x + F.linear(F.gelu(F.linear(h, p["w1"])), p["w2"])
+    h = F.layer_norm(x, (MODEL,), p["lnf_w"], p["lnf_b"])
+    return F.linear(h, p["head"]).reshape(batch * context, p["head"].shape[0])
 
 
-@bendc.jit(leaves=PARAMS)
-def train_step(tokens, targets, cos, sin, step,
-               emb, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, w2, lnf_w, lnf_b, head,
-               m_emb, m_ln1_w, m_ln1_b, m_wq, m_wk, m_wv, m_wo, m_ln2_w, m_ln2_b, m_w1, m_w2, m_lnf_w,
-               m_lnf_b, m_head,
-               v_emb, v_ln1_w, v_ln1_b, v_wq, v_wk, v_wv, v_wo, v_ln2_w, v_ln2_b, v_w1, v_w2, v_lnf_w,
-               v_lnf_b, v_head, lr=3e-3):
-    """One training step: the loss, then (param, m, v) for every parameter in PARAMS order."""
-    params = (emb, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, w2, lnf_w, lnf_b, head)
-    firsts = (m_emb, m_ln1_w, m_ln1_b, m_wq, m_wk, m_wv, m_wo, m_ln2_w, m_ln2_b, m_w1, m_w2, m_lnf_w,
-              m_lnf_b, m_head)
-    seconds = (v_emb, v_ln1_w, v_ln1_b, v_wq, v_wk, v_wv, v_wo, v_ln2_w, v_ln2_b, v_w1, v_w2, v_lnf_w,
-               v_lnf_b, v_head)
-    logits = forward(tokens, cos, sin, *params)
+@bendc.jit(leaves=("params",), dynamic=("lr",))
+def train_step(params, opt_state, batch, rope, lr=LR):
+    """One training step: (loss, new params, new optimizer state). ``params`` and ``opt_state``
+    are dicts (bendc.optim.init_adam's), ``batch`` (tokens, targets), ``rope`` (cos, sin); ``lr``
+    is traced (dynamic), so the learning-rate schedule never recompiles."""
+    tokens, targets = batch
+    cos, sin = rope
+    logits = forward(params, tokens, cos, sin)
     loss = F.cross_entropy(logits, targets.reshape(targets.shape[0] * targets.shape[1]))
     loss.backward()
-    updates = [F.adam_step(p, p.grad, m, v, step, lr) for p, m, v in zip(params, firsts, seconds)]
-    return (loss, *(value for update in updates for value in update))
+    grads = bendc.tree.map(lambda p: p.grad, params)
+    params, opt_state = bendc.optim.adam(params, grads, opt_state, lr)
+    return loss, params, opt_state
+
+
+def learning_rate(index: int, steps: int) -> float:
+    """A cosine decay from LR to LR / 10 over the run (each value a traced lr: one compile)."""
+    return LR * (0.55 + 0.45 * math.cos(math.pi * index / max(steps - 1, 1)))
 
 
 # ------------------------------------------------------------------ data and set-up
@@ -116,17 +120,17 @@ def rope_tables(context: int = CONTEXT, head_dim: int = HEAD_DIM, base: float = 
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def init_params(seed: int = 0) -> list[np.ndarray]:
-    """Normal(0, 0.02) matrices, LayerNorm weights of one and biases of zero."""
+def init_params(seed: int = 0) -> dict[str, np.ndarray]:
+    """Normal(0, 0.02) matrices, LayerNorm weights of one and biases of zero, by name."""
     rng = np.random.default_rng(seed)
-    params = []
+    params = {}
     for name, shape in _SHAPES.items():
         if name.endswith("_w"):
-            params.append(np.ones(shape, np.float32))
+            params[name] = np.ones(shape, np.float32)
         elif name.endswith("_b"):
-            params.append(np.zeros(shape, np.float32))
+            params[name] = np.zeros(shape, np.float32)
         else:
-            params.append((0.02 * rng.standard_normal(shape)).astype(np.float32))
+            params[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
     return params
 
 
@@ -139,6 +143,37 @@ def batches(data: np.ndarray, seed: int = 1):
         yield windows[:, :-1], windows[:, 1:]
 
 
+def train(step_fn, steps: int, target: str, rank: int = 0, ranks: int = 1) -> int:
+    """The training loop around ``step_fn`` (a train_step): prints the loss every 25 steps. With
+    ``ranks`` > 1 (data parallel) this rank takes its 1/ranks share of every batch."""
+    shard = slice(rank * BATCH // ranks, (rank + 1) * BATCH // ranks)
+    data = encode(TEXT)
+    rope = rope_tables()
+    params = init_params()
+    opt_state = bendc.optim.init_adam(params)
+    print(f"bendc {bendc.__version__}: a {MODEL}-wide decoder block ({HEADS} heads, {KV_HEADS} key/value heads) "
+          f"on the Zen of Python ({len(TEXT)} characters, {len(VOCAB)} symbols), target {target}")
+    start = time.perf_counter()
+    first_loss = loss = None
+    stream = batches(data)
+    for index in range(steps):
+        tokens, targets = next(stream)
+        batch = (tokens[shard], targets[shard])
+        loss, params, opt_state = step_fn(params, opt_state, batch, rope, learning_rate(index, steps))
+        loss = float(np.asarray(loss.copy_to_host() if hasattr(loss, "copy_to_host") else loss))
+        if ranks > 1:  # the whole batch's loss: the mean of the ranks' (equal shares)
+            loss = float(bendc.distributed.average(loss))
+        first_loss = loss if first_loss is None else first_loss
+        if index % 25 == 0 or index == steps - 1:
+            print(f"step {index:4d}  loss {loss:.4f}")
+    elapsed = time.perf_counter() - start
+    print(f"{steps} steps in {elapsed:.2f} s; loss {first_loss:.4f} -> {loss:.4f}")
+    if not loss < first_loss:
+        print("the loss did not fall", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -148,44 +183,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="under mpiexec -n N: each rank takes 1/N of every batch, gradients averaged")
     args = parser.parse_args(argv)
 
-    step_fn = train_step if args.target == "auto" else bendc.jit(train_step.fn, leaves=PARAMS, target=args.target)
+    step_fn = train_step if args.target == "auto" else bendc.jit(train_step.fn, leaves=("params",),
+                                                                 dynamic=("lr",), target=args.target)
     rank, ranks = bendc.distributed.init() if args.data_parallel else (0, 1)
     if args.data_parallel:
-        step_fn = bendc.jit(train_step.fn, leaves=PARAMS, target=args.target, data_parallel=True)
+        step_fn = bendc.jit(train_step.fn, leaves=("params",), dynamic=("lr",), target=args.target,
+                            data_parallel=True)
         if rank != 0:  # rank 0 prints
             import os
 
             sys.stdout = open(os.devnull, "w")
         print(f"data parallel: {ranks} ranks, {BATCH // ranks} sequences of every batch of {BATCH} each")
-    shard = slice(rank * BATCH // ranks, (rank + 1) * BATCH // ranks)
-    data = encode(TEXT)
-    cos, sin = rope_tables()
-    params = init_params()
-    firsts = [np.zeros_like(p) for p in params]
-    seconds = [np.zeros_like(p) for p in params]
-    print(f"bendc {bendc.__version__}: a {MODEL}-wide decoder block ({HEADS} heads, {KV_HEADS} key/value heads) "
-          f"on the Zen of Python ({len(TEXT)} characters, {len(VOCAB)} symbols), target {step_fn.resolved_target}")
-    start = time.perf_counter()
-    first_loss = loss = None
-    stream = batches(data)
-    for index in range(args.steps):
-        tokens, targets = next(stream)
-        tokens, targets = tokens[shard], targets[shard]
-        loss, *updates = step_fn(tokens, targets, cos, sin, np.array(index + 1, np.int64),
-                                 *params, *firsts, *seconds)
-        params, firsts, seconds = updates[0::3], updates[1::3], updates[2::3]
-        loss = float(np.asarray(loss.copy_to_host() if hasattr(loss, "copy_to_host") else loss))
-        if args.data_parallel:  # the whole batch's loss: the mean of the ranks' (equal shares)
-            loss = float(bendc.distributed.average(loss))
-        first_loss = loss if first_loss is None else first_loss
-        if index % 25 == 0 or index == args.steps - 1:
-            print(f"step {index:4d}  loss {loss:.4f}")
-    elapsed = time.perf_counter() - start
-    print(f"{args.steps} steps in {elapsed:.2f} s; loss {first_loss:.4f} -> {loss:.4f}")
-    if not loss < first_loss:
-        print("the loss did not fall", file=sys.stderr)
-        return 1
-    return 0
+    return train(step_fn, args.steps, step_fn.resolved_target, rank, ranks)
 
 
 if __name__ == "__main__":

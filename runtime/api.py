@@ -6,7 +6,10 @@
     loss, *params = step(x=x, y=y, w1=w1, b1=b1, w2=w2, b2=b2)   # or by name (or both)
 
 Inputs are checked against the manifest (names, dtypes, shapes); outputs come
-back in the function's return structure (the manifest's template). Static
+back in the function's return structure (the manifest's template). A function
+with pytree parameters takes them as it did (``step(params, opt_state, batch)``):
+each argument is read through the structure the manifest records
+(``parameters``), dicts by key and lists by position. Static
 (Python scalar) parameters were fixed at compile time: passing one is allowed
 when it has the recorded value. ``step.feeds`` maps input names to the output
 slots that update them (the manifest's ``feeds``), which :meth:`Program.loop`
@@ -18,7 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from runtime.artifact import InputsInvalid, check_inputs, load_program, unflatten_outputs
+from runtime.artifact import (InputsInvalid, check_inputs, flatten_inputs, has_structure, load_program,
+                              unflatten_outputs)
 from runtime.cpu import KernelError
 from runtime.machine import compile_counts
 
@@ -32,16 +36,21 @@ class Program:
         self.names = [spec["name"] for spec in self.manifest["inputs"]]
         self.static = dict(self.manifest.get("static", {}))
         self.feeds: dict[str, int] = {name: int(index) for name, index in self.manifest.get("feeds", {}).items()}
+        # Pytree parameters: called by parameter (each a structure), not by flat input.
+        self.parameters: dict | None = self.manifest["parameters"] if has_structure(self.manifest) else None
 
     @property
     def function(self) -> str:
         return self.manifest["function"]
 
     def __repr__(self) -> str:
-        return f"<bendc program {self.function}({', '.join(self.names)}) from {self.folder}>"
+        names = list(self.parameters) if self.parameters is not None else self.names
+        return f"<bendc program {self.function}({', '.join(names)}) from {self.folder}>"
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
         """The inputs in parameter order from positional and named arguments, checked."""
+        if self.parameters is not None:
+            return self._bind_structured(args, kwargs)
         if len(args) > len(self.names):
             raise InputsInvalid(f"{self.function} takes {len(self.names)} inputs ({', '.join(self.names)}), "
                                 f"got {len(args)} positional")
@@ -62,6 +71,23 @@ class Program:
             raise InputsInvalid(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
                                 f"{self.function} takes {', '.join(self.names)}")
         return check_inputs(self.manifest, [bound[name] for name in self.names])
+
+    def _bind_structured(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray]:
+        """Arguments by parameter (positional in the function's order), flattened through the
+        recorded structures to the inputs in order."""
+        parameters = list(self.parameters)
+        if len(args) > len(parameters):
+            raise InputsInvalid(f"{self.function} takes {len(parameters)} parameters ({', '.join(parameters)}), "
+                                f"got {len(args)} positional")
+        bound = dict(zip(parameters, args))
+        for name, value in kwargs.items():
+            if name not in self.parameters:
+                raise InputsInvalid(f"unknown parameter {name!r}; {self.function} takes {', '.join(parameters)}")
+            if name in bound:
+                raise InputsInvalid(f"parameter {name!r} given twice (positionally and by name)")
+            bound[name] = value
+        flat = flatten_inputs(self.parameters, bound)
+        return check_inputs(self.manifest, [flat[name] for name in self.names])
 
     def run_flat(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """The outputs as a flat list (out0, out1, ...) of checked inputs in parameter order."""

@@ -398,6 +398,97 @@ def unflatten_outputs(template: dict, outputs: list) -> Any:
     return tuple(items) if kind == "tuple" else items
 
 
+# ------------------------------------------------------------------ pytree parameters
+def has_structure(manifest: dict) -> bool:
+    """Whether some parameter of the artifact is a pytree (the manifest's ``parameters``: each
+    parameter's structure, leaves ``{"kind": "input", "value": input name}`` or static values)."""
+    return any(not (tree.get("kind") == "input" and tree.get("value") == name)
+               for name, tree in manifest.get("parameters", {}).items() if tree.get("kind") != "static")
+
+
+def flatten_inputs(parameters: dict, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Input name -> array from the arguments by parameter name, each read through its recorded
+    structure (dicts by key, lists and tuples by position, named tuples and dataclasses by field
+    or as dicts of their fields); a static leaf given must have its recorded value."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict, value: Any, path: str) -> None:
+        kind = node["kind"]
+        if kind == "input":
+            flat[node["value"]] = value
+        elif kind == "static":
+            if value is not _ABSENT and not _same_static(value, node["value"]):
+                raise InputsInvalid(f"{path} was fixed to {node['value']!r} when the artifact was compiled "
+                                    f"(got {value!r})")
+        elif kind in ("dict", "namedtuple", "dataclass"):
+            items = node["items"]
+            if isinstance(value, Mapping):
+                missing = [key for key in items if key not in value]
+                unknown = [key for key in value if key not in items]
+                if unknown:
+                    raise InputsInvalid(f"{path} has no entry {unknown[0]!r}; it takes {list(items)}")
+                if missing and any(_takes_input(items[key]) for key in missing):
+                    raise InputsInvalid(f"{path} lacks {missing[0]!r}; it takes {list(items)}")
+                get = lambda key: value.get(key, _ABSENT)  # noqa: E731
+            elif kind != "dict" and all(hasattr(value, key) for key in items):
+                get = lambda key: getattr(value, key)  # noqa: E731
+            else:
+                raise InputsInvalid(f"{path} must be a dict of {list(items)}, got {type(value).__name__}")
+            for key, item in items.items():
+                walk(item, get(key), f"{path}[{key!r}]")
+        else:
+            items = node["items"]
+            if not isinstance(value, (list, tuple)) or len(value) != len(items):
+                raise InputsInvalid(f"{path} must be a {kind} of {len(items)} items, got "
+                                    f"{type(value).__name__}" + (f" of {len(value)}" if isinstance(value, (list, tuple))
+                                                                 else ""))
+            for index, item in enumerate(items):
+                walk(item, value[index], f"{path}[{index}]")
+
+    for name, node in parameters.items():
+        if name not in arguments:
+            if _takes_input(node):
+                raise InputsInvalid(f"missing parameter {name!r}; the artifact takes {', '.join(parameters)}")
+            continue
+        walk(node, arguments[name], name)
+    return flat
+
+
+_ABSENT = object()
+
+
+def _takes_input(node: dict) -> bool:
+    if node["kind"] == "input":
+        return True
+    items = node.get("items", ())
+    return any(_takes_input(item) for item in (items.values() if isinstance(items, dict) else items))
+
+
+def _same_static(value: Any, recorded: Any) -> bool:
+    if isinstance(value, tuple):
+        value = list(value)
+    try:
+        return bool(value == recorded)
+    except Exception:
+        return False
+
+
+def input_paths(manifest: dict) -> dict[str, str]:
+    """Input name -> its dotted path in the parameters (``params.w1``, ``batch.0``), as a SPEC names it."""
+    paths: dict[str, str] = {}
+
+    def walk(node: dict, path: str) -> None:
+        if node["kind"] == "input":
+            paths[node["value"]] = path
+        items = node.get("items", ())
+        for key, item in (items.items() if isinstance(items, dict) else enumerate(items)):
+            walk(item, f"{path}.{key}")
+
+    for name, node in manifest.get("parameters", {}).items():
+        walk(node, name)
+    return paths
+
+
 def check_feeds(manifest: dict, feeds: Mapping[str, int]) -> dict[str, int]:
     """Feeds (input name -> output slot: that output becomes the input of the next step) that name
     an input and an output of the same dtype and shape, or InputsInvalid."""
@@ -488,8 +579,11 @@ def _checked_device_input(spec: dict, array: Any) -> bool:
 
 
 def inputs_by_name(manifest: dict, arrays: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """Inputs named by parameter (e.g. from an .npz) in parameter order, checked."""
+    """Inputs named by parameter (e.g. from an .npz) in parameter order, checked. An input of a pytree
+    parameter may be named by its dotted path too (``params.w1`` for input ``params_w1``)."""
     names = [spec["name"] for spec in manifest["inputs"]]
+    by_path = {path: name for name, path in input_paths(manifest).items() if path != name}
+    arrays = {by_path.get(key, key) if key not in names else key: value for key, value in arrays.items()}
     missing = [name for name in names if name not in arrays]
     if missing:
         raise InputsInvalid(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "

@@ -23,8 +23,8 @@ import numpy as np
 
 from runtime.dtypes import DTYPES
 from runtime.files import atomic_write
-from runtime.artifact import (CUDA_RUNTIMES, ArtifactInvalid, check_feeds, check_inputs, inputs_by_name, load_program,
-                              parse_feeds, type_text)
+from runtime.artifact import (CUDA_RUNTIMES, ArtifactInvalid, check_feeds, check_inputs, has_structure,
+                              inputs_by_name, load_program, parse_feeds, type_text)
 from runtime.cpu import CpuProgram, KernelError
 from runtime.machine import compile_counts
 
@@ -229,6 +229,9 @@ def output_names(count: int) -> str:
 def summary_lines(manifest: dict, outputs: list[np.ndarray]) -> list[str]:
     """What the function returns (outputs named out0, out1, ...) and a few stats of each."""
     lines = [f"returns {describe_template(manifest['template'])}"]
+    if has_structure(manifest):  # pytree parameters: which inputs (by name, or dotted path in an .npz) make them
+        lines.insert(0, "takes " + ", ".join(f"{name}={describe_template(tree)}"
+                                             for name, tree in manifest["parameters"].items()))
     for index, (spec, array) in enumerate(zip(manifest["outputs"], outputs)):
         lines.append(f"  out{index:<3} {type_text(spec):<16} {describe_values(array)}")
     return lines
@@ -239,6 +242,8 @@ def describe_template(template: dict) -> str:
     kind = template["kind"]
     if kind == "out":
         return f"out{template['value']}"
+    if kind == "input":  # a leaf of a parameter's structure (the manifest's parameters)
+        return template["value"]
     if kind == "static":
         return repr(template["value"])
     if kind == "dict":

@@ -18,30 +18,38 @@ import mlp  # noqa: E402
 import transformer  # noqa: E402
 
 
-def torch_mlp_step(x, y, params, lr):
-    leaves = [torch.tensor(p, requires_grad=True) for p in params]
-    w1, b1, w2, b2 = leaves
-    hidden = torch.relu(torch.nn.functional.linear(torch.tensor(x), w1, b1))
-    logits = torch.nn.functional.linear(hidden, w2, b2)
-    loss = torch.nn.functional.cross_entropy(logits, torch.tensor(y))
-    loss.backward()
-    optimizer = torch.optim.SGD(leaves, lr=lr)
-    optimizer.step()
-    return loss.detach().numpy(), [p.detach().numpy() for p in leaves]
+def torch_mlp_steps(batch, params, lr, steps):
+    """The example's steps in PyTorch: torch.optim.SGD with the example's momentum."""
+    leaves = {name: torch.tensor(p, requires_grad=True) for name, p in params.items()}
+    optimizer = torch.optim.SGD(list(leaves.values()), lr=lr, momentum=mlp.MOMENTUM)
+    x, y = (torch.tensor(a) for a in batch)
+    losses = []
+    for _ in range(steps):
+        hidden = torch.relu(torch.nn.functional.linear(x, leaves["w1"], leaves["b1"]))
+        loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(hidden, leaves["w2"], leaves["b2"]), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach().numpy())
+    return losses, {name: p.detach().numpy() for name, p in leaves.items()}
 
 
 @pytest.mark.parametrize("target", ["reference", "cpu"])
 def test_mlp_train_step_matches_torch(target: str) -> None:
-    x, y = mlp.make_data(mlp.BATCH)
+    batch = mlp.make_data(mlp.BATCH)
     params = mlp.init_params()
     step = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target=target)
-    for _ in range(3):  # a few steps, so that updated parameters are compared too
-        loss, *new_params = step(x, y, *params, lr=0.1)
-        torch_loss, torch_params = torch_mlp_step(x, y, params, 0.1)
-        assert_close(loss, torch_loss, "loss")
-        for name, mine, theirs in zip(mlp.LEAVES, new_params, torch_params):
-            assert_close(mine, theirs, name)
-        params = torch_params
+    state = (params, mlp.init_state(params))
+    losses = []
+    for _ in range(3):  # a few steps, so that updated parameters and momentum buffers are compared too
+        loss, *state = step(*state, batch, lr=0.1)
+        losses.append(loss)
+    torch_losses, torch_params = torch_mlp_steps(batch, params, 0.1, 3)
+    for mine, theirs in zip(losses, torch_losses):
+        assert_close(mine, theirs, "loss")
+    for name, theirs in torch_params.items():
+        assert_close(state[0][name], theirs, name)
+    assert float(state[1]["step"]) == 3.0
 
 
 @pytest.mark.parametrize("target", ["reference", "cpu"])
@@ -51,12 +59,13 @@ def test_mlp_loss_falls(target: str) -> None:
 
 def test_mlp_cpu_equals_reference() -> None:
     """The generated kernels against the spec (exp/log and sums: within the stated tolerances)."""
-    x, y = mlp.make_data(mlp.BATCH)
+    batch = mlp.make_data(mlp.BATCH)
     params = mlp.init_params()
-    cpu = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu")(x, y, *params)
-    reference = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="reference")(x, y, *params)
-    for mine, spec in zip(cpu, reference):
-        assert_close(mine, spec, "loss and parameters")
+    state = mlp.init_state(params)
+    cpu = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu")(params, state, batch)
+    reference = mlp.bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="reference")(params, state, batch)
+    for mine, spec in zip(mlp.bendc.tree.leaves(cpu), mlp.bendc.tree.leaves(reference)):
+        assert_close(mine, spec, "loss, parameters and state")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -75,10 +84,12 @@ def test_cli_report_and_errors() -> None:
     bad = run_cli("ir", "examples/mlp.py:train_step", "--stage", "nope")
     assert bad.returncode == 1
     assert "no stage 'nope'" in bad.stderr and "Traceback" not in bad.stderr
-    bad = run_cli("ir", "examples/mlp.py:train_step", "--shapes", "x=f32[64,65] y=i64[64] w1=f32[128,64]:leaf "
-                  "b1=f32[128]:leaf w2=f32[10,128]:leaf b2=f32[10]:leaf")
+    bad = run_cli("ir", "examples/mlp.py:train_step", "--shapes", mlp.EXAMPLE_SHAPES.replace(
+        f"batch.0=f32[{mlp.BATCH},{mlp.FEATURES}]", f"batch.0=f32[{mlp.BATCH},65]"))
     assert bad.returncode == 1
-    assert "mlp.py:34" in bad.stderr and "linear" in bad.stderr and "f32[64,65]" in bad.stderr
+    line = next(number for number, text in enumerate(Path(mlp.__file__).read_text().splitlines(), start=1)
+                if "hidden = F.relu(F.linear(x" in text)
+    assert f"mlp.py:{line}" in bad.stderr and "linear" in bad.stderr and "f32[64,65]" in bad.stderr
 
 
 # ------------------------------------------------------------------ the transformer example
@@ -88,56 +99,60 @@ def torch_rope(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def torch_transformer_step(tokens, targets, cos, sin, params, steps):
-    """The example's step in PyTorch: forward, cross-entropy, backward, torch.optim.Adam."""
-    leaves = [torch.tensor(p, requires_grad=True) for p in params]
-    optimizer = torch.optim.Adam(leaves, lr=3e-3)
+def torch_transformer_step(tokens, targets, cos, sin, params, rates):
+    """The example's step in PyTorch: forward, cross-entropy, backward, torch.optim.Adam at each
+    step's learning rate (the example's schedule)."""
+    leaves = {name: torch.tensor(p, requires_grad=True) for name, p in params.items()}
+    optimizer = torch.optim.Adam(list(leaves.values()), lr=rates[0])
     cos, sin = torch.tensor(cos), torch.tensor(sin)
     losses = []
-    for _ in range(steps):
-        emb, ln1_w, ln1_b, wq, wk, wv, wo, ln2_w, ln2_b, w1, w2, lnf_w, lnf_b, head = leaves
+    for rate in rates:
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        p = leaves
         batch, context = tokens.shape
-        x = emb[torch.tensor(tokens).reshape(-1)].reshape(batch, context, -1)
-        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), ln1_w, ln1_b)
+        x = p["emb"][torch.tensor(tokens).reshape(-1)].reshape(batch, context, -1)
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), p["ln1_w"], p["ln1_b"])
         heads, kv_heads, dim = transformer.HEADS, transformer.KV_HEADS, transformer.HEAD_DIM
-        q = (h @ wq.T).reshape(batch, context, heads, dim).transpose(1, 2)
-        k = (h @ wk.T).reshape(batch, context, kv_heads, dim).transpose(1, 2)
-        v = (h @ wv.T).reshape(batch, context, kv_heads, dim).transpose(1, 2)
+        q = (h @ p["wq"].T).reshape(batch, context, heads, dim).transpose(1, 2)
+        k = (h @ p["wk"].T).reshape(batch, context, kv_heads, dim).transpose(1, 2)
+        v = (h @ p["wv"].T).reshape(batch, context, kv_heads, dim).transpose(1, 2)
         q, k = torch_rope(q, cos, sin), torch_rope(k, cos, sin)
         a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + a.transpose(1, 2).reshape(batch, context, heads * dim) @ wo.T
-        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), ln2_w, ln2_b)
-        x = x + torch.nn.functional.gelu(h @ w1.T) @ w2.T
-        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), lnf_w, lnf_b)
-        logits = (h @ head.T).reshape(batch * context, -1)
+        x = x + a.transpose(1, 2).reshape(batch, context, heads * dim) @ p["wo"].T
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), p["ln2_w"], p["ln2_b"])
+        x = x + torch.nn.functional.gelu(h @ p["w1"].T) @ p["w2"].T
+        h = torch.nn.functional.layer_norm(x, (x.shape[-1],), p["lnf_w"], p["lnf_b"])
+        logits = (h @ p["head"].T).reshape(batch * context, -1)
         loss = torch.nn.functional.cross_entropy(logits, torch.tensor(targets).reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    return losses, [p.detach().numpy() for p in leaves]
+    return losses, {name: p.detach().numpy() for name, p in leaves.items()}
 
 
 @pytest.mark.parametrize("target", ["reference", "cpu"])
 def test_transformer_train_step_matches_torch(target: str) -> None:
     stream = transformer.batches(transformer.encode(transformer.TEXT), seed=3)
-    tokens, targets = next(stream)
-    cos, sin = transformer.rope_tables()
+    batch = next(stream)
+    rope = transformer.rope_tables()
     params = transformer.init_params(seed=4)
-    step = transformer.bendc.jit(transformer.train_step.fn, leaves=transformer.PARAMS, target=target)
-    state = [params, [np.zeros_like(p) for p in params], [np.zeros_like(p) for p in params]]
+    step = transformer.bendc.jit(transformer.train_step.fn, leaves=("params",), dynamic=("lr",), target=target)
+    state = (params, transformer.bendc.optim.init_adam(params))
+    rates = [transformer.learning_rate(index, 3) for index in range(3)]
     losses = []
-    for count in range(1, 3):  # two steps: the second starts from updated parameters and moments
-        loss, *updates = step(tokens, targets, cos, sin, np.array(count, np.int64), *state[0], *state[1],
-                              *state[2])
-        state = [updates[0::3], updates[1::3], updates[2::3]]
+    for rate in rates:  # three steps at three learning rates: updated parameters, moments and lr each time
+        loss, *state = step(*state, batch, rope, rate)
         losses.append(float(loss))
-    torch_losses, torch_params = torch_transformer_step(tokens, targets, cos, sin, params, 2)
+    assert len(step.signatures()) == 1  # the schedule's lr is traced: one compile
+    torch_losses, torch_params = torch_transformer_step(*batch, *rope, params, rates)
     np.testing.assert_allclose(losses, torch_losses, rtol=1e-5)
-    for name, mine, theirs in zip(transformer.PARAMS, state[0], torch_params):
+    assert float(state[1]["step"]) == 3.0
+    for name, theirs in torch_params.items():
         # Adam divides by sqrt(v) + eps: where a gradient is tiny the update's relative error grows,
         # so parameters are compared with an absolute tolerance of a thousandth of the step size.
-        assert_close(mine, theirs, name, rtol=1e-4, atol=3e-6)
+        assert_close(state[0][name], theirs, name, rtol=1e-4, atol=3e-6)
 
 
 def test_transformer_loss_falls() -> None:

@@ -15,9 +15,9 @@ from bendc import cli
 from bendc.ir.parser import parse_graph
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
 
-import mlp  # noqa: E402
+import flat_mlp as mlp  # noqa: E402
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_profile_table_covers_every_kernel(step, tmp_path) -> None:
         assert set(row) >= {"kernel", "source_lines", "calls", "total_ms", "mean_ms", "share"}
         name, _, line = row["kernel"].rpartition("@")
         assert re.fullmatch(r"[a-z_0-9]+", name), row["kernel"]
-        assert line in row["source_lines"] and line.startswith("mlp.py:"), row
+        assert line in row["source_lines"] and line.startswith("flat_mlp.py:"), row
         assert not re.search(r"k_[0-9a-f]{8}", row["kernel"])  # no hash names
     assert any(row["kernel"].startswith("fused_") for row in rows)
     text = str(table)
@@ -59,10 +59,10 @@ def test_profile_table_covers_every_kernel(step, tmp_path) -> None:
 def test_bendc_profile_writes_a_chrome_trace(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("BENDC_CACHE_DIR", str(tmp_path / "cache"))
     trace = tmp_path / "trace.json"
-    assert cli.main(["profile", f"{ROOT / 'examples' / 'mlp.py'}:train_step", "--runs", "2",
+    assert cli.main(["profile", f"{ROOT / 'tests' / 'flat_mlp.py'}:train_step", "--runs", "2",
                      "--chrome", str(trace)]) == 0
     out = capsys.readouterr().out
-    assert "bendc profile of train_step: 2 runs" in out and "matmul@mlp.py:34" in out
+    assert "bendc profile of train_step: 2 runs" in out and f"matmul@flat_mlp.py:{mlp.line_of('hidden = F.relu(F.linear(x')}" in out
     events = json.loads(trace.read_text())["traceEvents"]
     kernels = [e for e in events if e.get("cat") != "step"]
     assert all(e["ph"] == "X" and e["dur"] >= 0 and "step" in e["args"] for e in kernels)

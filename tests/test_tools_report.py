@@ -14,9 +14,9 @@ from bendc.ir.parser import parse_graph
 from bendc.reporting import group_decisions, node_name
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
 
-import mlp  # noqa: E402
+import flat_mlp as mlp  # noqa: E402
 
 
 def mlp_step(cache_dir: Path):
@@ -38,7 +38,7 @@ def test_report_summary_names_nodes_and_gives_the_peak(tmp_path) -> None:
     stats = step.stats()
     assert stats["planned_bytes"] <= stats["naive_bytes"]
     # pass decisions name their nodes by op and the user's line
-    assert re.search(r"%\d+ [a-z_]+@mlp\.py:\d+", report), report
+    assert re.search(r"%\d+ [a-z_]+@flat_mlp\.py:\d+", report), report
 
 
 def test_plan_peak_is_at_most_the_planned_buffers(tmp_path) -> None:

@@ -14,8 +14,8 @@ from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_do
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.kernels.templates import helper_functions
-from bendc.kernels.cpu_kit import (PARALLEL_CELLS, REDUCTION_CHUNKS, chunked_loop_nest, element, loop_nest,
-                                   njit_decorator, vectorizable_math)
+from bendc.kernels.cpu_kit import (PARALLEL_CELLS, REDUCTION_CHUNKS, UNROLLED_EXTENT, chunked_loop_nest, element,
+                                   loop_nest, njit_decorator, vectorizable_math)
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -71,10 +71,22 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
     body: list[str] = []
     hoisted: list[str] = []
 
+    # Each loop's extent is read from the shape of an argument that the loop indexes (outputs
+    # first): the source then serves every size of the domain, so a new batch size reuses the
+    # compiled kernel (numba's types carry no sizes). A loop that indexes nothing keeps its literal.
+    written: dict[int, str] = {}
+    read_at: dict[int, str] = {}
+
+    def note(extents: dict[int, str], array: str, index: list[str]) -> None:
+        for position, name in enumerate(index):
+            if name in loops:
+                extents.setdefault(loops.index(name), f"{array}.shape[{position}]")
+
     def read(value: int, index: list[str]) -> str:
         key = (value, ",".join(index))
         if key not in reads:
             reads[key] = f"r{len(reads)}"
+            note(read_at, arg_of[value], index)
             # A one-element input is read once, before the loops (numba's parfor lowering
             # cannot type a 0-d array's [()] inside a prange body).
             where = hoisted if graph.node(value).type.numel == 1 else body
@@ -103,11 +115,12 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
             # round once at the end: a float32 running sum over many cells drifts far from the
             # pairwise sums of numpy and PyTorch (~100x their error over 65536 cells).
             kept = reduction_index(graph, node, loops)
+            note(written, out_of[id], kept)
             flat, wide = f"z{number}", f"w{number}"
             value = f"np.float64({local[node.inputs[0]]})"
             if chunks:  # one float64 partial sum per chunk, added in chunk order after the loop
                 total = f"p{number}"
-                prologue.append(f"{total} = np.zeros({(chunks, *node.type.shape)!r}, np.float64)")
+                prologue.append(f"{total} = np.zeros(({chunks},) + {out_of[id]}.shape, np.float64)")
                 body.append(f"{element(total, ['chunk', *kept])} += {value}  # %{id} = {node.op}")
                 epilogue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
                              f"{wide} = {total}.reshape(({chunks}, {flat}.size))",
@@ -134,14 +147,18 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
             body.append(f"{out_of[id]}_cell[0] = {local[id]}")
             continue
         index = ["0"] * len(shape) if graph.node(id).type.numel == 1 else loops
+        note(written, out_of[id], index)
         body.append(f"{element(out_of[id], index)} = {local[id]}")
 
+    extents = [written.get(axis, read_at.get(axis, str(size))) for axis, size in enumerate(domain)]
+    if len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT:  # a tiny inner loop: unrolled whole
+        extents[-1] = str(domain[-1])
     args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
     lines = [njit_decorator(parallel_axis is not None), f"def kernel({args}):"]
     lines.extend("    " + line for line in hoisted + prologue)
     if chunks:
-        lines.extend(chunked_loop_nest(domain, loops, parallel_axis, chunks, body))
+        lines.extend(chunked_loop_nest(extents, loops, parallel_axis, chunks, body))
     else:
-        lines.extend(loop_nest(domain, loops, parallel_axis, body))
+        lines.extend(loop_nest(extents, loops, parallel_axis, body))
     lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"

@@ -64,6 +64,7 @@ class Graph:
         self.params: list[int] = []
         self.outputs: list[int] = []
         self._next_id = 0
+        self._order: list[int] | None = None  # order(), kept until an edge or node changes
 
     # ----------------------------------------------------------- building
     def add(
@@ -92,6 +93,7 @@ class Graph:
     def _put(self, node: Node) -> None:
         for operand in node.inputs:
             assert operand in self._nx, f"%{node.id} uses undefined %{operand}"
+        self._order = None
         self._nx.add_node(node.id, node=node)
         for operand in set(node.inputs):
             self._nx.add_edge(operand, node.id)
@@ -99,6 +101,8 @@ class Graph:
     def replace(self, node: Node) -> None:
         """Put a changed node in place of the node with the same id."""
         old = self.node(node.id)
+        if set(old.inputs) != set(node.inputs):
+            self._order = None
         for operand in set(old.inputs) - set(node.inputs):
             self._nx.remove_edge(operand, node.id)
         self._nx.nodes[node.id]["node"] = node
@@ -116,6 +120,7 @@ class Graph:
 
     def remove(self, id: int) -> None:
         assert not list(self._nx.successors(id)), f"%{id} still has users"
+        self._order = None
         self._nx.remove_node(id)
         if id in self.params:
             self.params.remove(id)
@@ -135,8 +140,11 @@ class Graph:
         return sorted(self._nx.successors(id))
 
     def order(self) -> list[int]:
-        """Node ids in deterministic topological order (lowest id first)."""
-        return list(nx.lexicographical_topological_sort(self._nx, key=lambda n: n))
+        """Node ids in deterministic topological order (lowest id first); computed once per shape of
+        the graph (passes read it many times between changes)."""
+        if self._order is None:
+            self._order = list(nx.lexicographical_topological_sort(self._nx, key=lambda n: n))
+        return list(self._order)
 
     def nodes(self) -> Iterator[Node]:
         for id in self.order():
@@ -173,6 +181,7 @@ class Graph:
         other.params = list(self.params)
         other.outputs = list(self.outputs)
         other._next_id = self._next_id
+        other._order = self._order
         return other
 
     @property

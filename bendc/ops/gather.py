@@ -106,7 +106,7 @@ def _cpu_index_add(attrs, ins, out):
 
 def _cpu_gather(attrs, ins, out):
     dim = attrs["dim"]
-    window = ", ".join(":" if axis == dim else f":{size}" for axis, size in enumerate(ins[1].shape))
+    window = ", ".join(":" if axis == dim else f":in1.shape[{axis}]" for axis in range(ins[1].ndim))
     return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("gather", ins[0].shape[dim])
             + f"    out0[...] = np.take_along_axis(in0[{window},], in1, axis={dim})\n")
 

@@ -137,12 +137,13 @@ def _cpu_matmul(attrs, ins, out) -> str:
     for some layouts), one call over all rows is 2-3x faster on the shapes of a transformer."""
     a, b = ins
     if a.ndim > 2 and b.ndim == 2:
-        rows = 1
-        for size in a.shape[:-1]:
-            rows *= size
+        k, n = a.shape[-1], b.shape[-1]
+        # the row count from the shape where k > 0 (one source for every batch size)
+        rows = f"in0.size // {k}" if k else str(out.numel // max(n, 1))
         return ("def kernel(in0, in1, out0):\n"
-                f"    # (..., m, k) @ (k, n) as one ({rows}, {a.shape[-1]}) @ ({a.shape[-1]}, {b.shape[-1]}) product\n"
-                f"    np.matmul(in0.reshape({rows}, {a.shape[-1]}), in1, out=out0.reshape({rows}, {b.shape[-1]}))\n")
+                f"    # (..., m, k) @ (k, n) as one (rows, {k}) @ ({k}, {n}) product\n"
+                f"    rows = {rows}\n"
+                f"    np.matmul(in0.reshape(rows, {k}), in1, out=out0.reshape(rows, {n}))\n")
     return "def kernel(in0, in1, out0):\n    np.matmul(in0, in1, out=out0)\n"
 
 

@@ -165,14 +165,15 @@ def _cpu_stat(rstd: bool):
         return (
             f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
             f"def _rows(x, out):\n"
-            f"    for r in {loop}({rows}):\n"
+            f"    for r in {loop}(x.shape[0]):\n"
             f"        total = 0.0\n"
             f"        for c in range({columns}):\n"
             f"            total += np.float64(x[r, c])\n"
             f"        mean = total / {columns}\n"
             + finish + "\n\n"
             "def kernel(in0, out0):\n"
-            f"    _rows(np.ascontiguousarray(in0).reshape(({rows}, {columns})), out0.reshape({rows}))\n"
+            f"    rows = in0.size // {max(columns, 1)}  # from the shape: one source for every batch size\n"
+            f"    _rows(np.ascontiguousarray(in0).reshape((rows, {columns})), out0.reshape(rows))\n"
         )
 
     return render
@@ -310,7 +311,7 @@ def vjp_rope(b, node, grad, needs):
 def _cpu_rope(attrs, ins, out):
     """One cell per row of the last dim: each output pair reads its partner element."""
     x = ins[0]
-    table_rows, half = x.shape[-2], x.shape[-1] // 2
+    half = x.shape[-1] // 2
     rows = x.numel // max(x.shape[-1], 1)
     parallel = x.numel >= PARALLEL_CELLS and rows > 1
     loop = "prange" if parallel else "range"
@@ -323,8 +324,8 @@ def _cpu_rope(attrs, ins, out):
     return (
         f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
         "def _rows(x, cos, sin, out):\n"
-        f"    for r in {loop}({rows}):\n"
-        f"        t = r % {table_rows}\n"
+        f"    for r in {loop}(x.shape[0]):\n"
+        "        t = r % cos.shape[0]\n"
         f"        for j in range({half}):\n"
         "            a = x[r, j]\n"
         f"            p = x[r, j + {half}]\n"
@@ -334,8 +335,9 @@ def _cpu_rope(attrs, ins, out):
         f"            out[r, j + {half}] = {second}\n"
         "\n\n"
         "def kernel(in0, in1, in2, out0):\n"
-        f"    _rows(np.ascontiguousarray(in0).reshape(({rows}, {2 * half})), np.ascontiguousarray(in1),\n"
-        f"          np.ascontiguousarray(in2), out0.reshape(({rows}, {2 * half})))\n"
+        f"    rows = in0.size // {max(2 * half, 1)}  # from the shape: one source for every batch size\n"
+        f"    _rows(np.ascontiguousarray(in0).reshape((rows, {2 * half})), np.ascontiguousarray(in1),\n"
+        f"          np.ascontiguousarray(in2), out0.reshape((rows, {2 * half})))\n"
     )
 
 

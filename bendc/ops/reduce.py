@@ -225,7 +225,7 @@ def _cpu_row(log: bool):
         source = (
             f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
             f"def _rows(x, out):\n"
-            f"    for r in {loop}({rows}):\n"
+            f"    for r in {loop}(x.shape[0]):\n"
             f"        m = x[r, 0]\n"
             f"        for c in range(1, {columns}):\n"
             f"            if x[r, c] > m:\n"
@@ -239,13 +239,14 @@ def _cpu_row(log: bool):
         if not moved:
             return source + (
                 "def kernel(in0, out0):\n"
-                f"    _rows(np.ascontiguousarray(in0).reshape(({rows}, {columns})), "
-                f"out0.reshape(({rows}, {columns})))\n")
+                f"    rows = in0.size // {max(columns, 1)}  # from the shape: one source for every batch size\n"
+                f"    _rows(np.ascontiguousarray(in0).reshape((rows, {columns})), out0.reshape((rows, {columns})))\n")
         return source + (
             "def kernel(in0, out0):\n"
             f"    moved = np.ascontiguousarray(np.moveaxis(in0, {dim}, -1))\n"
             "    result = np.empty_like(moved)\n"
-            f"    _rows(moved.reshape(({rows}, {columns})), result.reshape(({rows}, {columns})))\n"
+            f"    rows = moved.size // {max(columns, 1)}\n"
+            f"    _rows(moved.reshape((rows, {columns})), result.reshape((rows, {columns})))\n"
             f"    out0[...] = np.moveaxis(result, -1, {dim})\n")
 
     return render

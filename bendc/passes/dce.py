@@ -8,8 +8,9 @@ from bendc.passes.manager import PassContext, register
 def remove_dead(graph: Graph) -> list[int]:
     """Remove the nodes no output depends on; returns their ids."""
     live = set(graph.outputs) | set(graph.params)
-    for output in graph.outputs:
-        live |= graph.ancestors(output)
+    for id in reversed(graph.order()):  # users before operands: one sweep
+        if id in live:
+            live.update(graph.node(id).inputs)
     dead = [id for id in reversed(graph.order()) if id not in live]
     for id in dead:
         graph.remove(id)

@@ -69,7 +69,13 @@ def fusion_groups(graph: Graph, context: PassContext | None = None) -> dict[int,
     through the node (which would make the kernel wait for itself). Groups
     made only of layout ops are dropped: those ops stay zero-copy views.
     """
-    ancestors = {id: graph.ancestors(id) for id in graph.order()}
+    ancestors: dict[int, set[int]] = {}  # in topological order: each from its operands' (no search per node)
+    for id in graph.order():
+        found: set[int] = set()
+        for operand in set(graph.node(id).inputs):
+            found.add(operand)
+            found |= ancestors[operand]
+        ancestors[id] = found
     group_of: dict[int, Group] = {}
     groups: dict[int, Group] = {}
 

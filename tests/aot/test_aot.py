@@ -31,10 +31,10 @@ from runtime.artifact import (FORMAT_VERSION, ArtifactInvalid, InputsInvalid, ch
                               read_manifest)
 
 ROOT = Path(__file__).resolve().parents[2]
-MLP = str(ROOT / "examples" / "mlp.py")
-sys.path.insert(0, str(ROOT / "examples"))
+MLP = str(ROOT / "tests" / "flat_mlp.py")  # the mlp with one parameter per array (examples/mlp.py takes pytrees)
+sys.path.insert(0, str(ROOT / "tests"))
 
-import mlp  # noqa: E402
+import flat_mlp as mlp  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,7 +48,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory, cache_dir):
-    """(artifact folder, stdout, stderr) of `bendc compile examples/mlp.py:train_step --target cpu`.
+    """(artifact folder, stdout, stderr) of `bendc compile tests/flat_mlp.py:train_step --target cpu`.
 
     The artifact then runs once (it holds its kernels' machine code under numba/, which copies keep,
     so the other tests compile nothing).

@@ -26,8 +26,9 @@ from runtime.cli import random_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
 
-import mlp  # noqa: E402
+import flat_mlp as mlp  # noqa: E402
 import transformer  # noqa: E402
 
 
@@ -40,7 +41,9 @@ def cache_dir(tmp_path_factory):
 
 
 def compile_example(example: str, out: Path, *extra: str) -> None:
-    assert cli.main(["compile", f"{ROOT / 'examples' / example}:train_step", "--target", "cpu",
+    """Compile examples/EXAMPLE (or tests/flat_mlp.py, the flat-parameter mlp) for the cpu."""
+    folder = ROOT / ("tests" if example == "flat_mlp.py" else "examples")
+    assert cli.main(["compile", f"{folder / example}:train_step", "--target", "cpu",
                      "-o", str(out), *extra]) == 0
 
 
@@ -109,18 +112,33 @@ def test_read_only_transformer_runs_twice_without_compiling(transformer_artifact
     assert listing(transformer_artifact) == before  # nothing written, no __pycache__
     assert not list(transformer_artifact.rglob("__pycache__"))
 
-    step = bendc.jit(transformer.train_step.fn, leaves=transformer.PARAMS, target="cpu", cache_dir=str(cache_dir))
-    want = step(*inputs)
+    step = bendc.jit(transformer.train_step.fn, leaves=("params",), dynamic=("lr",), target="cpu",
+                     cache_dir=str(cache_dir))
+    arguments = runtime.load(str(transformer_artifact)).parameters  # the inputs by parameter, as traced
+    flat = dict(zip(names, inputs))
+    rebuilt = {name: _rebuild(tree, flat) for name, tree in arguments.items()}
+    want = bendc.tree.leaves(step(**rebuilt))
     for attempt in range(2):
         with np.load(tmp_path / f"out{attempt}.npz") as got:
             for index, expected in enumerate(want):
                 assert_bitwise(got[f"out{index}"], expected, f"run {attempt} out{index}")
 
 
+def _rebuild(tree: dict, flat: dict):
+    """A parameter's value from the manifest's structure and the flat inputs by name."""
+    if tree["kind"] == "input":
+        return flat[tree["value"]]
+    if tree["kind"] == "static":
+        return tree["value"]
+    if tree["kind"] == "dict":
+        return {key: _rebuild(item, flat) for key, item in tree["items"].items()}
+    return [_rebuild(item, flat) for item in tree["items"]]
+
+
 @pytest.fixture(scope="module")
 def mlp_artifact(tmp_path_factory, cache_dir):
     out = tmp_path_factory.mktemp("mlp") / "mlp"
-    compile_example("mlp.py", out, "--donate", "w1,b1,w2,b2")
+    compile_example("flat_mlp.py", out, "--donate", "w1,b1,w2,b2")
     make_read_only(out)
     yield out
     make_writable(out)
@@ -198,7 +216,7 @@ def test_feed_outputs_are_checked(mlp_artifact, capsys) -> None:
 
 
 def test_compile_and_run_options_are_checked(mlp_artifact, tmp_path, capsys) -> None:
-    assert cli.main(["compile", f"{ROOT / 'examples' / 'mlp.py'}:train_step", "--target", "cpu",
+    assert cli.main(["compile", f"{ROOT / 'tests' / 'flat_mlp.py'}:train_step", "--target", "cpu",
                      "-o", str(tmp_path / "x"), "--donate", "w9"]) == 1
     assert "--donate w9" in capsys.readouterr().err and not (tmp_path / "x").exists()
     assert cli.main(["run", str(mlp_artifact), "--random-inputs", "--steps", "0"]) == 1
@@ -207,7 +225,7 @@ def test_compile_and_run_options_are_checked(mlp_artifact, tmp_path, capsys) -> 
 
 def test_an_artifact_without_feeds_says_how_to_name_them(tmp_path, cache_dir, capsys) -> None:
     out = tmp_path / "plain"
-    compile_example("mlp.py", out)
+    compile_example("flat_mlp.py", out)
     assert "  feeds " not in capsys.readouterr().out  # nothing donated: no feeds recorded
     assert cli.main(["run", str(out), "--random-inputs", "--steps", "2", "--feed-outputs"]) == 1
     assert "records no feeds" in capsys.readouterr().err

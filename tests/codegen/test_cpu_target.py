@@ -90,8 +90,8 @@ def _intervals(plan: KernelPlan) -> dict[int, tuple[int, int]]:
 
 
 def test_memory_plan_never_overlaps_live_values(tmp_path):
-    sys.path.insert(0, str(ROOT / "examples"))
-    import mlp
+    sys.path.insert(0, str(ROOT / "tests"))
+    import flat_mlp as mlp
 
     step = bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="cpu", cache_dir=str(tmp_path))
     x, y = mlp.make_data(mlp.BATCH)
@@ -158,8 +158,8 @@ def test_cache_is_reused_and_a_corrupt_entry_is_rebuilt(tmp_path):
 def test_second_process_reuses_the_cache(tmp_path):
     code = (
         "import sys, numpy as np\n"
-        f"sys.path.insert(0, {str(ROOT / 'examples')!r})\n"
-        "import mlp, bendc\n"
+        f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        "import flat_mlp as mlp, bendc\n"
         "step = bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target='cpu')\n"
         "x, y = mlp.make_data(64)\n"
         "out = step(x, y, *mlp.init_params())\n"

@@ -173,9 +173,10 @@ def _dense_passes() -> tuple[str, ...]:
 
 
 def mlp_program():
-    """examples/mlp.py's train_step (the caller picks tiny shapes)."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    import mlp
+    """tests/flat_mlp.py's train_step, the mlp example with one parameter per array (the caller
+    picks tiny shapes)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import flat_mlp as mlp
 
     return mlp.train_step.fn, mlp.LEAVES
 
@@ -297,15 +298,15 @@ OPS_RANDOM_PROGRAMS: list[Program] = [
 
 
 def mlp_tiny() -> Program:
-    """examples/mlp.py at batch 4, features 8, hidden 8, classes 3 (for the simulator)."""
+    """tests/flat_mlp.py at batch 4, features 8, hidden 8, classes 3 (for the simulator)."""
     fn, leaves = mlp_program()
     return Program("mlp", fn, leaves, _mlp_inputs, MLP_KINDS, static={"lr": 0.1})
 
 
 def mlp_example() -> Program:
-    """examples/mlp.py at its EXAMPLE_SHAPES (batch 64, 64 features, 128 hidden, 10 classes)."""
+    """tests/flat_mlp.py at its EXAMPLE_SHAPES (batch 64, 64 features, 128 hidden, 10 classes)."""
     fn, leaves = mlp_program()
-    import mlp
+    import flat_mlp as mlp
 
     def inputs(rng: np.random.Generator) -> tuple:
         return _mlp_inputs(rng, mlp.BATCH, mlp.FEATURES, mlp.HIDDEN, mlp.CLASSES)

@@ -30,7 +30,7 @@ def bendc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("aot") / "mlp-cuda"
-    result = bendc("compile", "examples/mlp.py:train_step", "--target", "cuda", "--arch", "sm_90", "-o", str(out))
+    result = bendc("compile", "tests/flat_mlp.py:train_step", "--target", "cuda", "--arch", "sm_90", "-o", str(out))
     assert result.returncode == 0, result.stderr
     return out
 
@@ -82,7 +82,7 @@ def test_the_cuda_artifact_runs_under_the_simulator_like_the_cpu_build(tmp_path:
     folders = {}
     for target in ("cpu", "cuda"):
         folders[target] = tmp_path / f"mlp-{target}"
-        result = bendc("compile", "examples/mlp.py:train_step", "--shapes", TINY, "--target", target,
+        result = bendc("compile", "tests/flat_mlp.py:train_step", "--shapes", TINY, "--target", target,
                        "-o", str(folders[target]))
         assert result.returncode == 0, result.stderr
     outputs = {}

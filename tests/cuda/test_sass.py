@@ -135,9 +135,9 @@ EXPANDS_TO_FFMA = re.compile(r"^\s*(fma\.|div\.rn\.f32|div\.full|sqrt\.rn\.f32|r
 def test_no_kernel_of_the_mlp_example_contracts(tmp_path) -> None:
     """Kernels of the mlp training step (matmul tiles, sums, elementwise VJP chains), build path:
     where the PTX asks for no fma, division or square root, the SASS holds no FFMA."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     try:
-        import mlp
+        import flat_mlp as mlp
     finally:
         sys.path.pop(0)
     graph = bendc.jit(mlp.train_step.fn, leaves=mlp.LEAVES, target="reference").lower(mlp.EXAMPLE_SHAPES).graph

@@ -102,7 +102,7 @@ def test_program_matches_reference(program: Program, cache_dir: str) -> None:
 
 
 def test_mlp_example_tiny_trains_on_device_arrays(cache_dir: str) -> None:
-    """examples/mlp.py with batch 4, features 8, hidden 8, classes 3: two steps, the second fed the
+    """tests/flat_mlp.py with batch 4, features 8, hidden 8, classes 3: two steps, the second fed the
     first's device outputs (no copies back to the host in between)."""
     program = mlp_tiny()
     x, y, *params = program.make_inputs(np.random.default_rng(1))

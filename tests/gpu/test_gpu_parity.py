@@ -61,8 +61,8 @@ def test_mlp_example_at_its_shapes_matches_reference_for_several_steps(tmp_path)
 
 def test_mlp_example_matches_torch() -> None:
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-    import mlp
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import flat_mlp as mlp  # the mlp example with one parameter per array
 
     x, y = mlp.make_data(mlp.BATCH)
     params = mlp.init_params()
