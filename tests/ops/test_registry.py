@@ -98,6 +98,17 @@ SAMPLES: dict[str, Sample] = {
                                    {"causal": True, "scale": 0.5, "schedule": "triangular"}),
     "attention_vjp": Sample((T("f32[1,2,6]"), T("f32[1,2,3,4]")),
                             {"causal": True, "heads": 1, "schedule": "auto", "wrt": "k"}),
+    # comparisons, casts, clamp, powers, tril/triu (issue 14: bendc/ops/pointwise.py)
+    **{name: Sample((T("f32[2,3]"), T("f32[3]"))) for name in ("lt", "gt", "ge", "eq", "ne")},
+    "to_float": Sample((T("bool[2,3]"),)),
+    "detach": Sample((T("f32[2,3]"),)),
+    "abs": Sample((T("f32[2,3]"),)),
+    "sign": Sample((T("f32[2,3]"),)),
+    "clamp": Sample((T("f32[2,3]"), T("f32[3]"), T("f32[2,1]")), {"lower": True, "upper": True}),
+    "rsqrt": Sample((T("f32[2,3]"),), positive=(0,)),
+    "pow_scalar": Sample((T("f32[2,3]"),), {"exponent": 1.5}, positive=(0,)),
+    "pow": Sample((T("f32[2,3]"), T("f32[3]")), positive=(0,)),
+    "triangle": Sample((T("f32[2,3,4]"),), {"diagonal": 0, "upper": False}),
 }
 
 
@@ -399,6 +410,21 @@ if hasattr(F, "scaled_dot_product_attention"):
         _rng((1, 2, 3, 4), 0), _rng((1, 1, 3, 4), 1), _rng((1, 1, 3, 4), 2), _rng((1, 2, 3, 4), 3)))
 
 
+def selection(x, y, w):
+    """Comparisons as masks, casts, where, clamp, powers, tril/triu and the shape methods (issue 14)."""
+    a = x * w
+    masks = (a < y).float() + (a > y) * a + (a >= 0.5) + (a <= y).float() * (a == y) + (a != y) * 2.0
+    picked = F.where(a > 0, a, y).masked_fill(y < 0, 1.5) + a.clamp(-0.5, y) + a.clip(max=0.25)
+    powers = (a * a + 1.0) ** 1.5 + (a * a + 1.0) ** (y * y) + 2.0 ** a + (a * a + 1.0).rsqrt() + abs(a) * a.sign()
+    shapes = F.cat([a.tril(), a.triu(1)], 1).sum() + F.stack([a, y]).sum() + F.pad(a, (1, -1)).sum()
+    loss = (masks * picked + powers).sum() + shapes + a.detach().sum()
+    loss.backward()
+    return loss, w.grad
+
+
+COVERAGE_PROGRAMS["selection"] = (selection, ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1), _rng((2, 3), 2)))
+
+
 def _method_program(method: str):
     """A program for an op that declares its Tensor method (OpDef.method): its value and gradient."""
     def program(x, w):
@@ -409,6 +435,8 @@ def _method_program(method: str):
     return program
 
 
+COVERAGE_PROGRAMS["rsqrt"] = (_method_program("rsqrt"), ("w",), lambda: (_rng((2, 3), 0, 0.5, 2.0),
+                                                                        _rng((2, 3), 1, 0.5, 2.0)))
 for _method, _op in METHODS.items():  # ops that declare a method need no hand-written program
     COVERAGE_PROGRAMS.setdefault(_op, (_method_program(_method), ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1))))
 
