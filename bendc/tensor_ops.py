@@ -89,13 +89,17 @@ class TensorOps:
     def _operand(self, other: Any, op: str):
         return self.tracer.value(other, op)
 
-    def _promoted(self, a, b, op: str):
+    def _promoted(self, a, b, op: str, number_is_bool: bool = False):
         """PyTorch's promotion of two arithmetic operands: a bool one becomes float32 (integer ones stay,
-        and the op refuses them);
-        two bool operands of + - * would stay bool in PyTorch, and are refused here."""
-        if a.dtype == "bool" and b.dtype == "bool" and op in ("add", "sub", "mul"):
-            raise UnsupportedError(f"{op} of two bool tensors ({a.type}, {b.type}) is a bool result in PyTorch, "
-                                   "which bendc does not compute; convert with .float() first",
+        and the op refuses them). PyTorch refuses a bool operand of - ; two bool operands of + or *
+        (a Python bool counts) give a bool result, which bendc does not compute: refused too."""
+        bools = a.dtype == "bool", b.dtype == "bool"
+        if op == "sub" and any(bools):
+            raise UnsupportedError(f"subtraction with a bool tensor ({a.type}, {b.type}) is not supported (as in "
+                                   "PyTorch); convert with .float() first", loc=self.tracer.builder.loc, op=op)
+        if op in ("add", "mul") and (all(bools) or (any(bools) and number_is_bool)):
+            raise UnsupportedError(f"{op} of two bools ({a.type}, {b.type}) is a bool result in PyTorch, which "
+                                   "bendc does not compute; convert with .float() first",
                                    loc=self.tracer.builder.loc, op=op)
         return tuple(t._as_float() if t.dtype == "bool" else t for t in (a, b))
 

@@ -280,9 +280,10 @@ class Tensor(TensorOps):
     # ------------------------------------------------------------- arithmetic
     def _binary(self, op: str, other: Any, reflected: bool = False, user_op: str | None = None) -> Tensor:
         with self.tracer.at_user_line(user_op or op):
+            number_is_bool = isinstance(other, (bool, np.bool_))
             other = self.tracer.value(other, user_op or op)
             a, b = (other, self) if reflected else (self, other)
-            a, b = self._promoted(a, b, user_op or op)  # a bool operand is float32 (PyTorch's promotion)
+            a, b = self._promoted(a, b, user_op or op, number_is_bool)  # a bool operand is float32 (PyTorch's)
             return self.tracer.emit(op, (a.id, b.id))
 
     def __add__(self, other): return self._binary("add", other)
