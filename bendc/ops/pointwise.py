@@ -7,8 +7,6 @@ to float32 with ``to_float``, as PyTorch does. The VJP rules follow PyTorch's de
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from bendc.ir.types import TensorType
@@ -217,40 +215,33 @@ define_op(
 
 
 # ------------------------------------------------------------------ powers
-# PyTorch's CPU pow with a scalar exponent computes these exponents without pow() (PowKernel.cpp).
-_SPECIAL_POWERS = (0.0, 1.0, 2.0, 3.0, 0.5, -0.5, -1.0, -2.0)
+# PyTorch's CPU pow with a scalar exponent computes these exponents without pow() (PowKernel.cpp):
+# exponent -> (numpy reference, generated source) of x ** exponent.
+_SPECIAL_POWERS = {
+    0.0: (lambda x: np.ones_like(x, dtype=np.float32), lambda a: _c(1.0)),
+    1.0: (lambda x: _f32(x).copy(), lambda a: a),
+    2.0: (lambda x: x * x, lambda a: f"({a} * {a})"),
+    3.0: (lambda x: x * x * x, lambda a: f"({a} * {a} * {a})"),
+    0.5: (lambda x: np.sqrt(x.astype(np.float64)).astype(np.float32), lambda a: f"math.sqrt({a})"),
+    -0.5: (lambda x: _reference_rsqrt([x], {}), lambda a: f"({_c(1.0)} / math.sqrt({a}))"),
+    -1.0: (lambda x: np.divide(F32(1.0), x), lambda a: f"({_c(1.0)} / {a})"),
+    -2.0: (lambda x: np.divide(F32(1.0), x * x), lambda a: f"({_c(1.0)} / ({a} * {a}))"),
+}
 
 
 def _reference_pow_scalar(values, attrs):
     x = values[0]
     e = float(attrs["exponent"])
     with np.errstate(all="ignore"):
-        if e == 0.0:
-            return np.ones_like(x, dtype=np.float32)
-        if e == 1.0:
-            return _f32(x).copy()
-        if e == 2.0:
-            return _f32(x * x)
-        if e == 3.0:
-            return _f32(x * x * x)
-        if e == 0.5:
-            return np.sqrt(x.astype(np.float64)).astype(np.float32)
-        if e == -0.5:
-            return _reference_rsqrt([x], {})
-        if e == -1.0:
-            return _f32(np.divide(F32(1.0), x))
-        if e == -2.0:
-            return _f32(np.divide(F32(1.0), x * x))
+        if e in _SPECIAL_POWERS:
+            return _f32(_SPECIAL_POWERS[e][0](x))
         return _f32(np.power(x, F32(e)))
 
 
 def _scalar_pow_scalar(a, *, exponent):
     e = float(exponent)
-    special = {0.0: _c(1.0), 1.0: a, 2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})",
-               0.5: f"math.sqrt({a})", -0.5: f"({_c(1.0)} / math.sqrt({a}))", -1.0: f"({_c(1.0)} / {a})",
-               -2.0: f"({_c(1.0)} / ({a} * {a}))"}
-    if e in special:
-        return special[e]
+    if e in _SPECIAL_POWERS:
+        return _SPECIAL_POWERS[e][1](a)
     return f"math.pow({a}, {_c(e)})"
 
 
