@@ -128,6 +128,44 @@ class TensorOps:
 
     lt, le, gt, ge, eq, ne = __lt__, __le__, __gt__, __ge__, __eq__, __ne__
 
+    # ------------------------------------------------------------- logic on bool masks
+    def _bool_operand(self, value: Any, op: str):
+        if isinstance(value, (bool, np.bool_)):
+            return self.tracer.const(float(value))
+        if not isinstance(value, TensorOps) or value.dtype != "bool":
+            what = value.type if isinstance(value, TensorOps) else type(value).__name__
+            raise UnsupportedError(f"{op} takes bool tensors (masks such as x > 0) or Python bools, got {what}",
+                                   loc=self.tracer.builder.loc, op=op)
+        return value._as_float()
+
+    def _logic(self, other: Any, op: str):
+        """and/or/xor of bool masks, composed as float32 0/1 compares (one fused kernel, exact)."""
+        with self.tracer.at_user_line(op):
+            a, b = self._bool_operand(self, op), self._bool_operand(other, op)
+            tracer = self.tracer
+            if op == "logical_xor":
+                return tracer.emit("ne", (a.id, b.id))
+            half = tracer.const(0.5)
+            if op == "logical_and":
+                picked = tracer.emit("where", (self.id, b.id, tracer.const(0.0).id))
+            else:
+                picked = tracer.emit("where", (self.id, tracer.const(1.0).id, b.id))
+            return tracer.emit("gt", (picked.id, half.id))
+
+    def logical_and(self, other): return self._logic(other, "logical_and")
+    def logical_or(self, other): return self._logic(other, "logical_or")
+    def logical_xor(self, other): return self._logic(other, "logical_xor")
+    __and__ = __rand__ = logical_and
+    __or__ = __ror__ = logical_or
+    __xor__ = __rxor__ = logical_xor
+
+    def logical_not(self):
+        with self.tracer.at_user_line("logical_not"):
+            a = self._bool_operand(self, "logical_not")
+            return self.tracer.emit("eq", (a.id, self.tracer.const(0.0).id))
+
+    __invert__ = logical_not
+
     # ------------------------------------------------------------- casts
     def float(self):
         """float32: a bool tensor gives 1.0 / 0.0, an integer one its values; a float one is itself."""

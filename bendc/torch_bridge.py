@@ -312,6 +312,11 @@ TORCH_FUNCTIONS.update({
     **{f"torch.Tensor.{name}": _comparison(op) for name, op in (
         ("__lt__", "lt"), ("__le__", "le"), ("__gt__", "gt"), ("__ge__", "ge"), ("__eq__", "eq"), ("__ne__", "ne"),
         ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"))},
+    **{f"{prefix}.{name}": _tensor_method(method) for prefix in ("torch", "torch.Tensor") for name, method in (
+        ("logical_and", "logical_and"), ("logical_or", "logical_or"), ("logical_xor", "logical_xor"),
+        ("logical_not", "logical_not"))},
+    **{f"torch.Tensor.{name}": _tensor_method(name) for name in (
+        "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__invert__")},
     "torch.absolute": _tensor_method("abs"), "torch.cat": _cat, "torch.concat": _cat, "torch.concatenate": _cat,
     "torch.stack": _stack, "torch.where": _where, "torch.clamp": _clamp, "torch.clip": _clamp,
     "torch.Tensor.clamp": _clamp, "torch.pow": _pow, "torch.Tensor.__pow__": _pow, "torch.Tensor.__rpow__": _rpow,

@@ -1072,6 +1072,9 @@ class Builder:
         shape = _broadcast(x.shape, y.shape) if len(operands) == 2 else x.shape
         compare = draw(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]))
         mask = f"({x.name} {compare} {other})"
+        if draw(st.integers(0, 3)) == 0:  # masks combined: &, |, ^, ~
+            joiner = draw(st.sampled_from(["&", "|", "^"]))
+            mask = f"(~{mask} {joiner} ({x.name} > {draw(st.sampled_from([0.0, -0.5]))!r}))"
         form = draw(st.sampled_from(["mul", "add", "float", "where", "masked_fill", "clamp", "clamp_tensor", "abs",
                                      "sign", "detach"]))
         if form == "mul":

@@ -83,6 +83,30 @@ def test_comparisons_return_bool_tensors():
         np.testing.assert_array_equal(mine, theirs.numpy())
 
 
+def test_mask_logic():
+    """&, |, ^, ~ and torch.logical_* of bool masks (composed as 0/1 float compares: exact), NaN included."""
+    a = with_values((3, 4), 60, math.nan, 0.0, -1.0, 1.0)
+    b = with_values((3, 4), 61, 1.0, math.nan, -1.0, 0.0)
+
+    def step(a, b):
+        p, q = a > 0, b <= 0
+        return (p & q, p | q, p ^ q, ~p, p & True, False | q, True ^ p, torch.logical_and(p, q),
+                torch.logical_or(p, q), torch.logical_xor(p, q), torch.logical_not(q), p.logical_not())
+
+    got = jit(step)(a, b)
+    want = step(torch.from_numpy(a), torch.from_numpy(b))
+    for mine, theirs in zip(got, want):
+        assert mine.dtype == np.bool_
+        np.testing.assert_array_equal(mine, theirs.numpy())
+    parity(lambda F, a, b: ((a > 0) & (b < 0.5)) * a + (~(a < b)) * b + J(F).where((a > 0) | (b > 0), a, b),
+           {"a": a, "b": b}, ("a", "b"), exact=True)
+
+
+def test_logic_needs_bool_masks():
+    with pytest.raises(bendc.UnsupportedError, match="bool tensors"):
+        jit(lambda a: (a > 0) & a)(normal((3,), 1))
+
+
 def test_integer_tensors_compare_and_cast():
     """(pred == target).float().mean(): integer comparisons and an integer to float32 cast."""
     i = np.array([0, 3, 2, 2, 1], np.int64)
