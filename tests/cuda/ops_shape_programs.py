@@ -11,11 +11,12 @@ from cuda_programs import Program, normal
 
 
 def masks(x, y, g):
-    """Comparisons as masks (to_float), where, masked_fill, clamp (numbers and tensors), abs, sign, detach."""
+    """Comparisons as masks (to_float) and their &, |, ^, ~, where, masked_fill, clamp (numbers and tensors),
+    abs, sign, detach."""
     m = x > y
     a = m * x + (x <= 0.25) + (x == y).float() + (x != 0.5) * 0.5 + (x < y).float() + (x >= y) * y
     b = F.where(m, x, 2.0).masked_fill(y < -0.5, -1.0) + x.clamp(-0.5, 0.5) + F.clamp(x, y, x * 0.5 + 1.0)
-    c = abs(x) * x.sign() + x.detach() * x
+    c = abs(x) * x.sign() + x.detach() * x + (m & (y < 0.5)) * x + (~m | (x > 1.0)) * y + (m ^ (y > 0)) * 1.5
     out = (a + b + c) * g
     out.sum().backward()
     return out, m, x.grad, y.grad
