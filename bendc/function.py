@@ -170,7 +170,12 @@ def to_array(value: Any, name: str) -> np.ndarray:
             and str(getattr(value, "device")) != "cpu" and hasattr(value, "cpu"):
         value = value.cpu()
     if hasattr(value, "__array__"):
-        return _c_order(np.asarray(value))
+        try:
+            return _c_order(np.asarray(value))
+        except TypeError as error:  # torch's bfloat16 has no numpy dtype: a TypeError, not a BendcError
+            dtype = getattr(value, "dtype", type(value).__name__)
+            raise SignatureError(f"parameter {name!r} has dtype {dtype} ({error}); bendc takes float32 data "
+                                 "and int64/int32 indices (use .float())", loc=user_location(), op="call") from None
     if hasattr(value, "__dlpack__"):
         return _c_order(np.from_dlpack(value))
     if hasattr(value, "copy_to_host"):

@@ -640,3 +640,50 @@ def _attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, sc
     probs = dropout(scores.softmax(-1), dropout_p, True, seed)
     out = matmul(probs, v.reshape(batch, kv_heads, 1, t, v.shape[3]))
     return out.reshape(batch, heads, t, v.shape[3])
+# ------------------------------------------------------------------ shapes, selection, powers (issue 14)
+from bendc.tensor_ops import cat, pad, stack, where  # noqa: E402,F401  (torch's names and semantics)
+
+concat = cat
+
+
+def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    """torch.clamp: min(max(x, min), max); min and max are numbers or tensors, either None."""
+    return _tensor(x, "clamp").clamp(min, max)
+
+
+clip = clamp
+
+
+def pow(x: Any, exponent: Any) -> Tensor:
+    """torch.pow: x ** exponent (a number or a tensor either side)."""
+    if isinstance(x, Tensor):
+        return x ** exponent
+    return _tensor(exponent, "pow").__rpow__(x)
+
+
+def masked_fill(x: Tensor, mask: Tensor, value: Any) -> Tensor:
+    return _tensor(x, "masked_fill").masked_fill(mask, value)
+
+
+def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple:
+    return _tensor(x, "split").split(split_size_or_sections, dim)
+
+
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple:
+    return _tensor(x, "chunk").chunk(chunks, dim)
+
+
+def squeeze(x: Tensor, dim: Any = None) -> Tensor:
+    return _tensor(x, "squeeze").squeeze(dim)
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return _tensor(x, "flatten").flatten(start_dim, end_dim)
+
+
+def tril(x: Tensor, diagonal: int = 0) -> Tensor:
+    return _tensor(x, "tril").tril(diagonal)
+
+
+def triu(x: Tensor, diagonal: int = 0) -> Tensor:
+    return _tensor(x, "triu").triu(diagonal)

@@ -287,6 +287,97 @@ TORCH_FUNCTIONS: dict[str, Callable] = {
         ("contiguous", _contiguous), ("neg", _neg))},
 }
 
+# ------------------------------------------------------------------ shapes, selection, powers, casts (issue 14)
+def _tensor_method(name: str) -> Callable:
+    """torch.<name>(input, ...) / torch.Tensor.<name>(input, ...) as bendc's ``input.<name>(...)``."""
+    def apply(input, *args, out=None, **kwargs):
+        _defaults(name, {"out": out}, out=None)
+        return getattr(input, name)(*args, **kwargs)
+
+    apply.bendc = f"`Tensor.{name}`"
+    return apply
+
+
+def _comparison(op: str) -> Callable:
+    reflected = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}[op]
+
+    def apply(input, other, out=None):
+        _defaults(op, {"out": out}, out=None)
+        if not isinstance(input, Tensor):  # a number (or 0-d torch constant) on the left
+            return getattr(other, f"__{reflected}__")(input)
+        return getattr(input, f"__{op}__")(other)
+
+    apply.bendc = f"`a {dict(lt='<', le='<=', gt='>', ge='>=', eq='==', ne='!=')[op]} b` (a bool tensor)"
+    return apply
+
+
+def _cat(tensors, dim=0, out=None):
+    _defaults("cat", {"out": out}, out=None)
+    return F.cat(tensors, dim)
+
+
+def _stack(tensors, dim=0, out=None):
+    _defaults("stack", {"out": out}, out=None)
+    return F.stack(tensors, dim)
+
+
+def _where(condition, input=None, other=None, out=None):
+    _defaults("where", {"out": out}, out=None)
+    if input is None or other is None:
+        raise UnsupportedError("torch.where(condition) (the indices of true elements) is not supported; "
+                               "torch.where(condition, input, other) is", loc=user_location(), op="where")
+    return F.where(condition, input, other)
+
+
+def _clamp(input, min=None, max=None, out=None):
+    _defaults("clamp", {"out": out}, out=None)
+    return F.clamp(input, min, max)
+
+
+def _pow(input, exponent, out=None):
+    _defaults("pow", {"out": out}, out=None)
+    return F.pow(input, exponent)
+
+
+def _rpow(input, other):
+    return F.pow(other, input)
+
+
+def _pad(input, pad, mode="constant", value=None):
+    return F.pad(input, pad, mode, value)
+
+
+for _handler, _text in ((_cat, "`bendc.functional.cat`"), (_stack, "`bendc.functional.stack`"),
+                        (_where, "`bendc.functional.where`"), (_clamp, "`Tensor.clamp`"), (_pow, "`a ** b`"),
+                        (_rpow, "`a ** b`"), (_pad, "`bendc.functional.pad` (constant mode)")):
+    _handler.bendc = _text
+
+_SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "tril", "triu", "masked_fill", "repeat", "expand",
+                  "expand_as", "unbind", "abs", "sign", "rsqrt", "reciprocal", "float", "to", "detach", "clamp_min",
+                  "clamp_max")
+TORCH_FUNCTIONS.update({
+    **{f"torch.{name}": _tensor_method(name) for name in (
+        "split", "chunk", "squeeze", "flatten", "tril", "triu", "masked_fill", "unbind", "abs", "sign",
+        "rsqrt", "reciprocal", "clamp_min", "clamp_max", "detach")},
+    **{f"torch.Tensor.{name}": _tensor_method(name) for name in _SHAPE_METHODS + ("where", "clip", "pow")},
+    **{f"torch.{name}": _comparison(op) for name, op in (
+        ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"), ("less", "lt"),
+        ("less_equal", "le"), ("greater", "gt"), ("greater_equal", "ge"), ("not_equal", "ne"))},
+    **{f"torch.Tensor.{name}": _comparison(op) for name, op in (
+        ("__lt__", "lt"), ("__le__", "le"), ("__gt__", "gt"), ("__ge__", "ge"), ("__eq__", "eq"), ("__ne__", "ne"),
+        ("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"))},
+    **{f"{prefix}.{name}": _tensor_method(method) for prefix in ("torch", "torch.Tensor") for name, method in (
+        ("logical_and", "logical_and"), ("logical_or", "logical_or"), ("logical_xor", "logical_xor"),
+        ("logical_not", "logical_not"))},
+    **{f"torch.Tensor.{name}": _tensor_method(name) for name in (
+        "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__invert__")},
+    "torch.absolute": _tensor_method("abs"), "torch.cat": _cat, "torch.concat": _cat, "torch.concatenate": _cat,
+    "torch.stack": _stack, "torch.where": _where, "torch.clamp": _clamp, "torch.clip": _clamp,
+    "torch.Tensor.clamp": _clamp, "torch.pow": _pow, "torch.Tensor.__pow__": _pow, "torch.Tensor.__rpow__": _rpow,
+    "torch.nn.functional.pad": _pad,
+})
+
+
 # bendc Tensor methods that torch.<name> and torch.Tensor.<name> reach with the same meaning.
 _SAME_NAMED = ("exp", "log", "tanh", "relu", "sigmoid", "sqrt", "softmax", "log_softmax", "reshape", "view",
                "permute", "transpose", "unsqueeze", "size", "dim", "numel", "square")

@@ -25,6 +25,7 @@ from bendc.ir.types import TensorType
 from bendc.ops import OPS
 from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
+from bendc.tensor_ops import TensorOps  # comparisons, casts, selection, powers, shape methods
 
 _ACTIVE: list["Tracer"] = []
 # The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
@@ -192,8 +193,10 @@ def _normalize_dim(dim: int, ndim: int, op: str, loc) -> int:
     return dim % rank
 
 
-class Tensor(ReductionMethods):
-    """A traced value: arithmetic on it records nodes (PyTorch semantics)."""
+class Tensor(ReductionMethods, TensorOps):
+    """A traced value: arithmetic on it records nodes (PyTorch semantics). Reductions beyond sum come
+    from :class:`bendc.reductions.ReductionMethods`; comparisons, casts, selection, powers and shape
+    methods from :class:`bendc.tensor_ops.TensorOps`."""
 
     __array_priority__ = 1000  # numpy scalars on the left defer to Tensor's reflected ops
 
@@ -248,15 +251,15 @@ class Tensor(ReductionMethods):
         return f"Tensor(%{self.id}: {self.type})"
 
     def __bool__(self) -> bool:
-        raise UnsupportedError(f"the truth value of traced tensor {self.type} is not known while tracing "
+        node = self.tracer.graph.node(self.id)
+        symbol = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}.get(node.op)
+        what = str(self.type)
+        if symbol is not None:  # `if x.sum() > 0:` names the comparison
+            left, right = (self.tracer.graph.node(i).type for i in node.inputs)
+            what += f" (the comparison {left} {symbol} {right})"
+        raise UnsupportedError(f"the truth value of traced tensor {what} is not known while tracing "
                                "(data-dependent control flow is not supported)", loc=user_location(), op="bool")
 
-    def _compare(self, other, symbol: str, op: str):
-        raise UnsupportedError(f"comparing traced tensor {self.type} {symbol} {type_name(other)} is not supported "
-                               "(data-dependent control flow is not supported)", loc=user_location(), op=op)
-
-    def __eq__(self, other): self._compare(other, "==", "eq")
-    def __ne__(self, other): self._compare(other, "!=", "ne")
     __hash__ = object.__hash__  # tensors are hashed by identity
 
     def __getattr__(self, name: str):
@@ -266,11 +269,6 @@ class Tensor(ReductionMethods):
             return functools.partial(self._registry_method, METHODS[name])
         raise UnsupportedAttributeError(f"Tensor.{name} is not supported by bendc (see API.md for the tensor "
                                         "methods it traces)", loc=user_location(), op=name)
-
-    def __lt__(self, other): self._compare(other, "<", "lt")
-    def __le__(self, other): self._compare(other, "<=", "le")
-    def __gt__(self, other): self._compare(other, ">", "gt")
-    def __ge__(self, other): self._compare(other, ">=", "ge")
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -288,8 +286,10 @@ class Tensor(ReductionMethods):
     # ------------------------------------------------------------- arithmetic
     def _binary(self, op: str, other: Any, reflected: bool = False, user_op: str | None = None) -> Tensor:
         with self.tracer.at_user_line(user_op or op):
+            number_is_bool = isinstance(other, (bool, np.bool_))
             other = self.tracer.value(other, user_op or op)
             a, b = (other, self) if reflected else (self, other)
+            a, b = self._promoted(a, b, user_op or op, number_is_bool)  # a bool operand is float32 (PyTorch's)
             return self.tracer.emit(op, (a.id, b.id))
 
     def __add__(self, other): return self._binary("add", other)
@@ -303,7 +303,7 @@ class Tensor(ReductionMethods):
     def __rtruediv__(self, other):
         # PyTorch computes scalar / tensor as tensor.reciprocal() * scalar.
         with self.tracer.at_user_line("div"):
-            reciprocal = self.tracer.emit("reciprocal", (self.id,))
+            reciprocal = self.tracer.emit("reciprocal", (self._as_float().id,))
             return reciprocal._binary("mul", other, user_op="div")
 
     def __neg__(self):
@@ -312,25 +312,6 @@ class Tensor(ReductionMethods):
 
     def __pos__(self):
         return self
-
-    def __pow__(self, exponent):
-        """x ** e for the exponents PyTorch computes without pow(): 2, 3, 0.5, -1, 1."""
-        with self.tracer.at_user_line("pow") as builder:
-            if isinstance(exponent, bool) or not isinstance(exponent, (int, float, np.integer, np.floating)):
-                raise UnsupportedError(f"exponent of type {type_name(exponent)} is not supported (Python "
-                                       "numbers 2, 3, 0.5, -1, 1)", loc=builder.loc, op="pow")
-            if exponent == 2:
-                return self * self
-            if exponent == 3:
-                return self * self * self
-            if exponent == 0.5:
-                return self.sqrt()
-            if exponent == -1:
-                return self.tracer.emit("reciprocal", (self.id,))
-            if exponent == 1:
-                return self
-            raise UnsupportedError(f"x ** {exponent} is not supported (exponents 2, 3, 0.5, -1, 1) for {self.type}",
-                                   loc=builder.loc, op="pow")
 
     def __matmul__(self, other): return matmul(self, other)
     def __rmatmul__(self, other): return matmul(other, self)

@@ -410,7 +410,7 @@ def test_comparison_of_a_traced_tensor():
         return -x
 
     error = raised(bendc.UnsupportedError, program, f32(2, 3))
-    expect(error, "compare", op="gt", parts=("f32[]", ">", "control flow"))
+    expect(error, "compare", op="bool", parts=("f32[]", ">", "control flow"))
 
 
 def test_iterating_a_0d_traced_tensor():
@@ -565,9 +565,9 @@ def test_tensor_equality_power_and_unknown_methods():
             return x
         return y
 
-    with pytest.raises(bendc.UnsupportedError) as info:
+    with pytest.raises(bendc.UnsupportedError) as info:  # x == y is a bool tensor; `if` on it is refused
         bendc.jit(equal, target="reference")(np.ones(2, np.float32), np.ones(2, np.float32))
-    expect(info.value, "eq", op="eq", parts=("==",))
+    expect(info.value, "eq", op="bool", parts=("truth value", "bool[2]"))
 
     def product(x):  # (x.max() is supported since the reductions landed)
         return x.cumprod(0)  # @cumprod
@@ -578,11 +578,11 @@ def test_tensor_equality_power_and_unknown_methods():
     assert isinstance(info.value, AttributeError)
 
     def power(x):
-        return x ** 1.5  # @pow
+        return x ** "1.5"  # @pow
 
     with pytest.raises(bendc.UnsupportedError) as info:
         bendc.jit(power, target="reference")(np.ones(2, np.float32))
-    expect(info.value, "pow", op="pow", parts=("1.5", "f32[2]"))
+    expect(info.value, "pow", op="pow", parts=("str", "f32[2]"))
 
 
 def test_supported_powers_match_torch():

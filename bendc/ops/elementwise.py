@@ -179,7 +179,8 @@ _unary("sigmoid", _reference_sigmoid,
        lambda a: f"(np.float32(1.0) / (np.float32(1.0) + math.exp(-{a})))", vjp_sigmoid,
        "`%1 = sigmoid %0`: 1 / (1 + exp(-x)).")
 _unary("reciprocal", _reference_reciprocal, lambda a: f"(np.float32(1.0) / {a})", vjp_reciprocal,
-       "`%1 = reciprocal %0`: 1 / x; `s / x` traces as reciprocal(x) * s, as PyTorch computes it.")
+       "`%1 = reciprocal %0`: 1 / x; `s / x` traces as reciprocal(x) * s, as PyTorch computes it.",
+       method="reciprocal")
 _unary("square", lambda v, a: _f32(np.multiply(v[0], v[0])), lambda a: f"({a} * {a})", vjp_square,
        "`%1 = square %0`: x * x (torch.square).", method="square")
 _unary("sqrt", _reference_sqrt, lambda a: f"math.sqrt({a})", vjp_sqrt, "`%1 = sqrt %0`.")

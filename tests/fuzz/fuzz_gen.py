@@ -60,6 +60,7 @@ FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity"
 # ---- reductions beyond sum (max/min/amax/amin/argmax/argmin, var/std/logsumexp/cumsum)
 FAMILIES = FAMILIES + ("extrema", "moments")
 # ---- end of reductions beyond sum
+FAMILIES += ("select", "power", "shape")  # comparisons/where/clamp, powers, shape and joining ops (issue 14)
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -1298,6 +1299,206 @@ class Builder:
         # the value moves data (bitwise); the gradient sums repeated rows in an order of its own
         self.emit(f"F.embedding({index.name}, {table.name}{arg})", index.shape + (table.shape[1],), table.bound,
                   (table,), "losses", exact=True, grad_exact=False)
+    # ------------------------------------------------------------- issue 14: selection, powers, shapes
+    def select(self) -> bool:
+        """Comparisons as masks (bool arithmetic, .float(), where, masked_fill), clamp, abs, sign and
+        detach, on values bitwise equal to torch's (a mask of a rounded value could flip)."""
+        draw = self.draw
+        x = self.pick(lambda v: v.exact and math.isfinite(v.bound))
+        if x is None:
+            return False
+        y = self.pick(lambda v: v.exact and math.isfinite(v.bound) and _broadcast(v.shape, x.shape) is not None)
+        other = y.name if y is not None and draw(st.booleans()) else repr(draw(st.sampled_from([0.0, 0.5, -1.0])))
+        operands = (x, y) if other == getattr(y, "name", None) else (x,)
+        y_bound = y.bound if len(operands) == 2 else 1.0
+        shape = _broadcast(x.shape, y.shape) if len(operands) == 2 else x.shape
+        compare = draw(st.sampled_from(["<", "<=", ">", ">=", "==", "!="]))
+        mask = f"({x.name} {compare} {other})"
+        if draw(st.integers(0, 3)) == 0:  # masks combined: &, |, ^, ~
+            joiner = draw(st.sampled_from(["&", "|", "^"]))
+            mask = f"(~{mask} {joiner} ({x.name} > {draw(st.sampled_from([0.0, -0.5]))!r}))"
+        form = draw(st.sampled_from(["mul", "add", "float", "where", "masked_fill", "clamp", "clamp_tensor", "abs",
+                                     "sign", "detach"]))
+        if form == "mul":
+            expr, torch_expr, bound = f"{mask} * {x.name}", None, x.bound
+        elif form == "add":
+            expr, torch_expr, bound = f"{x.name} + {mask}", None, x.bound + 1
+        elif form == "float":  # a mask alone requires no grad
+            expr, torch_expr, bound, operands = f"{mask}.float() - 0.5", None, 0.5, ()
+        elif form == "where":
+            expr = f"F.where({mask}, {x.name}, {other})"
+            torch_expr = f"torch.where({mask}, {x.name}, {other})"
+            bound = max(x.bound, y_bound)
+        elif form == "masked_fill":
+            fill = draw(st.sampled_from([0.0, -2.5, 1.0]))
+            expr, torch_expr, bound = f"{x.name}.masked_fill({mask}, {fill!r})", None, max(x.bound, 2.5)
+        elif form == "clamp":
+            low = draw(st.sampled_from([None, -1.0, 0.0, -0.5]))
+            high = draw(st.sampled_from([None, 1.0, 0.0, 0.5])) if low is not None else draw(st.sampled_from([1.0, 0.5]))
+            method = draw(st.sampled_from(["clamp", "clip"]))
+            expr, torch_expr, bound, operands = f"{x.name}.{method}({low!r}, {high!r})", None, x.bound, (x,)
+            shape = x.shape
+        elif form == "clamp_tensor":
+            if len(operands) != 2:
+                return False
+            expr = f"F.clamp({x.name}, max={y.name})" if draw(st.booleans()) else f"F.clamp({x.name}, {y.name})"
+            torch_expr = expr.replace("F.clamp", "torch.clamp")
+            bound = max(x.bound, y.bound)
+        elif form in ("abs", "sign"):
+            spelled = f"abs({x.name})" if form == "abs" and draw(st.booleans()) else f"{x.name}.{form}()"
+            expr, torch_expr, bound, operands, shape = spelled, None, x.bound if form == "abs" else 1.0, (x,), x.shape
+        else:
+            if not x.deps:
+                return False
+            expr, torch_expr, bound, operands, shape = f"{x.name}.detach() * {x.name}", None, x.bound ** 2, (x,), x.shape
+        if bound > LIMIT:
+            return False
+        if len(operands) == 2 and x.shape != y.shape:
+            self.exact_grads = False
+        self.emit(expr, shape, bound, operands, "select", exact=True, torch_expr=torch_expr)
+        return True
+
+    def power(self) -> bool:
+        """x ** e for any float e (a positive base for fractional ones), tensor exponents, a number
+        base, rsqrt; torch's pow_backward formulas."""
+        draw = self.draw
+        x = self.pick(lambda v: math.isfinite(v.bound))
+        if x is None or x.bound ** 2 + 1 > LIMIT:
+            return False
+        base = f"({x.name} * {x.name} + 1.0)"
+        base_bound = x.bound ** 2 + 1
+        form = draw(st.sampled_from(["float", "integer", "tensor", "number", "rsqrt"]))
+        operands = (x,)
+        shape = x.shape
+        if form == "float":
+            e = draw(st.sampled_from([1.5, -0.5, 0.25, 2.5, -2.0, 0.5, -1.0, 0.0, -1.25]))
+            expr, bound = f"{base} ** {e!r}" if draw(st.booleans()) else f"{base}.pow({e!r})", base_bound ** max(e, 0)
+        elif form == "integer":
+            e = draw(st.sampled_from([3, 4, 1, 0]))
+            expr, bound = f"{x.name} ** {e}", x.bound ** e
+        elif form == "tensor":
+            y = self.pick(lambda v: v.bound <= 2 and _broadcast(v.shape, x.shape) is not None)
+            if y is None:
+                return False
+            operands, shape = (x, y), _broadcast(x.shape, y.shape)
+            expr, bound = f"{base} ** {y.name}", base_bound ** 2
+            self.exact_grads = False
+        elif form == "number":
+            if x.bound > 3:
+                return False
+            number = draw(st.sampled_from([2.0, 0.5, 1.0, 3]))
+            expr, bound = f"{number!r} ** {x.name}", max(number, 1 / number) ** x.bound
+        else:
+            expr, bound = f"{base}.rsqrt()", 1.0
+        if bound > LIMIT:
+            return False
+        self.emit(expr, shape, bound, operands, "power", exact=False)
+        return True
+
+    def shape(self) -> bool:
+        """cat, stack, split, chunk, squeeze, flatten, expand, repeat, pad and tril/triu."""
+        draw = self.draw
+        x = self.pick(lambda v: len(v.shape) > 0 and math.isfinite(v.bound))
+        if x is None:
+            return False
+        rank = len(x.shape)
+        form = draw(st.sampled_from(["cat", "stack", "split", "chunk", "squeeze", "flatten", "expand", "repeat",
+                                     "pad", "tril"]))
+        dim = draw(st.integers(-rank, rank - 1))
+        axis = dim % rank
+        grad_exact = True
+        operands = (x,)
+        torch_expr = None
+        if form == "cat":
+            other_shape = list(x.shape)
+            other_shape[axis] = draw(st.integers(1, 3))
+            y = self.pick_or_new(tuple(other_shape))
+            operands = (x, y)
+            expr = f"F.cat([{x.name}, {y.name}], {dim})"
+            torch_expr = f"torch.cat([{x.name}, {y.name}], {dim})"
+            shape = list(x.shape)
+            shape[axis] += other_shape[axis]
+            bound = max(x.bound, y.bound)
+        elif form == "stack":
+            y = self.pick_or_new(x.shape)
+            operands = (x, y)
+            new = draw(st.integers(-rank - 1, rank))
+            expr = f"F.stack(({x.name}, {y.name}), {new})"
+            torch_expr = f"torch.stack(({x.name}, {y.name}), {new})"
+            shape = list(x.shape)
+            shape.insert(new % (rank + 1), 2)
+            bound = max(x.bound, y.bound)
+        elif form in ("split", "chunk"):
+            size = x.shape[axis]
+            if form == "split":
+                piece = draw(st.integers(1, max(size, 1)))
+                starts = list(range(0, size, piece)) or [0]
+                which = draw(st.integers(0, len(starts) - 1))
+                length = min(piece, size - starts[which])
+                expr = f"{x.name}.split({piece}, {dim})[{which}]"
+            else:
+                chunks = draw(st.integers(1, 4))
+                piece = -(-size // chunks)
+                starts = list(range(0, size, piece))
+                which = draw(st.integers(0, len(starts) - 1))
+                length = min(piece, size - starts[which])
+                expr = f"{x.name}.chunk({chunks}, {dim})[{which}]"
+            shape = list(x.shape)
+            shape[axis] = length
+            bound = x.bound
+        elif form == "squeeze":
+            arg = "" if draw(st.booleans()) else str(dim)
+            shape = [d for a, d in enumerate(x.shape) if not (d == 1 and (arg == "" or a == axis))]
+            expr, bound = f"{x.name}.squeeze({arg})", x.bound
+        elif form == "flatten":
+            start = draw(st.integers(0, rank - 1))
+            end = draw(st.integers(start, rank - 1))
+            shape = list(x.shape[:start]) + [_numel(x.shape[start:end + 1])] + list(x.shape[end + 1:])
+            expr, bound = f"{x.name}.flatten({start}, {end - rank if draw(st.booleans()) else end})", x.bound
+        elif form == "expand":
+            sizes = [draw(st.sampled_from([d, -1])) if d != 1 else draw(st.sampled_from([1, 2, 3])) for d in x.shape]
+            lead = [2] if draw(st.booleans()) and rank < MAX_RANK else []
+            shape = lead + [d if s == -1 else s for d, s in zip(x.shape, sizes)]
+            expr, bound = f"{x.name}.expand({', '.join(map(str, lead + sizes))})", x.bound
+            grad_exact = False
+        elif form == "repeat":
+            sizes = [draw(st.integers(1, 2)) for _ in range(rank)]
+            if draw(st.booleans()) and rank < MAX_RANK:
+                sizes = [2] + sizes
+            full = [1] * (len(sizes) - rank) + list(x.shape)
+            shape = [s * d for s, d in zip(sizes, full)]
+            if _numel(shape) > 256:
+                return False
+            expr, bound = f"{x.name}.repeat({', '.join(map(str, sizes))})", x.bound
+            grad_exact = False
+        elif form == "pad":
+            pairs = draw(st.integers(1, min(rank, 2)))
+            amounts = []
+            for k in range(pairs):
+                size = x.shape[rank - 1 - k]
+                left = draw(st.integers(-min(size, 2) // 2 if size > 1 else 0, 2))
+                right = draw(st.integers(-(size + min(left, 0)) // 2 if size > 1 else 0, 2))
+                amounts += [left, right]
+            shape = list(x.shape)
+            for k in range(pairs):
+                shape[rank - 1 - k] += amounts[2 * k] + amounts[2 * k + 1]
+            if any(d < 0 for d in shape):
+                return False
+            value = draw(st.sampled_from([None, 0.0, 1.5]))
+            arg = "" if value is None else f", value={value!r}"
+            expr = f"F.pad({x.name}, {tuple(amounts)!r}{arg})"
+            torch_expr = f"torch.nn.functional.pad({x.name}, {tuple(amounts)!r}{arg})"
+            bound = max(x.bound, 1.5)
+        else:
+            if rank < 2:
+                return False
+            which = draw(st.sampled_from(["tril", "triu"]))
+            diagonal = draw(st.integers(-2, 2))
+            expr, shape, bound = f"{x.name}.{which}({diagonal})", list(x.shape), x.bound
+        if 0 in shape:
+            return False
+        self.emit(expr, tuple(shape), bound, operands, "shape", exact=True, grad_exact=grad_exact,
+                  torch_expr=torch_expr)
         return True
 
 

@@ -160,6 +160,21 @@ OP_TABLE: dict[str, OpEntry] = {
     "cumsum": OpEntry(D, "x.cumsum(dim), F.cumsum; its backward is cumsum[reverse=True]", "torch.cumsum",
                       ("moments",)),
     # ---- end of reductions beyond sum
+    # ---------------------------------------------------------------- issue 14: comparisons, casts, powers, shapes
+    **{op: OpEntry(D, f"a {symbol} b (a tensor or a number): a bool mask used in arithmetic, .float(), "
+                      "F.where, masked_fill", f"a {symbol} b", ("select",))
+       for op, symbol in (("lt", "<"), ("gt", ">"), ("ge", ">="), ("eq", "=="), ("ne", "!="))},
+    "to_float": OpEntry(D, "mask.float(), mask * x, x + mask (a bool operand of arithmetic)", "same", ("select",)),
+    "detach": OpEntry(D, "x.detach()", "x.detach()", ("select",)),
+    "abs": OpEntry(D, "x.abs(), abs(x), F.abs(x)", "torch.abs", ("select", "method")),
+    "sign": OpEntry(D, "x.sign(), F.sign(x)", "torch.sign", ("select", "method")),
+    "clamp": OpEntry(D, "x.clamp(min, max) / x.clip (numbers or None), F.clamp(x, tensor, tensor)", "torch.clamp",
+                     ("select",)),
+    "rsqrt": OpEntry(D, "(x*x + 1).rsqrt()", "torch.rsqrt", ("power",)),
+    "pow_scalar": OpEntry(D, "(x*x + 1) ** e (e any float), x ** n (n an int but 1 and 2), x.pow(e)", "same",
+                          ("power", "pow")),
+    "pow": OpEntry(D, "(x*x + 1) ** y (a tensor exponent), 2.0 ** x (a number base)", "same", ("power",)),
+    "triangle": OpEntry(D, "x.tril(k), x.triu(k) (at least 2-D)", "torch.tril / torch.triu", ("shape",)),
 }
 
 

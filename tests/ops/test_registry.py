@@ -134,6 +134,17 @@ SAMPLES: dict[str, Sample] = {
     "extremum_mask": Sample((T("f32[2,3]"), T("f32[2,1]")), {"nan_equal": True}),
     "cumsum": Sample((T("f32[2,3,4]"),), {"dim": 1, "reverse": False}),
     "logsumexp": Sample((T("f32[2,3,4]"),), {"dims": (0, 2), "keepdim": True}),
+    # comparisons, casts, clamp, powers, tril/triu (issue 14: bendc/ops/pointwise.py)
+    **{name: Sample((T("f32[2,3]"), T("f32[3]"))) for name in ("lt", "gt", "ge", "eq", "ne")},
+    "to_float": Sample((T("bool[2,3]"),)),
+    "detach": Sample((T("f32[2,3]"),)),
+    "abs": Sample((T("f32[2,3]"),)),
+    "sign": Sample((T("f32[2,3]"),)),
+    "clamp": Sample((T("f32[2,3]"), T("f32[3]"), T("f32[2,1]")), {"lower": True, "upper": True}),
+    "rsqrt": Sample((T("f32[2,3]"),), positive=(0,)),
+    "pow_scalar": Sample((T("f32[2,3]"),), {"exponent": 1.5}, positive=(0,)),
+    "pow": Sample((T("f32[2,3]"), T("f32[3]")), positive=(0,)),
+    "triangle": Sample((T("f32[2,3,4]"),), {"diagonal": 0, "upper": False}),
 }
 
 
@@ -451,6 +462,14 @@ if hasattr(F, "scaled_dot_product_attention"):
 # Data parallel (bendc.distributed): in one process the all-reduce is the identity.
 def all_reduce(x, w):
     loss = F.all_reduce(x * w, op="sum").sum()
+def selection(x, y, w):
+    """Comparisons as masks, casts, where, clamp, powers, tril/triu and the shape methods (issue 14)."""
+    a = x * w
+    masks = (a < y).float() + (a > y) * a + (a >= 0.5) + (a <= y).float() * (a == y) + (a != y) * 2.0
+    picked = F.where(a > 0, a, y).masked_fill(y < 0, 1.5) + a.clamp(-0.5, y) + a.clip(max=0.25)
+    powers = (a * a + 1.0) ** 1.5 + (a * a + 1.0) ** (y * y) + 2.0 ** a + (a * a + 1.0).rsqrt() + abs(a) * a.sign()
+    shapes = F.cat([a.tril(), a.triu(1)], 1).sum() + F.stack([a, y]).sum() + F.pad(a, (1, -1)).sum()
+    loss = (masks * picked + powers).sum() + shapes + a.detach().sum()
     loss.backward()
     return loss, w.grad
 
@@ -486,6 +505,7 @@ def reductions(x, w):
 
 
 COVERAGE_PROGRAMS["reductions"] = (reductions, ("w",), lambda: (_rng((3, 4), 0), _rng((3, 4), 1)))
+COVERAGE_PROGRAMS["selection"] = (selection, ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1), _rng((2, 3), 2)))
 
 
 def _method_program(method: str):
@@ -498,6 +518,8 @@ def _method_program(method: str):
     return program
 
 
+COVERAGE_PROGRAMS["rsqrt"] = (_method_program("rsqrt"), ("w",), lambda: (_rng((2, 3), 0, 0.5, 2.0),
+                                                                        _rng((2, 3), 1, 0.5, 2.0)))
 for _method, _op in METHODS.items():  # ops that declare a method need no hand-written program
     COVERAGE_PROGRAMS.setdefault(_op, (_method_program(_method), ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1))))
 
