@@ -12,11 +12,13 @@ report:
   backward recomputes the tiles from them. It never stores the T x T matrices that the two
   others keep for the backward (P and G: 2 * B*H*cells*4 bytes).
 
-On the CPU (and the reference interpreter) a site is tiled when its sequence is at least
-``tiled_from`` positions (the crossover measured on this machine: below it the per-row kernels
-of the other two win) or when P and G would take more than ``memory_budget`` bytes; otherwise
-triangular when causal, dense when not. For cuda the pass keeps triangular or dense (the tiled
-schedule's cuda kernels belong to the GPU issue) and says so.
+On the CPU a site is tiled when its sequence is at least ``tiled_from`` positions (the
+crossover measured on a 2-core machine, fwd+bwd with B=4: at t=4 the schedules tie, from t=8
+tiled wins, 1.1x-1.4x at t=8, 2x and more from t=16, causal or not, D=4..64) or when P and G
+would take more than ``memory_budget`` bytes; otherwise triangular when causal, dense when not.
+The reference interpreter keeps triangular or dense unless tiled is forced (its numpy
+reference of the tiled ops is the spec the CPU kernels are tested against). For cuda the pass
+keeps triangular or dense (the tiled schedule's cuda kernels belong to the GPU issue) and says so.
 
 Triangular and dense write the schedule into the ``schedule`` attribute of the site and every
 node of its backward (``attention_probs``, ``attention_score_grad``, ``attention_vjp``, whose
@@ -47,13 +49,17 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class ScheduleOptions:
     """``force``: None to choose per call site, else 'triangular', 'dense' or 'tiled'.
-    ``tiled_from``: the sequence length from which tiled wins on the CPU (measured: bench/run.py
-    attention_crossover). ``memory_budget``: the most bytes P and G together may take in the
+    ``tiled_from``: the sequence length from which tiled wins on the CPU (measured with the
+    schedules forced, see the module docstring). ``memory_budget``: the most bytes P and G together may take in the
     triangular or dense schedule before a site is tiled whatever its length."""
 
     force: str | None = None
-    tiled_from: int = 128
+    tiled_from: int = 8
     memory_budget: int = 256 * MIB
+
+
+def _size(count: int) -> str:
+    return f"{count / MIB:.1f} MiB" if count >= MIB else f"{count} bytes"
 
 
 def _score_bytes(node: Node, schedule: str) -> int:
@@ -80,14 +86,16 @@ def choose(node: Node, options: ScheduleOptions, target: str = "cpu") -> tuple[s
         return rows, f"{forced}{why_rows}; cuda has no tiled kernels yet (the GPU issue), so {rows} on cuda"
     if options.force == "tiled":
         return "tiled", "forced tiled (attention_schedule_tiled)"
+    if target != "cpu":
+        return rows, f"{why_rows}; the {target} target keeps {rows} unless tiled is forced"
     scores = _score_bytes(node, rows)
     if scores > options.memory_budget:
-        return "tiled", (f"the {rows} schedule's P and G would take {scores / MIB:.1f} MiB, over the "
-                         f"{options.memory_budget / MIB:.0f} MiB budget")
+        return "tiled", (f"the {rows} schedule's P and G would take {_size(scores)}, over the "
+                         f"{_size(options.memory_budget)} budget")
     if t >= options.tiled_from:
         return "tiled", (f"t={t} >= {options.tiled_from}, where blocked BLAS products beat the per-row kernels "
-                         f"(crossover measured on the CPU; {rows} would keep {scores / MIB:.1f} MiB of P and G)")
-    return rows, f"{why_rows}; t={t} < {options.tiled_from}: the per-row kernels beat tiles this short"
+                         f"(crossover measured on the CPU; {rows} would keep {_size(scores)} of P and G)")
+    return rows, f"{why_rows}; t={t} < {options.tiled_from}: the per-row kernels tie with tiles this short"
 
 
 def _describe(node: Node, schedule: str) -> str:
