@@ -12,12 +12,11 @@ report:
   backward recomputes the tiles from them. It never stores the T x T matrices that the two
   others keep for the backward (P and G: 2 * B*H*cells*4 bytes).
 
-On the CPU a site is tiled when its sequence is at least ``tiled_from`` positions (the
-crossover measured on a 2-core machine, fwd+bwd with B=4: at t=4 the schedules tie, from t=8
-tiled wins, 1.1x-1.4x at t=8, 2x and more from t=16, causal or not, D=4..64) or when P and G
-would take more than ``memory_budget`` bytes; otherwise triangular when causal, dense when not.
-The reference interpreter keeps triangular or dense unless tiled is forced (its numpy
-reference of the tiled ops is the spec the CPU kernels are tested against). For cuda the pass
+On the CPU (and for the reference interpreter, which follows the CPU's rule) a site is tiled
+when its sequence is at least ``tiled_from`` positions (the crossover measured on a 2-core
+machine, fwd+bwd with B=4: at t=4 the schedules tie, from t=8 tiled wins, 1.1x-1.4x at t=8,
+2x and more from t=16, causal or not, D=4..64) or when P and G would take more than
+``memory_budget`` bytes; otherwise triangular when causal, dense when not. For cuda the pass
 keeps triangular or dense (the tiled schedule's cuda kernels belong to the GPU issue) and says so.
 
 Triangular and dense write the schedule into the ``schedule`` attribute of the site and every
@@ -86,8 +85,6 @@ def choose(node: Node, options: ScheduleOptions, target: str = "cpu") -> tuple[s
         return rows, f"{forced}{why_rows}; cuda has no tiled kernels yet (the GPU issue), so {rows} on cuda"
     if options.force == "tiled":
         return "tiled", "forced tiled (attention_schedule_tiled)"
-    if target != "cpu":
-        return rows, f"{why_rows}; the {target} target keeps {rows} unless tiled is forced"
     scores = _score_bytes(node, rows)
     if scores > options.memory_budget:
         return "tiled", (f"the {rows} schedule's P and G would take {_size(scores)}, over the "

@@ -152,7 +152,7 @@ define_op(
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%a = attention_tiled[causal=True, scale=0.125] %q, %k, %v : f32[B,H,T+R,Dv]`: attention's tiled "
-        "schedule: O in rows 0..T-1 of each head, each query's logsumexp in the R = ceil(T/Dv) rows after.",
+        "schedule: O in rows 0..T-1 of each head, each query's logsumexp in the R = ceil(T/Dv) rows after. CPU only (its cuda renderer raises: the GPU issue).",
 )
 
 define_op(
@@ -164,5 +164,5 @@ define_op(
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%gs = attention_tiled_grad[causal=True, scale=0.125] %q, %k, %v, %a, %g : f32[B,H+2Hkv,T,W]`: "
-        "dq, dk and dv (heads 0..H-1, then Hkv each; W = max(D, Dv) columns) from the saved logsumexp.",
+        "dq, dk and dv (heads 0..H-1, then Hkv each; W = max(D, Dv) columns) from the saved logsumexp. CPU only.",
 )
