@@ -378,10 +378,10 @@ def compile_step(request: Request) -> Executable:
     graph = differentiate(traced)
     verify(graph, "autodiff", allow_placeholders=False)
     on_stage("autodiff", graph)
-    context = PassContext()
+    target = "cuda" if request.cuda_arch is not None else request.target
+    context = PassContext(target=target)
     graph = Pipeline(request.passes).run(graph, context, on_stage)
     on_stage("final", graph)
-    target = "cuda" if request.cuda_arch is not None else request.target
     if request.cuda_arch is not None:
         built = build_cuda_artifact(graph, request.cache_dir or default_cache_dir(), request.cuda_arch,
                                     request.progress)

@@ -1,19 +1,35 @@
 """The attention schedule: how each attention call site lays out its scores.
 
-For every ``attention`` node (a call site) the pass picks a schedule, writes
-it into the node's ``schedule`` attribute and into every node of its
-backward (``attention_probs``, ``attention_score_grad``, ``attention_vjp``,
-whose score layouts must agree), and records why in the report:
+For every ``attention`` node (a call site) the pass picks a schedule and records why in the
+report:
 
-- ``triangular`` when causal: P and G are packed lower triangles of
-  t(t+1)/2 cells per head, dealt in row pairs (i, t-1-i) of t+1 cells, so
-  half the dense work and memory, and every work item the same size;
-- ``dense`` when not causal: every row attends to all t positions.
+- ``triangular`` (causal): P and G are packed lower triangles of t(t+1)/2 cells per head,
+  dealt in row pairs (i, t-1-i) of t+1 cells, so half the dense work and memory, and every
+  work item the same size;
+- ``dense`` (not causal): every row attends to all t positions;
+- ``tiled`` (flash attention, ops/attention/tiled.py): blocks of queries by keys, tile
+  products in BLAS, an online softmax; the forward saves O and each query's logsumexp, the
+  backward recomputes the tiles from them. It never stores the T x T matrices that the two
+  others keep for the backward (P and G: 2 * B*H*cells*4 bytes).
 
-``attention_schedule_triangular`` and ``attention_schedule_dense`` are the
-same pass with the choice forced (benchmarks measure one schedule against the
-other with the same compiler); a forced triangular schedule falls back to
-dense where attention is not causal, and says so.
+On the CPU (and for the reference interpreter, which follows the CPU's rule) a site is tiled
+when its sequence is at least ``tiled_from`` positions (the crossover measured on a 2-core
+machine, fwd+bwd with B=4: at t=4 the schedules tie, from t=8 tiled wins, 1.1x-1.4x at t=8,
+2x and more from t=16, causal or not, D=4..64) or when P and G would take more than
+``memory_budget`` bytes; otherwise triangular when causal, dense when not. For cuda the pass
+keeps triangular or dense (the tiled schedule's cuda kernels belong to the GPU issue) and says so.
+
+Triangular and dense write the schedule into the ``schedule`` attribute of the site and every
+node of its backward (``attention_probs``, ``attention_score_grad``, ``attention_vjp``, whose
+score layouts must agree). Tiled rewrites the site into ``attention_tiled`` and an ``index``
+view of O, and its backward into one ``attention_tiled_grad`` with an ``index`` view per
+gradient (the layout is in ops/attention/tiled.py).
+
+``attention_schedule_triangular``, ``attention_schedule_dense`` and
+``attention_schedule_tiled`` are the same pass with the choice forced (benchmarks measure one
+schedule against another with the same compiler); a forced triangular schedule falls back to
+dense where attention is not causal, and a forced tiled one to triangular or dense on cuda, and
+each says so.
 """
 from __future__ import annotations
 
@@ -22,36 +38,74 @@ from dataclasses import dataclass
 from bendc.errors import InternalError
 from bendc.ir.graph import Graph, Node
 from bendc.ops import OPS
-from bendc.ops.attention.layout import resolve_schedule, score_cells, work_items
+from bendc.ops.attention.layout import TILE, resolve_schedule, score_cells, work_items
 from bendc.passes.manager import PassContext, register, register_variant
 
 ATTENTION_OPS = ("attention", "attention_probs", "attention_score_grad", "attention_vjp")
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
 class ScheduleOptions:
-    """``force``: None to choose per call site, else 'triangular' or 'dense'."""
+    """``force``: None to choose per call site, else 'triangular', 'dense' or 'tiled'.
+    ``tiled_from``: the sequence length from which tiled wins on the CPU (measured with the
+    schedules forced, see the module docstring). ``memory_budget``: the most bytes P and G together may take in the
+    triangular or dense schedule before a site is tiled whatever its length."""
 
     force: str | None = None
+    tiled_from: int = 8
+    memory_budget: int = 256 * MIB
 
 
-def choose(node: Node, options: ScheduleOptions) -> tuple[str, str]:
+def _size(count: int) -> str:
+    return f"{count / MIB:.1f} MiB" if count >= MIB else f"{count} bytes"
+
+
+def _score_bytes(node: Node, schedule: str) -> int:
+    """Bytes of the backward's P and G (each B*H*cells float32) in the triangular or dense layout."""
+    batch, heads, t, _ = node.type.shape
+    return 2 * batch * heads * score_cells(t, schedule) * 4
+
+
+def choose(node: Node, options: ScheduleOptions, target: str = "cpu") -> tuple[str, str]:
     """(schedule, reason) for one attention call site."""
     causal = node.attr["causal"]
+    t = node.type.shape[2]
+    rows = "triangular" if causal else "dense"
     if options.force == "dense":
         return "dense", "forced dense (attention_schedule_dense)"
-    if not causal:
-        if options.force == "triangular":
-            return "dense", "forced triangular, but not causal: every row attends to all positions, so dense"
-        return "dense", "not causal: every row attends to all positions"
     if options.force == "triangular":
+        if not causal:
+            return "dense", "forced triangular, but not causal: every row attends to all positions, so dense"
         return "triangular", "forced triangular (attention_schedule_triangular)"
-    return "triangular", "causal: row i attends to positions j <= i only"
+    why_rows = "causal: row i attends to positions j <= i only" if causal else \
+        "not causal: every row attends to all positions"
+    if target == "cuda":
+        forced = "forced tiled, but " if options.force == "tiled" else ""
+        return rows, f"{forced}{why_rows}; cuda has no tiled kernels yet (the GPU issue), so {rows} on cuda"
+    if options.force == "tiled":
+        return "tiled", "forced tiled (attention_schedule_tiled)"
+    scores = _score_bytes(node, rows)
+    if scores > options.memory_budget:
+        return "tiled", (f"the {rows} schedule's P and G would take {_size(scores)}, over the "
+                         f"{_size(options.memory_budget)} budget")
+    if t >= options.tiled_from:
+        return "tiled", (f"t={t} >= {options.tiled_from}, where blocked BLAS products beat the per-row kernels "
+                         f"(crossover measured on the CPU; {rows} would keep {_size(scores)} of P and G)")
+    return rows, f"{why_rows}; t={t} < {options.tiled_from}: the per-row kernels tie with tiles this short"
 
 
 def _describe(node: Node, schedule: str) -> str:
     """Cells, work items and bytes of P (and G) per head for a schedule."""
     batch, heads, t, _ = node.type.shape
+    if schedule == "tiled":
+        block = TILE
+        blocks = -(-t // block)
+        tiles = blocks * (blocks + 1) // 2 if node.attr["causal"] else blocks * blocks
+        kept = "at or below the diagonal, the diagonal one masked; " if node.attr["causal"] else ""
+        return (f"blocks of {block} queries x {block} keys, {tiles} tiles per head ({kept}the last block "
+                f"{t - (blocks - 1) * block} long); the forward saves O and a logsumexp per query "
+                f"({batch * heads * t * 4} bytes), no T x T matrix")
     cells = score_cells(t, schedule)
     items = len(work_items(t, schedule))
     if schedule == "triangular":
@@ -69,20 +123,71 @@ def _rescheduled(graph: Graph, node: Node, schedule: str) -> Node:
     return node.replace(attrs=attrs, type=type)
 
 
+def _full(shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    return tuple((0, size, 1) for size in shape)
+
+
+def _view(graph: Graph, packed: Node, spec, like: Node, vjp_of: int | None) -> Node:
+    """An ``index`` view of a packed value standing for ``like`` (its uses move to the view)."""
+    view = graph.add("index", (packed.id,), {"spec": spec}, like.type, loc=like.loc, vjp_of=vjp_of)
+    assert view.type == OPS["index"].infer([packed.type], {"spec": spec}), (view.type, like.type)
+    graph.replace_uses(like.id, view.id)
+    return view
+
+
+def _tile(graph: Graph, site: Node, backward: list[Node]) -> str:
+    """Rewrite a call site and its backward into the tiled ops and index views; their ids."""
+    q, k, v = site.inputs
+    attrs = {"causal": site.attr["causal"], "scale": site.attr["scale"]}
+    operands = [graph.node(i).type for i in (q, k, v)]
+    saved = graph.add("attention_tiled", (q, k, v), attrs, OPS["attention_tiled"].infer(operands, attrs),
+                      loc=site.loc, vjp_of=site.vjp_of)
+    batch, heads, t, depth = operands[0].shape
+    kv_heads, width = operands[1].shape[1], operands[2].shape[3]
+    made = [saved.id, _view(graph, saved, _full((batch, heads, t)), site, site.vjp_of).id]
+    vjps = {node.attr["wrt"]: node for node in backward if node.op == "attention_vjp"}
+    if vjps:
+        grad = next(n.inputs[2] if n.op == "attention_score_grad" else n.inputs[1] for n in backward
+                    if n.op == "attention_score_grad" or (n.op == "attention_vjp" and n.attr["wrt"] == "v"))
+        operands = [graph.node(i).type for i in (q, k, v, saved.id, grad)]
+        grads = graph.add("attention_tiled_grad", (q, k, v, saved.id, grad), attrs,
+                          OPS["attention_tiled_grad"].infer(operands, attrs), loc=site.loc, vjp_of=saved.id)
+        made.append(grads.id)
+        heads_of = {"q": (0, heads, depth), "k": (heads, heads + kv_heads, depth),
+                    "v": (heads + kv_heads, heads + 2 * kv_heads, width)}
+        for wrt in ("q", "k", "v"):
+            if wrt in vjps:
+                first, end, columns = heads_of[wrt]
+                spec = ((0, batch, 1), (first, end, 1), (0, t, 1), (0, columns, 1))
+                made.append(_view(graph, grads, spec, vjps[wrt], saved.id).id)
+    order = {"attention_vjp": 0, "attention_score_grad": 1, "attention_probs": 2}
+    for node in sorted(backward, key=lambda n: order[n.op]):
+        graph.remove(node.id)
+    graph.remove(site.id)
+    return ", ".join(f"%{i}" for i in made)
+
+
 def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOptions) -> Graph:
-    """Pick each call site's schedule; the nodes of its backward follow it."""
+    """Pick each call site's schedule; the nodes of its backward follow it (or, tiled, are rewritten)."""
     chosen: dict[int, str] = {}  # node id -> schedule
+    tiled: list[tuple[Node, list[Node], str]] = []
     for node in graph.nodes():
         if node.op != "attention":
             continue
-        schedule, reason = choose(node, options)
-        chosen[node.id] = schedule
-        followers = [n.id for n in graph.nodes() if n.op in ATTENTION_OPS and n.vjp_of == node.id]
+        schedule, reason = choose(node, options, context.target)
+        followers = [n for n in graph.nodes() if n.op in ATTENTION_OPS and n.vjp_of == node.id]
         where = f" at {node.loc.short}" if node.loc is not None else ""
-        backward = f"; backward %{', %'.join(map(str, followers))} follow" if followers else ""
-        context.decide("attention_schedule",
-                       f"%{node.id} attention{where} {node.type} causal={node.attr['causal']}: {schedule}: "
-                       f"{reason}; {_describe(node, schedule)}{backward}")
+        text = (f"%{node.id} attention{where} {node.type} causal={node.attr['causal']}: {schedule}: "
+                f"{reason}; {_describe(node, schedule)}")
+        if schedule == "tiled":
+            tiled.append((node, followers, text))
+            continue
+        chosen[node.id] = schedule
+        backward = f"; backward %{', %'.join(str(n.id) for n in followers)} follow" if followers else ""
+        context.decide("attention_schedule", text + backward)
+    for node, followers, text in tiled:
+        made = _tile(graph, node, followers)
+        context.decide("attention_schedule", f"{text}; rewritten to {made}")
     for node in graph.nodes():
         if node.op not in ATTENTION_OPS:
             continue
@@ -104,9 +209,13 @@ def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOpti
     return graph
 
 
-register("attention_schedule", "Choose each attention call site's schedule: triangular when causal, else dense.",
+register("attention_schedule", "Choose each attention call site's schedule: tiled for long sequences or "
+         "over the memory budget (CPU), else triangular when causal, dense when not.",
          ScheduleOptions())(attention_schedule)
 register_variant("attention_schedule", "attention_schedule_triangular",
                  "attention_schedule with the triangular schedule forced (causal sites).", force="triangular")
 register_variant("attention_schedule", "attention_schedule_dense",
                  "attention_schedule with the dense schedule forced.", force="dense")
+register_variant("attention_schedule", "attention_schedule_tiled",
+                 "attention_schedule with the tiled schedule forced (CPU; cuda keeps triangular or dense).",
+                 force="tiled")

@@ -13,9 +13,11 @@ from bendc.ir.verify import verify
 
 @dataclass
 class PassContext:
-    """What passes record: decisions with reasons, for the compile report."""
+    """What passes record: decisions with reasons, for the compile report; and the target the
+    graph is compiled for (passes whose choice depends on it read it)."""
 
     decisions: list[tuple[str, str]] = field(default_factory=list)
+    target: str = "cpu"
 
     def decide(self, pass_name: str, text: str) -> None:
         self.decisions.append((pass_name, text))

@@ -36,13 +36,15 @@ BASE_SHAPES = [(), (1,), (3,), (4,), (1, 4), (4, 1), (2, 3), (3, 4), (4, 4), (2,
 # At least bendc.ops.base.PARALLEL_CELLS (65536) cells: CPU kernels this large run their cells with
 # prange. Drawn rarely (each such program compiles its own parallel kernels).
 LARGE_SHAPES = [(256, 256), (16, 64, 64)]
-ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4)]
+ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4),
+                    (1, 2, 9, 4), (1, 1, 70, 4)]  # the tiled schedule's: from t=8 on the cpu, a ragged block
 
 # Pass pipelines (bendc.jit(passes=...)): the default most of the time, else a forced attention
 # schedule, or some passes left out (no fusion, no cse/dce).
 PIPELINES = (None, None, None, None,
              ("dce", "canonicalize", "cse", "attention_schedule_dense", "fuse"),
              ("dce", "canonicalize", "cse", "attention_schedule_triangular", "fuse"),
+             ("dce", "canonicalize", "cse", "attention_schedule_tiled", "fuse"),  # the tiled attention schedule
              ("dce", "canonicalize", "cse", "attention_schedule"),
              ("canonicalize", "attention_schedule", "fuse"),
              ("attention_schedule",))

@@ -89,6 +89,11 @@ OP_TABLE: dict[str, OpEntry] = {
                                     ("attention",)),
     "attention_vjp": OpEntry(I, "backward of attention (dq, dk, dv from P and G)", "autograd of SDPA",
                              ("attention",)),
+    # the tiled attention schedule: the attention_schedule pass's rewrite of a site (t >= 8 on the cpu)
+    "attention_tiled": OpEntry(I, "attention's tiled schedule (O and the logsumexp)", "torch SDPA",
+                               ("attention",)),
+    "attention_tiled_grad": OpEntry(I, "backward of attention's tiled schedule", "autograd of SDPA",
+                                    ("attention",)),
     "rope": OpEntry(D, "F.rope(x (..., t, 2h), cos (t, h), sin (t, h)); backward is rope(inverse=True)",
                     "cat(x1*cos - x2*sin, x2*cos + x1*sin)", ("rope_family",)),
     # ---------------------------------------------------------------- integer indices

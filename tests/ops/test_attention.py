@@ -28,6 +28,7 @@ from runtime.artifact import load_module
 
 TARGETS = ("reference", "cpu")
 DENSE = [p if p != "attention_schedule" else "attention_schedule_dense" for p in default_passes()]
+TRIANGULAR_PASSES = [p if p != "attention_schedule" else "attention_schedule_triangular" for p in default_passes()]
 
 
 def normal(shape, seed):
@@ -91,11 +92,17 @@ def test_longer_sequence(target):
     check_parity(arrays, ("q", "k", "v"), target, is_causal=True, enable_gqa=True)
 
 
-def test_parallel_kernels():
-    """Large enough for prange (B*H*t*t*D >= PARALLEL_CELLS): the parallel kernels, on the cpu target."""
+@pytest.mark.parametrize("passes", [None, TRIANGULAR_PASSES], ids=["tiled", "triangular"])
+def test_parallel_kernels(passes):
+    """Large enough for prange (B*H*t*t*D >= PARALLEL_CELLS): the parallel kernels, on the cpu target
+    (t=64 is tiled by default; the triangular schedule forced)."""
     arrays = inputs(1, 2, 1, 64, 8, seed=9)
-    step, _ = check_parity(arrays, ("q", "k", "v"), "cpu", is_causal=True, enable_gqa=True)
-    assert all("parallel=True" in source for name, source in step.kernels().items() if name.startswith("attention"))
+    step, got = run_bendc(arrays, ("q", "k", "v"), "cpu", passes=passes, is_causal=True, enable_gqa=True)
+    for name, a, b in zip(("o", "dq", "dk", "dv"), got, run_torch(arrays, ("q", "k", "v"), is_causal=True,
+                                                                  enable_gqa=True)):
+        assert_close(a, b, name)
+    kernels = {name: source for name, source in step.kernels().items() if name.startswith("attention")}
+    assert kernels and all("parallel=True" in source for source in kernels.values())
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -143,21 +150,23 @@ def test_frozen_value_builds_dq_and_dk_only():
 # ------------------------------------------------------------------ the schedule pass
 @pytest.mark.parametrize("target", TARGETS)
 def test_schedule_shows_in_ir_and_report(target):
-    arrays = inputs(1, 4, 2, 8, 4, seed=16)
+    """t=6 is below the tiled schedule's crossover (tests/ops/test_attention_tiled.py): triangular
+    when causal, dense when not, on both targets."""
+    arrays = inputs(1, 4, 2, 6, 4, seed=16)
     causal, _ = run_bendc(arrays, ("q", "k", "v"), target, is_causal=True, enable_gqa=True)
     final = causal.ir("final")
     assert 'schedule="auto"' in causal.ir("autodiff") and 'schedule="auto"' not in final
     scheduled = [(op, a["schedule"]) for op, a in ops_with(final) if op.startswith("attention")]
     assert len(scheduled) == 6 and {s for _, s in scheduled} == {"triangular"}
-    assert "f32[1,4,36]" in final  # P and G: 8*9/2 cells per head
+    assert "f32[1,4,21]" in final  # P and G: 6*7/2 cells per head
     report = causal.report()
     line = next(l for l in report.splitlines() if l.startswith("[attention_schedule]"))
     assert "triangular" in line and "causal" in line and "test_attention.py" in line
-    assert "4 work items per head" in line and "9 cells each" in line
+    assert "3 work items per head" in line and "7 cells each" in line
 
     dense, _ = run_bendc(arrays, ("q", "k", "v"), target, is_causal=False, enable_gqa=True)
     assert {a["schedule"] for op, a in ops_with(dense.ir("final")) if op.startswith("attention")} == {"dense"}
-    assert "f32[1,4,64]" in dense.ir("final")
+    assert "f32[1,4,36]" in dense.ir("final")
     assert "dense: not causal" in dense.report()
 
 
@@ -166,7 +175,8 @@ def test_forced_dense_schedule_gives_the_same_bits(target):
     """attention_schedule_dense on a causal site: t*t cells, masked; the same results bit for bit."""
     arrays = inputs(1, 4, 2, 37, 4, seed=17)
     leaves = ("q", "k", "v")
-    triangular, expected = run_bendc(arrays, leaves, target, is_causal=True, enable_gqa=True)
+    triangular, expected = run_bendc(arrays, leaves, target, passes=TRIANGULAR_PASSES, is_causal=True,
+                                     enable_gqa=True)
     dense, got = run_bendc(arrays, leaves, target, passes=DENSE, is_causal=True, enable_gqa=True)
     assert 'schedule="dense"' in dense.ir("final") and "f32[1,4,1369]" in dense.ir("final")
     assert "forced dense" in dense.report()

@@ -145,6 +145,11 @@ SAMPLES: dict[str, Sample] = {
     "pow_scalar": Sample((T("f32[2,3]"),), {"exponent": 1.5}, positive=(0,)),
     "pow": Sample((T("f32[2,3]"), T("f32[3]")), positive=(0,)),
     "triangle": Sample((T("f32[2,3,4]"),), {"diagonal": 0, "upper": False}),
+    # the tiled attention schedule (made by the attention_schedule pass)
+    "attention_tiled": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]")),
+                              {"causal": True, "scale": 0.5}),
+    "attention_tiled_grad": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]"), T("f32[1,2,5,2]"),
+                                    T("f32[1,2,3,2]")), {"causal": False, "scale": 0.5}),
 }
 
 
@@ -541,14 +546,16 @@ COVERAGE_PROGRAMS["split_projection"] = (split_projection, ("w",), lambda: (_rng
 
 
 def _traced_programs():
-    """(name, traced IR, autodiff IR, IR after canonicalize: ops that rewrites introduce) per program."""
+    """(name, traced IR, autodiff IR, IR after canonicalize and after the tiled attention schedule:
+    ops that rewrites introduce) per program."""
     for name, (fn, leaves, make_inputs) in COVERAGE_PROGRAMS.items():
-        step = bendc.jit(fn, leaves=leaves, target="reference", passes=["canonicalize"])
+        step = bendc.jit(fn, leaves=leaves, target="reference",
+                         passes=["canonicalize", "attention_schedule_tiled"])
         outputs = step(*make_inputs())
         for value in outputs if isinstance(outputs, tuple) else (outputs,):
             assert np.isfinite(np.asarray(value)).all(), f"{name} gave a non-finite value"
         yield (name, parse_graph(step.ir("traced")), parse_graph(step.ir("autodiff")),
-               parse_graph(step.ir("canonicalize")))
+               parse_graph(step.ir("canonicalize")), parse_graph(step.ir("attention_schedule_tiled")))
 
 
 @pytest.fixture(scope="module")
@@ -558,8 +565,8 @@ def traced_programs():
 
 def test_every_op_appears_in_a_test_program(traced_programs):
     seen: dict[str, str] = {}
-    for name, traced, autodiff, canonical in traced_programs:
-        for graph in (traced, autodiff, canonical):
+    for name, *graphs in traced_programs:
+        for graph in graphs:
             for node in graph.nodes():
                 seen.setdefault(node.op, name)
     never = sorted(set(OPS) - set(seen) - ONLY_REACHABLE_AS_VJP_OF_VJP)
@@ -573,7 +580,7 @@ def test_every_op_appears_in_a_test_program(traced_programs):
 def test_vjp_rules_run_by_programs_or_directly(traced_programs):
     """Every VJP rule runs: in a program's backward, else in the direct central-difference test."""
     run_by_programs: set[str] = set()
-    for _, traced, autodiff, _ in traced_programs:
+    for _, traced, autodiff, *_ in traced_programs:
         for node in autodiff.nodes():
             if node.vjp_of is not None and node.vjp_of in autodiff:
                 run_by_programs.add(autodiff.node(node.vjp_of).op)

@@ -66,3 +66,9 @@ def cpu_vjp(attrs, ins, out):
     layout = resolve_schedule(attrs["schedule"], attrs["causal"])
     name = "vjp_rows" if attrs["wrt"] == "q" else "vjp_columns"
     return _cpu_source(name, layout, _parallel(list(ins), out))
+
+
+def tiled_source(name: str, ins: list[TensorType], out: TensorType, attrs) -> str:
+    """The tiled schedule's kernels (templates/tiled.py) and the wrapper ``templates/<name>.py``."""
+    values = {"parallel": _parallel(ins, out), "scale": attrs["scale"], "causal": attrs["causal"]}
+    return (_filled("tiled", **values) + _filled(name, **values)).lstrip("\n")

@@ -60,3 +60,5 @@ def unpack(cells: np.ndarray, t: int, schedule: str) -> np.ndarray:
         full[..., rows, columns] = cells
         return full
     return cells.reshape(cells.shape[:-1] + (t, t))
+
+TILE = 64  # the tiled schedule's block of queries and of keys (templates/tiled.py's BLOCK)

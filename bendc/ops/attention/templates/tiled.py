@@ -1,0 +1,208 @@
+"""numba template: the tiled (flash-attention) schedule's forward and backward, over blocks of
+BLOCK queries by BLOCK keys, each tile product a BLAS call (numba's np.dot, through scipy);
+math.exp and math.log become the kit's branch-free float32 versions when rendered (cpu_kit).
+
+bendc/ops/attention/cpu.py reads this file as text and uses what follows the TEMPLATE line,
+with PARALLEL, SCALE and CAUSAL replaced by the call site's values (``parallel``, the
+softmax scale and ``causal``). The lines above it make the file importable and lintable.
+
+Scores are computed transposed, a tile S^T = K_j Q_i^T of (keys, queries): every elementwise
+pass over a tile (scale, mask, max, exp, sums) then runs along a tile row of queries, so the
+per-query max and sums are elementwise updates LLVM vectorizes (no reduction across lanes).
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+from bendc.ops.attention.templates.placeholders import CAUSAL, PARALLEL, SCALE
+
+# ---------------------------------------------------------------- TEMPLATE
+
+def _one_blas_thread():
+    """numba's np.dot calls scipy's OpenBLAS (through scipy.linalg.cython_blas). Called from prange
+    threads, a product past OpenBLAS's own threading threshold (64 x 64 x 128 is) starts OpenBLAS's
+    threads on the same cores: measured 35x slower at D=128. That library gets one thread (numpy's
+    OpenBLAS, which the runtime's matmuls call, is another library and keeps its threads)."""
+    import ctypes
+    import glob
+    import os
+
+    import scipy
+    for path in glob.glob(os.path.join(os.path.dirname(scipy.__file__) + ".libs", "libscipy_openblas*.so")):
+        setter = getattr(ctypes.CDLL(path), "scipy_openblas_set_num_threads", None)
+        if setter is not None:
+            setter(1)
+
+
+_one_blas_thread()
+
+BLOCK = 64  # queries and keys per tile (layout.TILE; measured: 64 beat 32 and 128 at T=512, D=64)
+
+
+@njit(cache=True)
+def _tiled_items(blocks, causal):
+    """Work items per head: pairs of block rows (b, blocks-1-b) when causal (blocks + 1 tiles
+    each), one block row otherwise."""
+    return (blocks + 1) // 2 if causal else blocks
+
+
+@njit(cache=True)
+def _tiled_deal(item, blocks, causal):
+    """The block rows of a work item: item and blocks-1-item when causal (-1: none)."""
+    if not causal:
+        return item, -1
+    other = blocks - 1 - item
+    if other == item:
+        return item, -1
+    return item, other
+
+
+@njit(cache=True, error_model='numpy')
+def _forward_block(q, k, v, out, lse, block, scale, causal):
+    """One block row of queries: online softmax over the key blocks it sees (those at or below
+    the diagonal when causal, the diagonal one masked), O = sum P V / sum P and the logsumexp."""
+    t = q.shape[0]
+    width = v.shape[1]
+    first = block * BLOCK
+    end = min(first + BLOCK, t)
+    rows = end - first
+    queries = q[first:end]
+    top = np.full(rows, -np.inf, np.float32)  # running max of each query's scores
+    total = np.zeros(rows, np.float32)  # running sum of exp(score - top)
+    acc = np.zeros((rows, width), np.float32)
+    product = np.empty((rows, width), np.float32)
+    new = np.empty(rows, np.float32)
+    alpha = np.empty(rows, np.float32)
+    last = block + 1 if causal else (t + BLOCK - 1) // BLOCK
+    for key_block in range(last):
+        k0 = key_block * BLOCK
+        k1 = min(k0 + BLOCK, t)
+        cols = k1 - k0
+        scores = np.dot(k[k0:k1], queries.T)  # (keys, queries)
+        diagonal = causal and key_block == block
+        for r in range(rows):
+            new[r] = top[r]
+        for c in range(cols):
+            tile_row = scores[c]
+            for r in range(rows):
+                x = tile_row[r] * scale
+                x = np.float32(-np.inf) if diagonal and c > r else x
+                tile_row[r] = x
+                new[r] = x if x > new[r] else new[r]
+        for r in range(rows):
+            alpha[r] = math.exp(top[r] - new[r])
+            total[r] = total[r] * alpha[r]
+            top[r] = new[r]
+        for c in range(cols):
+            tile_row = scores[c]
+            for r in range(rows):
+                e = math.exp(tile_row[r] - new[r])
+                tile_row[r] = e
+                total[r] += e
+        np.dot(scores.T, v[k0:k1], product)
+        for r in range(rows):
+            a = alpha[r]
+            for c in range(width):
+                acc[r, c] = acc[r, c] * a + product[r, c]
+    for r in range(rows):
+        for c in range(width):
+            out[first + r, c] = acc[r, c] / total[r]
+        lse[first + r] = top[r] + math.log(total[r])
+
+
+@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+def _attention_tiled(q, k, v, out, lse, scale, causal):
+    """Each work item: its block rows of one (batch, head), over the key/value head it reads."""
+    batch, heads, t, _ = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    blocks = (t + BLOCK - 1) // BLOCK
+    items = _tiled_items(blocks, causal)
+    for work in prange(batch * heads * items):
+        bh = work // items
+        item = work - bh * items
+        b = bh // heads
+        h = bh - b * heads
+        for block in _tiled_deal(item, blocks, causal):
+            if block < 0:
+                continue
+            _forward_block(q[b, h], k[b, h // group], v[b, h // group], out[b, h], lse[b, h], block, scale,
+                           causal)
+
+
+@njit(cache=True, error_model='numpy')
+def _add_into(target, tile, rows):
+    """target[:rows] += tile[:rows]."""
+    width = target.shape[1]
+    for r in range(rows):
+        for c in range(width):
+            target[r, c] += tile[r, c]
+
+
+@njit(cache=True, error_model='numpy')
+def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
+    """flash-attention-2's backward for one query head: per tile, P^T = exp(scale S^T - lse),
+    dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dK += dS^T Q, dQ += dS K."""
+    t, depth = q.shape
+    width = v.shape[1]
+    blocks = (t + BLOCK - 1) // BLOCK
+    delta = np.empty(BLOCK, np.float32)
+    tile_v = np.empty((BLOCK, width), np.float32)
+    tile_k = np.empty((BLOCK, depth), np.float32)
+    tile_q = np.empty((BLOCK, depth), np.float32)
+    for block in range(blocks):
+        first = block * BLOCK
+        end = min(first + BLOCK, t)
+        rows = end - first
+        queries = q[first:end]
+        grads = g[first:end]
+        for r in range(rows):
+            s = np.float32(0.0)
+            for c in range(width):
+                s += g[first + r, c] * o[first + r, c]
+            delta[r] = s
+        last = block + 1 if causal else blocks
+        for key_block in range(last):
+            k0 = key_block * BLOCK
+            k1 = min(k0 + BLOCK, t)
+            cols = k1 - k0
+            diagonal = causal and key_block == block
+            probs = np.dot(k[k0:k1], queries.T)  # (keys, queries)
+            for c in range(cols):
+                tile_row = probs[c]
+                for r in range(rows):
+                    e = math.exp(tile_row[r] * scale - lse[first + r])
+                    tile_row[r] = np.float32(0.0) if diagonal and c > r else e
+            np.dot(probs, grads, tile_v[:cols])
+            _add_into(dv[k0:k1], tile_v, cols)
+            scores = np.dot(v[k0:k1], grads.T)  # dP^T, then dS^T in place
+            for c in range(cols):
+                tile_row = scores[c]
+                p = probs[c]
+                for r in range(rows):
+                    tile_row[r] = p[r] * (tile_row[r] - delta[r]) * scale
+            np.dot(scores, queries, tile_k[:cols])
+            _add_into(dk[k0:k1], tile_k, cols)
+            np.dot(scores.T, k[k0:k1], tile_q[:rows])
+            _add_into(dq[first:end], tile_q, rows)
+
+
+@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+def _attention_tiled_grads(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
+    """A work item per (batch, key/value head): dK and dV of that head and dQ of its group's query
+    heads are written by that item only (no races), the heads in order."""
+    batch, heads, t, _ = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    for work in prange(batch * kv_heads):
+        b = work // kv_heads
+        kv = work - b * kv_heads
+        dk[b, kv] = np.float32(0.0)
+        dv[b, kv] = np.float32(0.0)
+        for member in range(group):
+            h = kv * group + member
+            dq[b, h] = np.float32(0.0)
+            _backward_head(q[b, h], k[b, kv], v[b, kv], o[b, h], g[b, h], lse[b, h], dq[b, h], dk[b, kv],
+                           dv[b, kv], scale, causal)

@@ -1,0 +1,20 @@
+"""numba template: attention_tiled: O and each query's logsumexp, in one buffer (B, H, T + R, Dv):
+rows 0..T-1 of a head hold O, the R = ceil(T / Dv) rows after them the T logsumexps, in order.
+
+bendc/ops/attention/cpu.py reads this file as text and uses what follows the TEMPLATE line,
+with PARALLEL, SCALE and CAUSAL replaced by the call site's values (``parallel``, the
+softmax scale and ``causal``). The lines above it make the file importable and lintable.
+"""
+import numpy as np
+
+from bendc.ops.attention.templates.placeholders import CAUSAL, SCALE
+from bendc.ops.attention.templates.tiled import _attention_tiled
+
+# ---------------------------------------------------------------- TEMPLATE
+
+def kernel(in0, in1, in2, out0):
+    batch, heads, t, _ = in0.shape
+    width = out0.shape[3]
+    lse = out0[:, :, t:, :].reshape(batch, heads, (out0.shape[2] - t) * width)[:, :, :t]
+    _attention_tiled(np.ascontiguousarray(in0), np.ascontiguousarray(in1), np.ascontiguousarray(in2),
+                     out0[:, :, :t, :], lse, np.float32(SCALE), CAUSAL)
