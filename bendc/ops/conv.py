@@ -78,21 +78,21 @@ def _conv_geometry(x_shape, w_shape, attrs, op: str) -> tuple[int, int]:
     top, bottom, left, right = _pair(attrs["padding"], "padding", 4)
     groups = attrs["groups"]
     if min(stride) < 1 or min(dilation) < 1 or min(top, bottom, left, right) < 0:
-        raise InferError(f"{op} needs positive stride and dilation and non-negative padding, got stride {stride}, "
+        raise InferError(f"needs positive stride and dilation and non-negative padding, got stride {stride}, "
                          f"dilation {dilation}, padding {attrs['padding']}")
     if not isinstance(groups, int) or groups < 1:
-        raise InferError(f"{op} groups must be a positive int, got {groups!r}")
+        raise InferError(f"groups must be a positive int, got {groups!r}")
     n, c, h, w = x_shape
     o, cg, kh, kw = w_shape
     if c % groups or o % groups:
-        raise InferError(f"{op}: groups={groups} must divide the {c} input channels and the {o} output channels")
+        raise InferError(f"groups={groups} must divide the {c} input channels and the {o} output channels")
     if cg != c // groups:
-        raise InferError(f"{op}: weight [{o},{cg},{kh},{kw}] needs {c // groups} input channels per group "
+        raise InferError(f"weight [{o},{cg},{kh},{kw}] needs {c // groups} input channels per group "
                          f"({c} channels, groups={groups}), got {cg}")
     ho = conv_output_size(h, kh, stride[0], top, bottom, dilation[0])
     wo = conv_output_size(w, kw, stride[1], left, right, dilation[1])
     if ho < 1 or wo < 1:
-        raise InferError(f"{op}: kernel {kh}x{kw} (dilation {dilation}) is larger than the padded input "
+        raise InferError(f"kernel {kh}x{kw} (dilation {dilation}) is larger than the padded input "
                          f"{h + top + bottom}x{w + left + right}")
     return ho, wo
 
@@ -115,10 +115,12 @@ def _infer_conv2d_grad_input(types, attrs):
     require_float(types, "conv2d_grad_input")
     g, w = types
     h, wd = _pair(attrs["input_size"], "input_size")
+    if g.ndim != 4 or w.ndim != 4:
+        raise InferError(f"conv2d_grad_input needs a 4-D gradient and weight, got {g} and {w}")
     x_shape = (g.shape[0], w.shape[1] * attrs["groups"], h, wd)
-    if g.ndim != 4 or w.ndim != 4 or g.shape[1:] != (w.shape[0], *_conv_geometry(x_shape, w.shape, attrs,
+    if g.shape[1:] != (w.shape[0], *_conv_geometry(x_shape, w.shape, attrs,
                                                                                   "conv2d_grad_input")):
-        raise InferError(f"conv2d_grad_input: gradient {g} does not match weight {w} and input size {(h, wd)}")
+        raise InferError(f"gradient {g} does not match weight {w} and input size {(h, wd)}")
     return g.with_shape(x_shape)
 
 
@@ -127,10 +129,12 @@ def _infer_conv2d_grad_weight(types, attrs):
     x, g = types
     _image(x, "conv2d_grad_weight")
     kh, kw = _pair(attrs["kernel_size"], "kernel_size")
-    w_shape = (g.shape[1] if g.ndim == 4 else 0, x.shape[1] // max(attrs["groups"], 1), kh, kw)
-    if g.ndim != 4 or g.shape != (x.shape[0], w_shape[0], *_conv_geometry(x.shape, w_shape, attrs,
+    if g.ndim != 4:
+        raise InferError(f"conv2d_grad_weight needs a 4-D gradient, got {g}")
+    w_shape = (g.shape[1], x.shape[1] // max(attrs["groups"], 1), kh, kw)
+    if g.shape != (x.shape[0], w_shape[0], *_conv_geometry(x.shape, w_shape, attrs,
                                                                             "conv2d_grad_weight")):
-        raise InferError(f"conv2d_grad_weight: gradient {g} does not match input {x} and kernel {(kh, kw)}")
+        raise InferError(f"gradient {g} does not match input {x} and kernel {(kh, kw)}")
     return x.with_shape(w_shape)
 
 
@@ -618,19 +622,19 @@ def _check_pool(kind: str, attrs, in_size, op: str) -> tuple[int, int]:
     if kind == ADAPTIVE:
         out = _pair(attrs["output_size"], "output_size")
         if min(out) < 1:
-            raise InferError(f"{op} output_size must be positive, got {out}")
+            raise InferError(f"output_size must be positive, got {out}")
         return out
     kernel, stride, padding = (_pair(attrs[n], n) for n in ("kernel_size", "stride", "padding"))
     dilation = _pair(attrs["dilation"], "dilation") if kind == MAX else (1, 1)
     if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
-        raise InferError(f"{op} needs positive kernel_size, stride and dilation and non-negative padding, got "
+        raise InferError(f"needs positive kernel_size, stride and dilation and non-negative padding, got "
                          f"kernel_size {kernel}, stride {stride}, padding {padding}, dilation {dilation}")
     for axis in range(2):
         if padding[axis] > ((kernel[axis] - 1) * dilation[axis] + 1) // 2:
-            raise InferError(f"{op}: padding {padding} should be at most half of the kernel {kernel}")
+            raise InferError(f"padding {padding} should be at most half of the kernel {kernel}")
     out = pooled_size(kind, attrs, in_size)
     if min(out) < 1:
-        raise InferError(f"{op}: kernel {kernel} is larger than the padded input {in_size} (output {out})")
+        raise InferError(f"kernel {kernel} is larger than the padded input {in_size} (output {out})")
     return out
 
 
@@ -650,7 +654,7 @@ def _infer_pool(name: str):
                 in_size = _pair(attrs["input_size"], "input_size")
             _image(g, name)
             if g.shape[2:] != _check_pool(kind, attrs, in_size, name) or (kind == MAX and g.shape[:2] != x.shape[:2]):
-                raise InferError(f"{name}: gradient {g} does not match the pooled input size {in_size}")
+                raise InferError(f"gradient {g} does not match the pooled input size {in_size}")
             return g.with_shape(g.shape[:2] + tuple(in_size))
         _image(x, name)
         return x.with_shape(x.shape[:2] + _check_pool(kind, attrs, x.shape[2:], name))
