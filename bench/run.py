@@ -434,9 +434,18 @@ def bench_decoder(target: str, runs: int, with_compile: bool, config, name: str)
 
     # The first step from the same parameters: the losses agree (a check that both run one model).
     first_bendc = float(step(*fixed, *(a.copy() for a in params + moments + moments))[0])
+    result = {"name": name, "target": target, "model": config.describe()}
+    return compare_with_torch(result, bendc_step, torch_step, loss_fn, runs, with_compile, first_bendc)
+
+
+def compare_with_torch(result: dict, bendc_step, torch_step, loss_fn, runs: int, with_compile: bool,
+                       first_bendc: float) -> dict:
+    """``result`` with bendc's step against ``torch_step(loss_fn)`` eager and, with_compile, with
+    loss_fn under torch.compile, in alternating rounds; the first losses of both."""
+    import torch
+
     first_torch = float(torch_step(loss_fn).detach())
     fns = {"bendc": bendc_step, "eager": lambda: torch_step(loss_fn)}
-    result = {"name": name, "target": target, "model": config.describe()}
     if with_compile:
         try:
             compiled = torch.compile(loss_fn)
@@ -475,7 +484,7 @@ def bench_cnn(target: str, runs: int, with_compile: bool) -> dict:
 
     torch.set_num_threads(bench_threads())
     tparams = {n: torch.tensor(a, requires_grad=True) for n, a in cnn.init_params().items()}
-    optimizer = torch.optim.AdamW(list(tparams.values()), lr=3e-3)
+    optimizer = torch.optim.AdamW(list(tparams.values()), lr=1e-2)
     tx, ty = torch.tensor(x), torch.tensor(y)
 
     def loss_fn(x, y, p):
@@ -495,25 +504,9 @@ def bench_cnn(target: str, runs: int, with_compile: bool) -> dict:
         return loss
 
     first_bendc = float(np.asarray(step(cnn.init_params(), bendc.optim.init_adam(cnn.init_params()), x, y)[0]))
-    first_torch = float(torch_step(loss_fn).detach())
-    fns = {"bendc": bendc_step, "eager": lambda: torch_step(loss_fn)}
     result = {"name": "cnn", "target": target, "model": f"batch {cnn.BATCH}, 1x{cnn.SIZE}x{cnn.SIZE}, "
                                                        f"channels {cnn.CHANNELS}"}
-    if with_compile:
-        try:
-            compiled = torch.compile(loss_fn)
-            torch_step(compiled)
-            fns["compile"] = lambda: torch_step(compiled)
-        except Exception as error:  # inductor needs a working C++ toolchain
-            result["torch_compile_error"] = str(error).splitlines()[0][:200]
-    seconds = interleaved_medians(fns, runs)
-    result.update({"bendc_ms": seconds["bendc"] * 1e3, "torch_eager_ms": seconds["eager"] * 1e3,
-                   "speedup_vs_torch_eager": seconds["eager"] / seconds["bendc"]})
-    if "compile" in seconds:
-        result["torch_compile_ms"] = seconds["compile"] * 1e3
-        result["speedup_vs_torch_compile"] = seconds["compile"] / seconds["bendc"]
-    result["first_loss_bendc"], result["first_loss_torch"] = first_bendc, first_torch
-    return result
+    return compare_with_torch(result, bendc_step, torch_step, loss_fn, runs, with_compile, first_bendc)
 
 
 # ------------------------------------------------------------------ main

@@ -240,16 +240,26 @@ def vjp_conv2d_grad_weight(b, node, grad, needs):
 
 # ------------------------------------------------------------------ conv on the CPU: im2col + BLAS
 _CPU_CONV_HELPERS = '''
-{decorator}
-def _columns(x, col, groups, kh, kw, sh, sw, top, left, dh, dw, ho, wo):
-    """im2col: col[g, (c' * kh + i) * kw + j, (n * ho + oh) * wo + ow] = x[n, g * cg + c', ih, iw] (0 in the padding)."""
-    batch, channels, height, width = x.shape
+{serial}
+def _plane(plane, channels, groups, kh, kw):
+    """(sample, channel, group, first row of the channel's columns) of a (sample, channel) plane."""
+    c = plane % channels
     cg = channels // groups
+    return plane // channels, c, c // cg, (c % cg) * kh * kw
+
+
+{decorator}
+def _columns(image, col, groups, kh, kw, sh, sw, top, left, dh, dw, ho, wo, scatter):
+    """The walk of every tap over every output position, one (sample, channel) plane per cell.
+    scatter False, im2col: col[g, (c' * kh + i) * kw + j, (n * ho + oh) * wo + ow] = image[n, g * cg + c', ih, iw]
+    (0 in the padding); scatter True, col2im: image[n, c, ih, iw] = the sum of the column entries it fed."""
+    batch, channels, height, width = image.shape
     for plane in {loop}(batch * channels):
-        n = plane // channels
-        c = plane % channels
-        g = c // cg
-        row0 = (c % cg) * kh * kw
+        n, c, g, row0 = _plane(plane, channels, groups, kh, kw)
+        if scatter:
+            for ih in range(height):
+                for iw in range(width):
+                    image[n, c, ih, iw] = np.float32(0.0)
         for i in range(kh):
             for j in range(kw):
                 row = row0 + i * kw + j
@@ -258,58 +268,42 @@ def _columns(x, col, groups, kh, kw, sh, sw, top, left, dh, dw, ho, wo):
                     base = (n * ho + oh) * wo
                     for ow in range(wo):
                         iw = ow * sw - left + j * dw
-                        if ih >= 0 and ih < height and iw >= 0 and iw < width:
-                            col[g, row, base + ow] = x[n, c, ih, iw]
+                        inside = ih >= 0 and ih < height and iw >= 0 and iw < width
+                        if scatter:
+                            if inside:
+                                image[n, c, ih, iw] += col[g, row, base + ow]
+                        elif inside:
+                            col[g, row, base + ow] = image[n, c, ih, iw]
                         else:
                             col[g, row, base + ow] = np.float32(0.0)
 
 
 {decorator}
-def _uncolumns(col, dx, groups, kh, kw, sh, sw, top, left, dh, dw, ho, wo):
-    """col2im: dx[n, c, ih, iw] = the sum of its columns' entries, one (sample, channel) plane per cell."""
-    batch, channels, height, width = dx.shape
-    cg = channels // groups
-    for plane in {loop}(batch * channels):
-        n = plane // channels
-        c = plane % channels
-        g = c // cg
-        row0 = (c % cg) * kh * kw
-        for ih in range(height):
-            for iw in range(width):
-                dx[n, c, ih, iw] = np.float32(0.0)
-        for i in range(kh):
-            for j in range(kw):
-                row = row0 + i * kw + j
-                for oh in range(ho):
-                    ih = oh * sh - top + i * dh
-                    if ih < 0 or ih >= height:
-                        continue
-                    base = (n * ho + oh) * wo
-                    for ow in range(wo):
-                        iw = ow * sw - left + j * dw
-                        if iw >= 0 and iw < width:
-                            dx[n, c, ih, iw] += col[g, row, base + ow]
-
-
-{decorator}
-def _to_groups(image, grouped):
-    """grouped[g, o', n * p + q] = image[n, g * og + o', q]: (N, O, P) as each group's (Og, N*P) matrix."""
+def _regroup(image, grouped, bias, into_groups):
+    """Between (N, O, P) images and each group's (O/G, N*P) matrix: into_groups,
+    grouped[g, o', n * p + q] = image[n, g * og + o', q]; else the reverse, plus bias[o] where a bias is given."""
     batch, channels, positions = image.shape
     og = grouped.shape[1]
     for plane in {loop}(batch * channels):
         n = plane // channels
         o = plane % channels
         for q in range(positions):
-            grouped[o // og, o % og, n * positions + q] = image[n, o, q]
+            if into_groups:
+                grouped[o // og, o % og, n * positions + q] = image[n, o, q]
+            elif bias.size:
+                image[n, o, q] = grouped[o // og, o % og, n * positions + q] + bias[o]
+            else:
+                image[n, o, q] = grouped[o // og, o % og, n * positions + q]
 '''
 
 
 def _cpu_conv_prelude(ins, parallel: bool) -> str:
-    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), loop="prange" if parallel else "range")
+    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), serial=njit_decorator(False),
+                                    loop="prange" if parallel else "range")
 
 
 def _cpu_conv_arguments(attrs) -> str:
-    """The static arguments of _columns/_uncolumns after (groups, kh, kw)."""
+    """The static arguments of _columns after (groups, kh, kw)."""
     (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
     top, _, left, _ = attrs["padding"]
     return f"{sh}, {sw}, {top}, {left}, {dh}, {dw}"
@@ -320,23 +314,9 @@ def _cpu_conv2d(attrs, ins, out) -> str:
     written into (N, O, Ho, Wo) with the bias added (parallel numba)."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
-    loop = "prange" if parallel else "range"
-    bias = len(ins) == 3
-    add = " + bias[o]" if bias else ""
-    arguments = "in0, in1, in2, out0" if bias else "in0, in1, out0"
+    bias = "np.ascontiguousarray(in2)" if len(ins) == 3 else "np.empty(0, np.float32)"
+    arguments = "in0, in1, in2, out0" if len(ins) == 3 else "in0, in1, out0"
     return (_cpu_conv_prelude(ins, parallel) + f'''
-
-{njit_decorator(parallel)}
-def _from_groups(grouped, {"bias, " if bias else ""}image):
-    """image[n, g * og + o', q] = grouped[g, o', n * p + q]{add}."""
-    batch, channels, positions = image.shape
-    og = grouped.shape[1]
-    for plane in {loop}(batch * channels):
-        n = plane // channels
-        o = plane % channels
-        for q in range(positions):
-            image[n, o, q] = grouped[o // og, o % og, n * positions + q]{add}
-
 
 def kernel({arguments}):
     x = np.ascontiguousarray(in0)
@@ -344,10 +324,10 @@ def kernel({arguments}):
     channels, cg, kh, kw = in1.shape
     ho, wo = out0.shape[2], out0.shape[3]
     col = np.empty(({groups}, cg * kh * kw, batch * ho * wo), np.float32)
-    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo)
+    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, False)
     weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
     product = np.matmul(weight, col)  # per group: (O/G, C/G*KH*KW) @ (C/G*KH*KW, N*Ho*Wo), BLAS
-    _from_groups(product, {"np.ascontiguousarray(in2), " if bias else ""}out0.reshape(batch, channels, ho * wo))
+    _regroup(out0.reshape(batch, channels, ho * wo), product, {bias}, False)
 ''')
 
 
@@ -362,10 +342,10 @@ def kernel(in0, in1, out0):
     batch, channels, ho, wo = grad.shape
     _, cg, kh, kw = in1.shape
     grouped = np.empty(({groups}, channels // {groups}, batch * ho * wo), np.float32)
-    _to_groups(grad.reshape(batch, channels, ho * wo), grouped)
+    _regroup(grad.reshape(batch, channels, ho * wo), grouped, np.empty(0, np.float32), True)
     weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
     col = np.matmul(weight.transpose(0, 2, 1), grouped)  # per group: (C/G*KH*KW, O/G) @ (O/G, N*Ho*Wo), BLAS
-    _uncolumns(col, out0, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo)
+    _columns(out0, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, True)
 ''')
 
 
@@ -381,9 +361,9 @@ def kernel(in0, in1, out0):
     batch, channels, ho, wo = grad.shape
     _, cg, kh, kw = out0.shape
     col = np.empty(({groups}, cg * kh * kw, batch * ho * wo), np.float32)
-    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo)
+    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, False)
     grouped = np.empty(({groups}, channels // {groups}, batch * ho * wo), np.float32)
-    _to_groups(grad.reshape(batch, channels, ho * wo), grouped)
+    _regroup(grad.reshape(batch, channels, ho * wo), grouped, np.empty(0, np.float32), True)
     # per group: (O/G, N*Ho*Wo) @ (N*Ho*Wo, C/G*KH*KW), BLAS
     np.matmul(grouped, col.transpose(0, 2, 1), out=out0.reshape({groups}, channels // {groups}, cg * kh * kw))
 ''')
@@ -451,6 +431,17 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
                        f"{tile}x{tile} tiles", source, [launch])
 
 
+def _per_element(op: kit.CudaNode, split: list[str], body: list[str], what: str) -> kit.Kernels:
+    """A grid-stride kernel: ``body`` (with the index statements of ``split`` it needs) once per
+    element of the output, written to ``out0[cell]``."""
+    body = kit.used(split, body) + body
+    cells = numel(op.shape)
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
+                               f"{op.node.op}: {what}.")
+    return kit.Kernels(f"{op.node.op} into [{','.join(map(str, op.shape))}], {what}", source,
+                       [kit.grid_stride_launch("kernel", cells)])
+
+
 def _cuda_conv2d_grad_input(op: kit.CudaNode) -> kit.Kernels:
     """One dx element per thread: the sum over the output channels of its group and the taps that
     read it of g * w, in (o', i, j) order."""
@@ -473,12 +464,7 @@ def _cuda_conv2d_grad_input(op: kit.CudaNode) -> kit.Kernels:
             f"                acc += {op.read(0, [n, 'o', f'th // {sh}', f'tw // {sw}'])} * "
             f"{op.read(1, ['o', f'{c} % {cg}', 'i', 'j'])}",
             "out0[cell] = acc"]
-    body = kit.used(split, body) + body
-    cells = numel(x_shape)
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
-                               "conv2d's input gradient: one dx element per thread.")
-    return kit.Kernels(f"conv2d_grad_input into [{','.join(map(str, x_shape))}], one element per thread",
-                       source, [kit.grid_stride_launch("kernel", cells)])
+    return _per_element(op, split, body, "one dx element per thread")
 
 
 def _cuda_conv2d_grad_weight(op: kit.CudaNode) -> kit.Kernels:
@@ -500,12 +486,7 @@ def _cuda_conv2d_grad_weight(op: kit.CudaNode) -> kit.Kernels:
             f"            if iw >= 0 and iw < {s['W']}:",
             f"                acc += {op.read(1, ['n', o, 'oh', 'ow'])} * {op.read(0, ['n', 'c', 'ih', 'iw'])}",
             "out0[cell] = acc"]
-    body = kit.used(split, body) + body
-    cells = numel(w_shape)
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
-                               "conv2d's weight gradient: one dw element per thread.")
-    return kit.Kernels(f"conv2d_grad_weight into [{','.join(map(str, w_shape))}], one element per thread",
-                       source, [kit.grid_stride_launch("kernel", cells)])
+    return _per_element(op, split, body, "one dw element per thread")
 
 
 _CONV_DOC = "stride (sh, sw), padding (top, bottom, left, right), dilation (dh, dw), groups"
@@ -522,29 +503,22 @@ define_op(
         f"torch's conv2d of x (N, C, H, W) by w (O, C/groups, KH, KW), bias (O,) optional; {_CONV_DOC}.",
 )
 
-define_op(
-    name="conv2d_grad_input",
-    arity=2,
-    infer=_infer_conv2d_grad_input,
-    reference=_reference_conv2d_grad_input,
-    lowering=Lowering("matmul", cpu=_cpu_conv2d_grad_input, cuda=_cuda_conv2d_grad_input),
-    vjp=vjp_conv2d_grad_input,
-    attr_names=CONV_ATTRS + ("input_size",),
-    doc="`%9 = conv2d_grad_input[dilation=(1,1), groups=1, input_size=(12,12), padding=(1,1,1,1), stride=(1,1)] "
-        "%g, %w : f32[8,3,12,12]`: conv2d's input gradient (the transposed convolution of g by w).",
-)
-
-define_op(
-    name="conv2d_grad_weight",
-    arity=2,
-    infer=_infer_conv2d_grad_weight,
-    reference=_reference_conv2d_grad_weight,
-    lowering=Lowering("matmul", cpu=_cpu_conv2d_grad_weight, cuda=_cuda_conv2d_grad_weight),
-    vjp=vjp_conv2d_grad_weight,
-    attr_names=CONV_ATTRS + ("kernel_size",),
-    doc="`%10 = conv2d_grad_weight[dilation=(1,1), groups=1, kernel_size=(3,3), padding=(1,1,1,1), stride=(1,1)] "
-        "%x, %g : f32[16,3,3,3]`: conv2d's weight gradient (g correlated with x over the batch).",
-)
+# conv2d's two VJP products: (name, extra attribute, renderers and rule, doc)
+for _name, _extra, _parts, _doc in (
+        ("conv2d_grad_input", "input_size",
+         (_infer_conv2d_grad_input, _reference_conv2d_grad_input, _cpu_conv2d_grad_input, _cuda_conv2d_grad_input,
+          vjp_conv2d_grad_input),
+         "`%9 = conv2d_grad_input[dilation=(1,1), groups=1, input_size=(12,12), padding=(1,1,1,1), stride=(1,1)] "
+         "%g, %w : f32[8,3,12,12]`: conv2d's input gradient (the transposed convolution of g by w)."),
+        ("conv2d_grad_weight", "kernel_size",
+         (_infer_conv2d_grad_weight, _reference_conv2d_grad_weight, _cpu_conv2d_grad_weight,
+          _cuda_conv2d_grad_weight, vjp_conv2d_grad_weight),
+         "`%10 = conv2d_grad_weight[dilation=(1,1), groups=1, kernel_size=(3,3), padding=(1,1,1,1), stride=(1,1)] "
+         "%x, %g : f32[16,3,3,3]`: conv2d's weight gradient (g correlated with x over the batch).")):
+    _infer, _reference, _cpu, _cuda, _rule = _parts
+    define_op(name=_name, arity=2, infer=_infer, reference=_reference,
+              lowering=Lowering("matmul", cpu=_cpu, cuda=_cuda), vjp=_rule, attr_names=CONV_ATTRS + (_extra,),
+              doc=_doc)
 
 
 # ------------------------------------------------------------------ pooling windows
@@ -847,12 +821,7 @@ def _cuda_pool(name: str):
                  + pool_window_lines(kind, op.attrs, 1, ow, str(width), str(wo))
                  + _pool_cell_lines(kind, op.attrs, op.read(0, [n, c, "ih", "iw"]))
                  + [f"out0[cell] = {'best' if kind == MAX else 'avg'}"])
-        body = kit.used(split, lines) + lines
-        cells = numel(op.shape)
-        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
-                                   f"{name}: one output element per thread.")
-        return kit.Kernels(f"{name} into [{','.join(map(str, op.shape))}], one element per thread", source,
-                           [kit.grid_stride_launch("kernel", cells)])
+        return _per_element(op, split, lines, "one output element per thread")
 
     return render
 
@@ -891,12 +860,7 @@ def _cuda_pool_grad(name: str):
                  + ["    " + line for line in window_h + ["for ow in range(first1, last1):"]
                     + ["    " + line for line in window_w + cell]]
                  + ["out0[cell] = acc"])
-        body = kit.used(split, lines) + lines
-        cells = numel(op.shape)
-        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
-                                   f"{name}: one input-gradient element per thread.")
-        return kit.Kernels(f"{name} into [{','.join(map(str, op.shape))}], one element per thread", source,
-                           [kit.grid_stride_launch("kernel", cells)])
+        return _per_element(op, split, lines, "one input-gradient element per thread")
 
     return render
 
