@@ -387,7 +387,7 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
     stored; each thread computes one output element, the bias added last."""
     s = _conv_sizes(op, op.shapes[0], op.shapes[1])
     m, k_size, columns = s["OG"], s["CG"] * s["KH"] * s["KW"], s["N"] * s["HO"] * s["WO"]
-    tile = CONV_TILE if max(m, columns) > 8 else 8
+    tile = CONV_TILE if max(m, columns) > 8 else min(CONV_TILE, 8)
     positions, taps = s["HO"] * s["WO"], s["KH"] * s["KW"]
     kw, cg = s["KW"], s["CG"]
     bias = f" + {op.read(2, ['o'])}" if len(op.shapes) == 3 else ""
@@ -400,7 +400,11 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
             "    # the weight tile: rows of output channels, columns of (c', i, j)",
             "    k = tile * TILE + tx",
             f"    if row < {m} and k < {k_size}:",
-            f"        tile_a[ty, tx] = {op.read(1, [f'g * {m} + row', f'k // {taps}', f'k % {taps} // {kw}', f'k % {kw}'])}",
+            f"        o = g * {m} + row",
+            f"        c = k // {taps}",
+            f"        i = k % {taps} // {kw}",
+            f"        j = k % {kw}",
+            f"        tile_a[ty, tx] = {op.read(1, ['o', 'c', 'i', 'j'])}",
             "    else:",
             "        tile_a[ty, tx] = np.float32(0.0)",
             "    # the column tile: x under tap k for output position `column` (0 in the padding)",
@@ -412,7 +416,8 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
             f"        ih = q // {s['WO']} * {s['SH']} - {s['TOP']} + k % {taps} // {s['KW']} * {s['DH']}",
             f"        iw = q % {s['WO']} * {s['SW']} - {s['LEFT']} + k % {s['KW']} * {s['DW']}",
             f"        if ih >= 0 and ih < {s['H']} and iw >= 0 and iw < {s['W']}:",
-            f"            value = {op.read(0, ['n', f'g * {cg} + k // {taps}', 'ih', 'iw'])}",
+            f"            c = g * {cg} + k // {taps}",
+            f"            value = {op.read(0, ['n', 'c', 'ih', 'iw'])}",
             "    tile_b[ty, tx] = value",
             "    cuda.syncthreads()",
             "    for kk in range(TILE):",
@@ -451,6 +456,7 @@ def _cuda_conv2d_grad_input(op: kit.CudaNode) -> kit.Kernels:
     split, (n, c, ih, iw) = kit.unflatten("cell", x_shape, "x")
     sh, sw, cg = s["SH"], s["SW"], s["CG"]
     body = [f"g = {c} // {s['CG']}",
+            f"cc = {c} % {cg}",
             "acc = np.float32(0.0)",
             f"for oc in range({s['OG']}):",
             f"    o = g * {s['OG']} + oc",
@@ -461,8 +467,9 @@ def _cuda_conv2d_grad_input(op: kit.CudaNode) -> kit.Kernels:
             f"        for j in range({s['KW']}):",
             f"            tw = {iw} + {s['LEFT']} - j * {s['DW']}",
             f"            if tw >= 0 and tw % {s['SW']} == 0 and tw // {s['SW']} < {s['WO']}:",
-            f"                acc += {op.read(0, [n, 'o', f'th // {sh}', f'tw // {sw}'])} * "
-            f"{op.read(1, ['o', f'{c} % {cg}', 'i', 'j'])}",
+            f"                oh = th // {sh}",
+            f"                ow = tw // {sw}",
+            f"                acc += {op.read(0, [n, 'o', 'oh', 'ow'])} * {op.read(1, ['o', 'cc', 'i', 'j'])}",
             "out0[cell] = acc"]
     return _per_element(op, split, body, "one dx element per thread")
 

@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3}"
-NUMBA_ENABLE_CUDASIM=1 exec "$PYTHON" -m pytest -q tests/cuda/test_simulator.py tests/cuda/test_fuzz_simulator.py "$@"
+NUMBA_ENABLE_CUDASIM=1 exec "$PYTHON" -m pytest -q tests/cuda/test_simulator.py tests/cuda/test_fuzz_simulator.py tests/cuda/test_sim_conv.py "$@"
