@@ -263,19 +263,30 @@ def _columns(image, col, groups, kh, kw, sh, sw, top, left, dh, dw, ho, wo, scat
         for i in range(kh):
             for j in range(kw):
                 row = row0 + i * kw + j
+                # the output columns whose tap j lands inside the row: iw = ow * sw + shift in [0, width)
+                shift = j * dw - left
+                first = 0 if shift >= 0 else min(wo, (sw - 1 - shift) // sw)
+                last = 0 if width - 1 - shift < 0 else min(wo, (width - 1 - shift) // sw + 1)
+                last = max(first, last)
                 for oh in range(ho):
                     ih = oh * sh - top + i * dh
                     base = (n * ho + oh) * wo
-                    for ow in range(wo):
-                        iw = ow * sw - left + j * dw
-                        inside = ih >= 0 and ih < height and iw >= 0 and iw < width
-                        if scatter:
-                            if inside:
-                                image[n, c, ih, iw] += col[g, row, base + ow]
-                        elif inside:
-                            col[g, row, base + ow] = image[n, c, ih, iw]
-                        else:
+                    inside = ih >= 0 and ih < height
+                    if scatter:
+                        if inside:
+                            for ow in range(first, last):
+                                image[n, c, ih, ow * sw + shift] += col[g, row, base + ow]
+                        continue
+                    if not inside:
+                        for ow in range(wo):
                             col[g, row, base + ow] = np.float32(0.0)
+                        continue
+                    for ow in range(first):
+                        col[g, row, base + ow] = np.float32(0.0)
+                    for ow in range(first, last):
+                        col[g, row, base + ow] = image[n, c, ih, ow * sw + shift]
+                    for ow in range(last, wo):
+                        col[g, row, base + ow] = np.float32(0.0)
 
 
 {decorator}
