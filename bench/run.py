@@ -9,6 +9,8 @@ Workloads (each a median of several timed runs after warm-up):
                Adam), the same comparisons
   attention_long  the attention workload at B=4 T=2048 (few runs): the pass's own schedule (tiled: the
                triangular one's P and G would take 512 MiB, over the budget) vs torch's SDPA
+  cnn          examples/cnn.py's step (batch 64, 16x16 digits, two conv/GroupNorm/SiLU/pool blocks, AdamW):
+               bendc vs torch eager and torch.compile, alternating rounds
   transcendental  also reports max ulp of exp, log, tanh, sigmoid, gelu and the chain against torch
   mlp          784-512-512-10 MLP training step, batch 256, cross-entropy, Adam:
                bendc vs torch eager and torch.compile (inductor, CPU)
@@ -460,9 +462,18 @@ def bench_decoder(target: str, runs: int, with_compile: bool, config, name: str)
 
     # The first step from the same parameters: the losses agree (a check that both run one model).
     first_bendc = float(step(*fixed, *(a.copy() for a in params + moments + moments))[0])
+    result = {"name": name, "target": target, "model": config.describe()}
+    return compare_with_torch(result, bendc_step, torch_step, loss_fn, runs, with_compile, first_bendc)
+
+
+def compare_with_torch(result: dict, bendc_step, torch_step, loss_fn, runs: int, with_compile: bool,
+                       first_bendc: float) -> dict:
+    """``result`` with bendc's step against ``torch_step(loss_fn)`` eager and, with_compile, with
+    loss_fn under torch.compile, in alternating rounds; the first losses of both."""
+    import torch
+
     first_torch = float(torch_step(loss_fn).detach())
     fns = {"bendc": bendc_step, "eager": lambda: torch_step(loss_fn)}
-    result = {"name": name, "target": target, "model": config.describe()}
     if with_compile:
         try:
             compiled = torch.compile(loss_fn)
@@ -478,6 +489,52 @@ def bench_decoder(target: str, runs: int, with_compile: bool, config, name: str)
         result["speedup_vs_torch_compile"] = seconds["compile"] / seconds["bendc"]
     result["first_loss_bendc"], result["first_loss_torch"] = first_bendc, first_torch
     return result
+
+
+# ------------------------------------------------------------------ cnn (op-coverage issue)
+def bench_cnn(target: str, runs: int, with_compile: bool) -> dict:
+    """examples/cnn.py's training step (two conv -> GroupNorm -> SiLU -> max pool blocks, a linear
+    head, cross-entropy, AdamW) vs the same model in torch eager and torch.compile (the forward and
+    loss compiled, AdamW eager), alternating rounds."""
+    import torch
+    import torch.nn.functional as TF
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import cnn
+
+    x, y = cnn.make_data(cnn.BATCH)
+    step = bendc.jit(cnn.train_step.fn, leaves=("params",), target=target, donate=("params", "opt_state"))
+    state = {"params": cnn.init_params(), "opt_state": bendc.optim.init_adam(cnn.init_params())}
+
+    def bendc_step():
+        loss, state["params"], state["opt_state"] = step(state["params"], state["opt_state"], x, y)
+        return loss
+
+    torch.set_num_threads(bench_threads())
+    tparams = {n: torch.tensor(a, requires_grad=True) for n, a in cnn.init_params().items()}
+    optimizer = torch.optim.AdamW(list(tparams.values()), lr=1e-2)
+    tx, ty = torch.tensor(x), torch.tensor(y)
+
+    def loss_fn(x, y, p):
+        h = x
+        for number in (1, 2):
+            h = TF.conv2d(h, p[f"conv{number}_w"], p[f"conv{number}_b"], padding=1)
+            h = TF.group_norm(h, cnn.GROUPS[number - 1], p[f"norm{number}_w"], p[f"norm{number}_b"])
+            h = TF.max_pool2d(TF.silu(h), 2)
+        logits = TF.linear(h.reshape(h.shape[0], cnn.HIDDEN), p["head_w"], p["head_b"])
+        return TF.cross_entropy(logits, y)
+
+    def torch_step(fn):
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(tx, ty, tparams)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    first_bendc = float(np.asarray(step(cnn.init_params(), bendc.optim.init_adam(cnn.init_params()), x, y)[0]))
+    result = {"name": "cnn", "target": target, "model": f"batch {cnn.BATCH}, 1x{cnn.SIZE}x{cnn.SIZE}, "
+                                                       f"channels {cnn.CHANNELS}"}
+    return compare_with_torch(result, bendc_step, torch_step, loss_fn, runs, with_compile, first_bendc)
 
 
 # ------------------------------------------------------------------ main
@@ -577,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         "transformer": lambda: bench_decoder(args.target, runs, not args.quick, TRANSFORMER, "transformer"),
         "gpt": lambda: bench_decoder(args.target, runs, not args.quick, GPT, "gpt"),
         "data_parallel": lambda: bench_data_parallel(runs),
+        "cnn": lambda: bench_cnn(args.target, runs, not args.quick),  # op-coverage issue
     }
     results = []
     for name, run in workloads.items():

@@ -687,3 +687,128 @@ def tril(x: Tensor, diagonal: int = 0) -> Tensor:
 
 def triu(x: Tensor, diagonal: int = 0) -> Tensor:
     return _tensor(x, "triu").triu(diagonal)
+# ------------------------------------------------------------------ convolution and pooling (op-coverage issue)
+def _ints(value: Any, count: int, name: str, op: str, tracer: Tracer) -> tuple[int, ...]:
+    """An int or a sequence of ``count`` ints (torch's _pair / _single), as a tuple."""
+    items = (value,) * count if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
+    if (not isinstance(items, (tuple, list)) or len(items) != count
+            or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in items)):
+        raise UnsupportedError(f"{name} must be an int or {count} ints, got {value!r}", loc=tracer.builder.loc, op=op)
+    return tuple(int(v) for v in items)
+
+
+def _batched(x: Tensor, dims: int, op: str, builder) -> tuple[Tensor, bool]:
+    """x with its batch dim: (C, *spatial) inputs are unbatched, as in torch."""
+    if x.ndim == dims + 1:
+        return x.unsqueeze(0), True
+    if x.ndim != dims + 2:
+        raise ShapeError(f"input {x.type} must be (N, C, {', '.join('HW'[-dims:] if dims == 2 else 'L')}) "
+                         f"or unbatched (C, ...)", loc=builder.loc, op=op)
+    return x, False
+
+
+def _conv(x, weight, bias, stride, padding, dilation, groups, dims: int, op: str) -> Tensor:
+    tracer = _tracer(op, x, weight, bias)
+    with tracer.at_user_line(op) as builder:
+        x = tracer.value(_tensor(x, op), op)
+        weight = tracer.value(_tensor(weight, op), op)
+        x, unbatched = _batched(x, dims, op, builder)
+        if weight.ndim != dims + 2:
+            raise ShapeError(f"weight {weight.type} must have {dims + 2} dimensions (O, C/groups, kernel)",
+                             loc=builder.loc, op=op)
+        stride = _ints(stride, dims, "stride", op, tracer)
+        dilation = _ints(dilation, dims, "dilation", op, tracer)
+        if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):
+            raise UnsupportedError(f"groups must be a Python int, got {groups!r}", loc=builder.loc, op=op)
+        kernel = weight.shape[2:]
+        if padding == "valid":
+            pads = [(0, 0)] * dims
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise ShapeError(f"padding='same' needs stride 1, got stride {stride}", loc=builder.loc, op=op)
+            # torch pads the odd extra element at the end (bottom / right)
+            pads = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dilation, kernel)]
+        elif isinstance(padding, str):
+            raise UnsupportedError(f"padding={padding!r} is not supported (an int, ints, 'same' or 'valid')",
+                                   loc=builder.loc, op=op)
+        else:
+            pads = [(p, p) for p in _ints(padding, dims, "padding", op, tracer)]
+        if dims == 1:  # conv1d is conv2d over (N, C, 1, L)
+            x = x.unsqueeze(2)
+            weight = weight.unsqueeze(2)
+            stride, dilation, pads = (1,) + stride, (1,) + dilation, [(0, 0)] + pads
+        operands = [x.id, weight.id]
+        if bias is not None:
+            operands.append(tracer.value(_tensor(bias, op), op).id)
+        out = tracer.emit("conv2d", operands, stride=stride, dilation=dilation, groups=int(groups),
+                          padding=(pads[0][0], pads[0][1], pads[1][0], pads[1][1]))
+        if dims == 1:
+            out = out.reshape(out.shape[0], out.shape[1], out.shape[3])
+        return out.reshape(*out.shape[1:]) if unbatched else out
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """torch's conv2d: input (N, C, H, W) or (C, H, W), weight (O, C/groups, KH, KW), bias (O,);
+    padding an int, a pair, "same" or "valid"."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1, padding: Any = 0,
+           dilation: Any = 1, groups: int = 1) -> Tensor:
+    """torch's conv1d: input (N, C, L) or (C, L), weight (O, C/groups, K), bias (O,)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+
+
+def _pool(op: str, x: Tensor, **attrs: Any) -> Tensor:
+    tracer = _tracer(op, x)
+    with tracer.at_user_line(op) as builder:
+        x, unbatched = _batched(tracer.value(_tensor(x, op), op), 2, op, builder)
+        out = tracer.emit(op, (x.id,), **attrs)
+        return out.reshape(*out.shape[1:]) if unbatched else out
+
+
+def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False, return_indices: bool = False) -> Tensor:
+    """torch's max_pool2d (stride defaults to kernel_size); the gradient goes to each window's first max."""
+    tracer = _tracer("max_pool2d", input)
+    with tracer.at_user_line("max_pool2d") as builder:
+        if return_indices:
+            raise UnsupportedError("max_pool2d return_indices=True is not supported", loc=builder.loc,
+                                   op="max_pool2d")
+        kernel, stride, padding = _window_args("max_pool2d", kernel_size, stride, padding, tracer)
+        return _pool("max_pool2d", input, kernel_size=kernel, stride=stride, padding=padding,
+                     dilation=_ints(dilation, 2, "dilation", "max_pool2d", tracer), ceil_mode=bool(ceil_mode))
+
+
+def _window_args(op: str, kernel_size: Any, stride: Any, padding: Any, tracer: Tracer) -> tuple:
+    """(kernel_size, stride, padding) as pairs; stride defaults to kernel_size, as in torch."""
+    kernel = _ints(kernel_size, 2, "kernel_size", op, tracer)
+    default = stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0)
+    return kernel, kernel if default else _ints(stride, 2, "stride", op, tracer), _ints(padding, 2, "padding", op,
+                                                                                        tracer)
+
+
+def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """torch's avg_pool2d (stride defaults to kernel_size)."""
+    tracer = _tracer("avg_pool2d", input)
+    with tracer.at_user_line("avg_pool2d") as builder:
+        if divisor_override is not None:
+            raise UnsupportedError(f"avg_pool2d divisor_override={divisor_override!r} is not supported",
+                                   loc=builder.loc, op="avg_pool2d")
+        kernel, stride, padding = _window_args("avg_pool2d", kernel_size, stride, padding, tracer)
+        return _pool("avg_pool2d", input, kernel_size=kernel, stride=stride, padding=padding,
+                     ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
+    """torch's adaptive_avg_pool2d; None in output_size keeps that input size."""
+    tracer = _tracer("adaptive_avg_pool2d", input)
+    with tracer.at_user_line("adaptive_avg_pool2d"):
+        x = _tensor(input, "adaptive_avg_pool2d")
+        sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+        if len(sizes) == 2:
+            sizes = tuple(x.shape[-2 + a] if s is None else s for a, s in enumerate(sizes))
+        return _pool("adaptive_avg_pool2d", x,
+                     output_size=_ints(sizes, 2, "output_size", "adaptive_avg_pool2d", tracer))

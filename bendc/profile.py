@@ -49,7 +49,7 @@ def kernel_name(graph: Graph, step: dict) -> str:
 
 def _flops(plan: dict, step: dict) -> int:
     """2*M*N*K for a matrix product (batched: times the batch), else 0 (elementwise work is bytes)."""
-    if step["kind"] != "matmul" or len(step["inputs"]) < 2 or not step["outputs"]:
+    if step["kind"] != "matmul" or step.get("op") not in (None, "matmul") or len(step["inputs"]) < 2 or not step["outputs"]:
         return 0
     left = plan["values"][str(step["inputs"][0])][1]
     out = plan["values"][str(step["outputs"][0])][1]

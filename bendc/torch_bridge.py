@@ -378,6 +378,13 @@ TORCH_FUNCTIONS.update({
 })
 
 
+# convolution and pooling (op-coverage issue): bendc.functional's signatures are torch's
+TORCH_FUNCTIONS.update({
+    **{f"torch.nn.functional.{name}": getattr(F, name)
+       for name in ("conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")},
+    **{f"torch.{name}": getattr(F, name) for name in ("conv1d", "conv2d", "max_pool2d")},
+})
+
 # bendc Tensor methods that torch.<name> and torch.Tensor.<name> reach with the same meaning.
 _SAME_NAMED = ("exp", "log", "tanh", "relu", "sigmoid", "sqrt", "softmax", "log_softmax", "reshape", "view",
                "permute", "transpose", "unsqueeze", "size", "dim", "numel", "square")

@@ -185,3 +185,15 @@ def wide(shape, seed: int = 0) -> np.ndarray:
 
 def int_index(values, dtype=np.int64) -> np.ndarray:
     return np.asarray(values, dtype=dtype)
+
+
+# ------------------------------------------------------------------ user errors
+def assert_user_error(fn: Callable, args: Sequence[Any], kind: type, test_file: str, *words: str) -> None:
+    """Tracing ``fn`` on the reference target raises ``kind`` naming the test's own file and ``words``."""
+    step = bendc.jit(fn, target="reference")
+    with pytest.raises(kind) as info:
+        step(*args)
+    message = str(info.value)
+    assert test_file in message, message
+    for word in words:
+        assert word in message, message

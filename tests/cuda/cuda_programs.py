@@ -343,10 +343,61 @@ def transformer_example() -> Program:
                    frozenset({"row", "attention", "elementwise"}), passes=_triangular_passes())
 
 
+# ------------------------------------------------------------------ convolution and pooling (op-coverage issue)
+def conv_block(x, w, b, w2):
+    """conv2d (bias, padding) -> max pool (ceil_mode) -> grouped, strided, dilated conv2d without bias."""
+    h = F.max_pool2d(F.conv2d(x, w, b, padding=1), 2, ceil_mode=True)
+    y = F.conv2d(h, w2, stride=(1, 2), padding=(1, 0), dilation=(2, 1), groups=2)
+    (y * y).sum().backward()
+    return y, x.grad, w.grad, b.grad, w2.grad
+
+
+def pools(x, g):
+    """max pool (padding, dilation) over ties, avg pools with and without the padding counted, adaptive."""
+    a = F.max_pool2d(x, 2, 1, 1, 2)
+    b = F.avg_pool2d(x, 3, 2, 1, ceil_mode=True) + F.avg_pool2d(x, 3, 2, 1, ceil_mode=True,
+                                                                count_include_pad=False)
+    c = F.adaptive_avg_pool2d(x, (2, 3))
+    ((a * a).sum() + (b * g).sum() + (c * c).sum()).backward()
+    return a, b, c, x.grad
+
+
+CONV_PROGRAMS: list[Program] = [
+    Program("conv_block", conv_block, ("x", "w", "b", "w2"),
+            lambda rng: (normal(rng, 2, 2, 5, 4), normal(rng, 4, 2, 3, 3) * 0.3, normal(rng, 4),
+                         normal(rng, 4, 2, 2, 2) * 0.3),
+            frozenset({"matmul", "row", "reduce"})),
+    Program("pools", pools, ("x",),
+            lambda rng: (np.round(normal(rng, 1, 2, 5, 4)), normal(rng, 1, 2, 3, 3)),
+            frozenset({"row"}), bitwise=(0, 1, 2)),
+]
+
+
+def cnn_example() -> Program:
+    """examples/cnn.py's step at its EXAMPLE_SHAPES' batch and image size (for PTX: registers and spills)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import cnn
+
+    def step(x, y, conv1_w, conv1_b, norm1_w, norm1_b, conv2_w, conv2_b, norm2_w, norm2_b, head_w, head_b):
+        params = dict(conv1_w=conv1_w, conv1_b=conv1_b, norm1_w=norm1_w, norm1_b=norm1_b, conv2_w=conv2_w,
+                      conv2_b=conv2_b, norm2_w=norm2_w, norm2_b=norm2_b, head_w=head_w, head_b=head_b)
+        loss = F.cross_entropy(cnn.forward(params, x), y)
+        loss.backward()
+        return (loss, *(p.grad for p in params.values()))
+
+    def inputs(rng: np.random.Generator) -> tuple:
+        x, y = cnn.make_data(cnn.BATCH)
+        return (x, y, *cnn.init_params().values())
+
+    return Program("cnn_example", step, tuple(cnn.param_shapes()), inputs,
+                   frozenset({"matmul", "row", "elementwise"}))
+
+
 def all_programs() -> list[Program]:
     """Every kind-covering program, the mlp example at tiny and at its own shapes, and the norm,
     rope and attention kernels at GPU shapes."""
-    return PROGRAMS + OPS_RANDOM_PROGRAMS + [mlp_tiny(), mlp_example(), transformer_example()]
+    return (PROGRAMS + OPS_RANDOM_PROGRAMS + CONV_PROGRAMS
+            + [mlp_tiny(), mlp_example(), transformer_example(), cnn_example()])
 
 
 def plan_kinds(plan) -> set[str]:

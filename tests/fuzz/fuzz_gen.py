@@ -63,6 +63,8 @@ FAMILIES = ("arith_tensor", "arith_scalar", "unary", "method", "pow", "identity"
 FAMILIES = FAMILIES + ("extrema", "moments")
 # ---- end of reductions beyond sum
 FAMILIES += ("select", "power", "shape")  # comparisons/where/clamp, powers, shape and joining ops (issue 14)
+# convolution and pooling (op-coverage issue)
+FAMILIES += ("conv", "pool")
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -1502,6 +1504,100 @@ class Builder:
         self.emit(expr, tuple(shape), bound, operands, "shape", exact=True, grad_exact=grad_exact,
                   torch_expr=torch_expr)
         return True
+
+
+# ---------------------------------------------------------------- convolution and pooling (op-coverage issue)
+IMAGE_SHAPES = [(1, 2, 5, 5), (2, 3, 4, 6), (2, 4, 6, 5), (1, 1, 7, 3), (3, 2, 3, 3)]
+TorchF.conv1d = staticmethod(TF.conv1d)
+TorchF.conv2d = staticmethod(TF.conv2d)
+TorchF.max_pool2d = staticmethod(TF.max_pool2d)
+TorchF.avg_pool2d = staticmethod(TF.avg_pool2d)
+TorchF.adaptive_avg_pool2d = staticmethod(TF.adaptive_avg_pool2d)
+
+
+def _image_operand(builder: Builder, rank: int, pred=lambda v: True) -> Value:
+    """A (N, C, H, W) (rank 4) or (N, C, L) (rank 3) value of the program, or a new input."""
+    picked = builder.pick(lambda v: len(v.shape) == rank and min(v.shape) >= 1 and pred(v))
+    if picked is not None and builder.draw(st.booleans()):
+        return picked
+    shape = builder.draw(st.sampled_from(IMAGE_SHAPES))
+    return builder.new_input(shape if rank == 4 else shape[:2] + (shape[2] * shape[3],))
+
+
+def _conv_family(self: Builder) -> bool:
+    """F.conv2d / F.conv1d: stride, padding (ints, 'same', 'valid'), dilation, groups, bias.
+
+    Padding stays at most 1 (or 'same'): a wider one only adds borders of bias-only outputs, and a
+    sum over hundreds of those cancelling to a few units is where bendc's reference sum (numpy's
+    float32 pairwise sum) drifts past torch's more accurate one (3e-5 against 1.3e-6 for 960
+    outputs summing to 2): a property of the sum, not of the convolution."""
+    draw = self.draw
+    rank = draw(st.sampled_from((4, 4, 3)))
+    x = _image_operand(self, rank)
+    spatial = x.shape[2:]
+    channels = x.shape[1]
+    groups = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
+    out_channels = groups * draw(st.integers(1, 2))
+    kernel = tuple(draw(st.integers(1, 3)) for _ in spatial)
+    dilation = draw(st.integers(1, 2))
+    padding = draw(st.sampled_from([0, 1, "same", "valid"]))
+    stride = 1 if padding == "same" else draw(st.integers(1, 2))
+    pad = 0 if padding in ("same", "valid") else padding
+    if any(size + 2 * pad < dilation * (k - 1) + 1 for size, k in zip(spatial, kernel)) and padding != "same":
+        return False
+    if padding == "same":
+        out_spatial = spatial
+    else:
+        out_spatial = tuple((size + 2 * pad - dilation * (k - 1) - 1) // stride + 1 for size, k in zip(spatial, kernel))
+    w = self.pick_or_new((out_channels, channels // groups) + kernel)
+    b = self.pick_or_new((out_channels,)) if draw(st.booleans()) else None
+    terms = channels // groups * math.prod(kernel)
+    bound = x.bound * w.bound * terms + (b.bound if b else 0.0)
+    if bound > LIMIT:
+        return False
+    fn = "conv2d" if rank == 4 else "conv1d"
+    args = f"{x.name}, {w.name}, {b.name if b else None}, stride={stride}, padding={padding!r}, " \
+           f"dilation={dilation}, groups={groups}"
+    self.emit(f"F.{fn}({args})", (x.shape[0], out_channels) + out_spatial, bound,
+              tuple(o for o in (x, w, b) if o), "conv")
+    return True
+
+
+def _pool_family(self: Builder) -> bool:
+    """F.max_pool2d (kernel, stride, padding, dilation, ceil_mode), F.avg_pool2d (count_include_pad,
+    ceil_mode), F.adaptive_avg_pool2d. Max pools read exact values only: an operand that rounds
+    differently from torch's could move an argmax, and with it the gradient."""
+    from bendc.ops.conv import pool_output_size
+
+    draw = self.draw
+    kind = draw(st.sampled_from(("max", "avg", "adaptive")))
+    x = _image_operand(self, 4, (lambda v: v.exact) if kind == "max" else (lambda v: True))
+    height, width = x.shape[2:]
+    if kind == "adaptive":
+        size = (draw(st.integers(1, height + 1)), draw(st.integers(1, width + 1)))
+        self.emit(f"F.adaptive_avg_pool2d({x.name}, {size!r})", x.shape[:2] + size, x.bound, (x,), "pool")
+        return True
+    kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2))) if kind == "max" else (1, 1)
+    padding = tuple(draw(st.integers(0, ((k - 1) * d + 1) // 2)) for k, d in zip(kernel, dilation))
+    ceil_mode = draw(st.booleans())
+    out = tuple(pool_output_size(s, k, st_, p, d, ceil_mode)
+                for s, k, st_, p, d in zip((height, width), kernel, stride, padding, dilation))
+    if min(out) < 1:
+        return False
+    if kind == "max":
+        call = (f"F.max_pool2d({x.name}, {kernel!r}, {stride!r}, {padding!r}, {dilation!r}, "
+                f"ceil_mode={ceil_mode})")
+    else:
+        call = (f"F.avg_pool2d({x.name}, {kernel!r}, {stride!r}, {padding!r}, ceil_mode={ceil_mode}, "
+                f"count_include_pad={draw(st.booleans())})")
+    self.emit(call, x.shape[:2] + out, x.bound, (x,), "pool")
+    return True
+
+
+Builder.conv = _conv_family
+Builder.pool = _pool_family
 
 
 @st.composite

@@ -180,6 +180,23 @@ OP_TABLE: dict[str, OpEntry] = {
                           ("power", "pow")),
     "pow": OpEntry(D, "(x*x + 1) ** y (a tensor exponent), 2.0 ** x (a number base)", "same", ("power",)),
     "triangle": OpEntry(D, "x.tril(k), x.triu(k) (at least 2-D)", "torch.tril / torch.triu", ("shape",)),
+    # ---------------------------------------------------------------- convolution and pooling (op-coverage issue)
+    "conv2d": OpEntry(D, "F.conv2d(x (N,C,H,W), w (O,C/g,KH,KW), b?, stride, padding (int, 'same', 'valid'), "
+                         "dilation, groups); F.conv1d(x (N,C,L), ...) as conv2d of (N,C,1,L)",
+                      "torch.nn.functional.conv2d / conv1d", ("conv",)),
+    "conv2d_grad_input": OpEntry(I, "backward of conv2d (the input gradient)", "autograd of conv2d", ("conv",)),
+    "conv2d_grad_weight": OpEntry(I, "backward of conv2d (the weight gradient)", "autograd of conv2d", ("conv",)),
+    "max_pool2d": OpEntry(D, "F.max_pool2d(x (N,C,H,W), kernel_size, stride, padding, dilation, ceil_mode)",
+                          "torch.nn.functional.max_pool2d", ("pool",)),
+    "max_pool2d_grad": OpEntry(I, "backward of max_pool2d (to each window's first max)", "autograd of max_pool2d",
+                               ("pool",)),
+    "avg_pool2d": OpEntry(D, "F.avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad)",
+                          "torch.nn.functional.avg_pool2d", ("pool",)),
+    "avg_pool2d_grad": OpEntry(I, "backward of avg_pool2d", "autograd of avg_pool2d", ("pool",)),
+    "adaptive_avg_pool2d": OpEntry(D, "F.adaptive_avg_pool2d(x, output_size)",
+                                   "torch.nn.functional.adaptive_avg_pool2d", ("pool",)),
+    "adaptive_avg_pool2d_grad": OpEntry(I, "backward of adaptive_avg_pool2d", "autograd of adaptive_avg_pool2d",
+                                        ("pool",)),
 }
 
 

@@ -150,6 +150,27 @@ SAMPLES: dict[str, Sample] = {
                               {"causal": True, "scale": 0.5}),
     "attention_tiled_grad": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]"), T("f32[1,2,5,2]"),
                                     T("f32[1,2,3,2]")), {"causal": False, "scale": 0.5}),
+    # convolution and pooling (op-coverage issue)
+    "conv2d": Sample((T("f32[2,4,5,4]"), T("f32[6,2,3,2]"), T("f32[6]")),
+                     {"stride": (2, 1), "padding": (1, 0, 2, 1), "dilation": (1, 2), "groups": 2}),
+    "conv2d_grad_input": Sample((T("f32[2,6,2,5]"), T("f32[6,2,3,2]")),
+                                {"stride": (2, 1), "padding": (1, 0, 2, 1), "dilation": (1, 2), "groups": 2,
+                                 "input_size": (5, 4)}),
+    "conv2d_grad_weight": Sample((T("f32[2,4,5,4]"), T("f32[2,6,2,5]")),
+                                 {"stride": (2, 1), "padding": (1, 0, 2, 1), "dilation": (1, 2), "groups": 2,
+                                  "kernel_size": (3, 2)}),
+    "max_pool2d": Sample((T("f32[2,3,5,6]"),), {"kernel_size": (3, 2), "stride": (2, 2), "padding": (1, 1),
+                                                "dilation": (1, 2), "ceil_mode": True}),
+    "max_pool2d_grad": Sample((T("f32[2,3,5,6]"), T("f32[2,3,3,4]")),
+                              {"kernel_size": (3, 2), "stride": (2, 2), "padding": (1, 1), "dilation": (1, 2),
+                               "ceil_mode": True}),
+    "avg_pool2d": Sample((T("f32[2,3,5,6]"),), {"kernel_size": (3, 2), "stride": (2, 2), "padding": (1, 1),
+                                                "ceil_mode": True, "count_include_pad": False}),
+    "avg_pool2d_grad": Sample((T("f32[2,3,3,4]"),), {"kernel_size": (3, 2), "stride": (2, 2), "padding": (1, 1),
+                                                     "ceil_mode": True, "count_include_pad": False,
+                                                     "input_size": (5, 6)}),
+    "adaptive_avg_pool2d": Sample((T("f32[2,3,5,7]"),), {"output_size": (3, 2)}),
+    "adaptive_avg_pool2d_grad": Sample((T("f32[2,3,3,2]"),), {"output_size": (3, 2), "input_size": (5, 7)}),
 }
 
 
@@ -591,3 +612,15 @@ def test_vjp_rules_run_by_programs_or_directly(traced_programs):
     # test_vjp_rule_matches_central_differences (which covers every rule).
     assert direct_only <= set(SAMPLES)
     assert {"add", "mul", "matmul", "relu", "gather", "index_select", "log_softmax"} <= run_by_programs
+
+# convolution and pooling (op-coverage issue)
+if hasattr(F, "conv2d"):
+    def conv_pool(x, w, b, v):
+        h = F.max_pool2d(F.conv2d(x, w, b, padding=1), 2)
+        loss = F.avg_pool2d(h, 2, ceil_mode=True).sum() + F.adaptive_avg_pool2d(F.conv1d(v, w[:, :, 0], stride=2),
+                                                                                  1).sum()
+        loss.backward()
+        return loss, x.grad, w.grad, b.grad
+
+    COVERAGE_PROGRAMS["conv_pool"] = (conv_pool, ("x", "w", "b"), lambda: (
+        _rng((2, 3, 6, 6), 0), _rng((4, 3, 3, 3), 1), _rng((4,), 2), _rng((2, 3, 9), 3)))
