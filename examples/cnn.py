@@ -1,5 +1,5 @@
 """Train a small convolutional classifier with bendc: two blocks of conv -> GroupNorm -> SiLU ->
-max pool, a linear head, cross-entropy and an AdamW update of every parameter (a pytree), all in
+max pool, dropout, a linear head, cross-entropy and an AdamW update of every parameter (a pytree), all in
 one compiled step.
 
     python examples/cnn.py [--steps 150] [--target auto|reference|cpu|cuda]
@@ -23,6 +23,7 @@ BATCH, SIZE, CLASSES = 64, 16, 10
 CHANNELS = (8, 16)   # the two conv blocks' output channels
 GROUPS = (2, 4)      # GroupNorm groups of each block
 HIDDEN = CHANNELS[1] * (SIZE // 4) ** 2  # features after two 2x2 pools
+DROPOUT = 0.1        # on the head's input while training
 
 
 def param_shapes() -> dict[str, tuple[int, ...]]:
@@ -45,34 +46,32 @@ EXAMPLE_SHAPES = {
     "opt_state": {"step": "f32[]", "exp_avg": _types(param_shapes()), "exp_avg_sq": _types(param_shapes())},
     "x": f"f32[{BATCH},1,{SIZE},{SIZE}]",
     "y": f"i64[{BATCH}]",
+    "seed": "i64[]",
 }
-
-
-def silu(x):
-    """SiLU, x * sigmoid(x) (torch.nn.functional.silu), written out until bendc.functional has it."""
-    return x * F.sigmoid(x)
 
 
 def block(x, params, number: int):
     """conv 3x3 (same size) -> GroupNorm -> SiLU -> 2x2 max pool."""
     h = F.conv2d(x, params[f"conv{number}_w"], params[f"conv{number}_b"], padding=1)
     h = F.group_norm(h, GROUPS[number - 1], params[f"norm{number}_w"], params[f"norm{number}_b"])
-    return F.max_pool2d(silu(h), 2)
+    return F.max_pool2d(F.silu(h), 2)
 
 
-def forward(params, x):
-    """Logits (batch, classes)."""
+def forward(params, x, seed=None, p=DROPOUT):
+    """Logits (batch, classes). Given a seed (training), dropout on the head's input: the mask comes
+    from the seed (a 0-d int64 input of the step) and the backward recomputes it."""
     h = block(block(x, params, 1), params, 2)
     h = h.reshape(h.shape[0], HIDDEN)
-    # DROPOUT: the head's input is where dropout goes, one line, once bendc.functional has it:
-    #     h = F.dropout(h, p=0.1, training=True, seed=seed)   (seed: a 0-d int64 input of the step)
+    if seed is not None:
+        h = F.dropout(h, p, seed=seed)
     return F.linear(h, params["head_w"], params["head_b"])
 
 
 @bendc.jit(leaves=("params",))
-def train_step(params, opt_state, x, y, lr=1e-2):
-    """One training step: the loss, the updated parameters and the optimizer state."""
-    loss = F.cross_entropy(forward(params, x), y)
+def train_step(params, opt_state, x, y, seed=None, lr=1e-2, p=DROPOUT):
+    """One training step: the loss, the updated parameters and the optimizer state. ``seed`` (a new
+    0-d int64 array each step) turns dropout on; without one the step has none."""
+    loss = F.cross_entropy(forward(params, x, seed, p), y)
     loss.backward()
     grads = bendc.tree.map(lambda p: p.grad, params)
     params, opt_state = bendc.optim.adamw(params, grads, opt_state, lr)
@@ -158,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     losses = []
     for index in range(args.steps):
         batch = rng.integers(0, len(x_all), size=BATCH)
-        loss, params, opt_state = step_fn(params, opt_state, x_all[batch], y_all[batch], lr=args.lr)
+        seed = np.array(index, np.int64)  # a new dropout mask each step
+        loss, params, opt_state = step_fn(params, opt_state, x_all[batch], y_all[batch], seed, lr=args.lr)
         losses.append(float(host(loss)))
         if index % 25 == 0 or index == args.steps - 1:
             print(f"step {index:4d}  loss {losses[-1]:.4f}")
