@@ -144,11 +144,11 @@ def test_interrupted_compile_leaves_nothing(tmp_path, monkeypatch) -> None:
     render = bendc.codegen.cpu.render_step
     calls = []
 
-    def failing_render(step, graph):
+    def failing_render(step, *rest):
         calls.append(step.name)
         if len(calls) == 3:
             raise KeyboardInterrupt("interrupted while rendering the third kernel")
-        return render(step, graph)
+        return render(step, *rest)
 
     monkeypatch.setattr(bendc.codegen.cpu, "render_step", failing_render)
     out = tmp_path / "build" / "mlp"
