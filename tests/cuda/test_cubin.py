@@ -35,7 +35,35 @@ TINY = "x=f32[4,8] y=i64[4] w1=f32[8,8]:leaf b1=f32[8]:leaf w2=f32[3,8]:leaf b2=
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cubin") / "mlp-cuda"
-    result = subprocess.run([sys.executable, "-m", "bendc", "compile", "examples/mlp.py:train_step", "--shapes", TINY,
+    result = subprocess.run([sys.executable, "-m", "bendc", "compile", "tests/flat_mlp.py:train_step", "--shapes", TINY,
+                             "--target", "cuda", "-o", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+# A step whose backward materializes a constant (the 1.0 seed of the sum, expanded into a scatter):
+# a cuda source step, which the cubin runtime uploads from plan.json.
+CONSTANT_PROGRAM = """\
+import bendc
+import bendc.functional as F
+
+EXAMPLE_SHAPES = "x=f32[4,3]:leaf idx=i64[4,1]"
+
+
+@bendc.jit(leaves=("x",))
+def step(x, idx):
+    loss = F.gather(x * 3.0, 1, idx).sum()
+    loss.backward()
+    return loss, x.grad
+"""
+
+
+@pytest.fixture(scope="module")
+def constant_artifact(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("constant")
+    (folder / "constant_program.py").write_text(CONSTANT_PROGRAM)
+    out = folder / "constant-cuda"
+    result = subprocess.run([sys.executable, "-m", "bendc", "compile", f"{folder / 'constant_program.py'}:step",
                              "--target", "cuda", "-o", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return out
@@ -67,7 +95,8 @@ def test_each_launch_records_the_cubins_one_entry_and_its_parameters(artifact: P
             [plan["values"][str(v)][0] for v in step["inputs"] + step["outputs"]]
 
 
-def test_constants_are_in_the_plan(artifact: Path) -> None:
+def test_constants_are_in_the_plan(constant_artifact: Path) -> None:
+    artifact = constant_artifact
     plan = plan_of(artifact)
     sources = [step for step in plan["steps"] if step["kind"] == "source"]
     assert sources

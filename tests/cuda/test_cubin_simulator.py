@@ -121,7 +121,7 @@ class FakeDeviceArray:
 
 def build(target: str, folder: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # PTX needs the real numba.cuda
-    result = subprocess.run([sys.executable, "-m", "bendc", "compile", "examples/mlp.py:train_step", "--shapes", TINY,
+    result = subprocess.run([sys.executable, "-m", "bendc", "compile", "tests/flat_mlp.py:train_step", "--shapes", TINY,
                              "--target", target, "-o", str(folder)], cwd=ROOT, capture_output=True, text=True,
                             env=env, timeout=600)
     assert result.returncode == 0, result.stderr

@@ -58,7 +58,7 @@ def chain_artifacts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mlp_artifacts(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mlp")
-    return {target: compile_artifact("examples/mlp.py:train_step", target, folder / target) for target in ("cpu", "cuda")}
+    return {target: compile_artifact("tests/flat_mlp.py:train_step", target, folder / target) for target in ("cpu", "cuda")}
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager", "numba"])

@@ -574,7 +574,8 @@ def _traced_programs():
                          passes=["canonicalize", "attention_schedule_tiled"])
         outputs = step(*make_inputs())
         for value in outputs if isinstance(outputs, tuple) else (outputs,):
-            assert np.isfinite(np.asarray(value)).all(), f"{name} gave a non-finite value"
+            value = np.asarray(value)
+            assert value.dtype.kind != "f" or np.isfinite(value).all(), f"{name} gave a non-finite value"
         yield (name, parse_graph(step.ir("traced")), parse_graph(step.ir("autodiff")),
                parse_graph(step.ir("canonicalize")), parse_graph(step.ir("attention_schedule_tiled")))
 
