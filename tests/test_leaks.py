@@ -1,6 +1,7 @@
 """Calling a compiled step many times keeps resident memory flat (bounded growth, never timed)."""
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import sys
@@ -14,10 +15,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cache_worker  # noqa: E402  (a small MLP-ish step with backward and an SGD update)
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+try:  # glibc: give free heap pages back first, so that memory freed by earlier tests (reused
+    # without growing the resident set) cannot hide a leak
+    _LIBC = ctypes.CDLL("libc.so.6")
+except OSError:
+    _LIBC = None
 
 
 def resident_bytes() -> int:
     gc.collect()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
     with open("/proc/self/statm") as stream:
         return int(stream.read().split()[1]) * PAGE
 
