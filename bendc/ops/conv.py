@@ -240,93 +240,72 @@ def vjp_conv2d_grad_weight(b, node, grad, needs):
 
 # ------------------------------------------------------------------ conv on the CPU: im2col + BLAS
 _CPU_CONV_HELPERS = '''
-{serial}
-def _plane(plane, channels, groups, kh, kw):
-    """(sample, channel, group, first row of the channel's columns) of a (sample, channel) plane."""
-    c = plane % channels
-    cg = channels // groups
-    return plane // channels, c, c // cg, (c % cg) * kh * kw
-
-
 {decorator}
-def _columns(image, col, groups, kh, kw, sh, sw, top, left, dh, dw, ho, wo, scatter):
-    """The walk of every tap over every output position, one (sample, channel) plane per cell.
-    scatter False, im2col: col[g, (c' * kh + i) * kw + j, (n * ho + oh) * wo + ow] = image[n, g * cg + c', ih, iw]
+def _columns(image, col, padded, kh, kw, sh, sw, top, left, dh, dw, scatter):
+    """The walk of every tap over every output position, one (sample, channel) plane per cell, the
+    columns laid out per sample, col (N, G, C/G*KH*KW, Ho*Wo): each (sample, group) is one
+    contiguous matrix of the batched product. padded (N*C, PH, PW) holds each plane with its
+    padding (zeros on entry), so each tap is one strided window of it, with no bounds tests.
+    scatter False, im2col: col[n, g, (c' * kh + i) * kw + j, oh * wo + ow] = image[n, g * cg + c', ih, iw]
     (0 in the padding); scatter True, col2im: image[n, c, ih, iw] = the sum of the column entries it fed."""
     batch, channels, height, width = image.shape
-    for plane in {loop}(batch * channels):
-        n, c, g, row0 = _plane(plane, channels, groups, kh, kw)
-        if scatter:
-            for ih in range(height):
-                for iw in range(width):
-                    image[n, c, ih, iw] = np.float32(0.0)
-        for i in range(kh):
-            for j in range(kw):
-                row = row0 + i * kw + j
-                # the output columns whose tap j lands inside the row: iw = ow * sw + shift in [0, width)
-                shift = j * dw - left
-                first = 0 if shift >= 0 else min(wo, (sw - 1 - shift) // sw)
-                last = 0 if width - 1 - shift < 0 else min(wo, (width - 1 - shift) // sw + 1)
-                last = max(first, last)
-                for oh in range(ho):
-                    ih = oh * sh - top + i * dh
-                    base = (n * ho + oh) * wo
-                    inside = ih >= 0 and ih < height
-                    if scatter:
-                        if inside:
-                            for ow in range(first, last):
-                                image[n, c, ih, ow * sw + shift] += col[g, row, base + ow]
-                        continue
-                    if not inside:
-                        for ow in range(wo):
-                            col[g, row, base + ow] = np.float32(0.0)
-                        continue
-                    for ow in range(first):
-                        col[g, row, base + ow] = np.float32(0.0)
-                    for ow in range(first, last):
-                        col[g, row, base + ow] = image[n, c, ih, ow * sw + shift]
-                    for ow in range(last, wo):
-                        col[g, row, base + ow] = np.float32(0.0)
-
-
-{decorator}
-def _regroup(image, grouped, bias, into_groups):
-    """Between (N, O, P) images and each group's (O/G, N*P) matrix: into_groups,
-    grouped[g, o', n * p + q] = image[n, g * og + o', q]; else the reverse, plus bias[o] where a bias is given."""
-    batch, channels, positions = image.shape
-    og = grouped.shape[1]
+    cg = channels // col.shape[1]
+    ph, pw = padded.shape[1], padded.shape[2]
+    # the rows and columns of the padded plane that hold the image
+    r0 = min(top, ph)
+    r1 = max(r0, min(ph, top + height))
+    q0 = min(left, pw)
+    q1 = max(q0, min(pw, left + width))
+    ho = (ph - 1 - (kh - 1) * dh) // sh + 1
+    wo = (pw - 1 - (kw - 1) * dw) // sw + 1
     for plane in {loop}(batch * channels):
         n = plane // channels
-        o = plane % channels
-        for q in range(positions):
-            if into_groups:
-                grouped[o // og, o % og, n * positions + q] = image[n, o, q]
-            elif bias.size:
-                image[n, o, q] = grouped[o // og, o % og, n * positions + q] + bias[o]
-            else:
-                image[n, o, q] = grouped[o // og, o % og, n * positions + q]
+        c = plane % channels
+        row0 = (c % cg) * kh * kw
+        pad = padded[plane]
+        if not scatter:
+            pad[r0:r1, q0:q1] = image[n, c, r0 - top:r1 - top, q0 - left:q1 - left]
+        for i in range(kh):
+            for j in range(kw):
+                line = col[n, c // cg, row0 + i * kw + j].reshape(ho, wo)
+                window = pad[i * dh:i * dh + (ho - 1) * sh + 1:sh, j * dw:j * dw + (wo - 1) * sw + 1:sw]
+                if scatter:
+                    window += line
+                else:
+                    line[:, :] = window
+        if scatter:
+            image[n, c] = np.float32(0.0)
+            image[n, c, r0 - top:r1 - top, q0 - left:q1 - left] = pad[r0:r1, q0:q1]
 '''
 
 
 def _cpu_conv_prelude(ins, parallel: bool) -> str:
-    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), serial=njit_decorator(False),
-                                    loop="prange" if parallel else "range")
+    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), loop="prange" if parallel else "range")
 
 
 def _cpu_conv_arguments(attrs) -> str:
-    """The static arguments of _columns after (groups, kh, kw)."""
+    """The static arguments of _columns after (kh, kw)."""
     (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
     top, _, left, _ = attrs["padding"]
     return f"{sh}, {sw}, {top}, {left}, {dh}, {dw}"
 
 
+def _cpu_padded(attrs) -> str:
+    """The source of the zeroed (N*C, PH, PW) buffer _columns pads each plane into: the extent the
+    taps reach, (ho - 1) * stride + (k - 1) * dilation + 1 on each axis."""
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    return (f"np.zeros((batch * image_channels, (ho - 1) * {sh} + (kh - 1) * {dh} + 1, "
+            f"(wo - 1) * {sw} + (kw - 1) * {dw} + 1), np.float32)")
+
+
 def _cpu_conv2d(attrs, ins, out) -> str:
-    """im2col (parallel numba), one BLAS product per group over the whole batch, then the result
-    written into (N, O, Ho, Wo) with the bias added (parallel numba)."""
+    """im2col per sample (parallel numba), then one batched BLAS product per (sample, group)
+    written straight into (N, O, Ho, Wo), the bias added in place afterwards."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
-    bias = "np.ascontiguousarray(in2)" if len(ins) == 3 else "np.empty(0, np.float32)"
     arguments = "in0, in1, in2, out0" if len(ins) == 3 else "in0, in1, out0"
+    bias = ("\n    np.add(result, np.ascontiguousarray(in2).reshape(1, channels, 1), out=result)"
+            if len(ins) == 3 else "")
     return (_cpu_conv_prelude(ins, parallel) + f'''
 
 def kernel({arguments}):
@@ -334,16 +313,18 @@ def kernel({arguments}):
     batch = x.shape[0]
     channels, cg, kh, kw = in1.shape
     ho, wo = out0.shape[2], out0.shape[3]
-    col = np.empty(({groups}, cg * kh * kw, batch * ho * wo), np.float32)
-    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, False)
+    image_channels = x.shape[1]
+    col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
+    _columns(x, col, {_cpu_padded(attrs)}, kh, kw, {_cpu_conv_arguments(attrs)}, False)
     weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
-    product = np.matmul(weight, col)  # per group: (O/G, C/G*KH*KW) @ (C/G*KH*KW, N*Ho*Wo), BLAS
-    _regroup(out0.reshape(batch, channels, ho * wo), product, {bias}, False)
+    # per (sample, group): (O/G, C/G*KH*KW) @ (C/G*KH*KW, Ho*Wo), BLAS, into the output's own layout
+    np.matmul(weight, col, out=out0.reshape(batch, {groups}, channels // {groups}, ho * wo))
+    result = out0.reshape(batch, channels, ho * wo){bias}
 ''')
 
 
 def _cpu_conv2d_grad_input(attrs, ins, out) -> str:
-    """W^T @ g per group over the whole batch (BLAS), then col2im into dx (parallel numba)."""
+    """W^T @ g per (sample, group) (batched BLAS, g read in place), then col2im into dx (parallel numba)."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
     return (_cpu_conv_prelude(ins, parallel) + f'''
@@ -352,16 +333,17 @@ def kernel(in0, in1, out0):
     grad = np.ascontiguousarray(in0)
     batch, channels, ho, wo = grad.shape
     _, cg, kh, kw = in1.shape
-    grouped = np.empty(({groups}, channels // {groups}, batch * ho * wo), np.float32)
-    _regroup(grad.reshape(batch, channels, ho * wo), grouped, np.empty(0, np.float32), True)
     weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
-    col = np.matmul(weight.transpose(0, 2, 1), grouped)  # per group: (C/G*KH*KW, O/G) @ (O/G, N*Ho*Wo), BLAS
-    _columns(out0, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, True)
+    # per (sample, group): (C/G*KH*KW, O/G) @ (O/G, Ho*Wo), BLAS
+    col = np.matmul(weight.transpose(0, 2, 1), grad.reshape(batch, {groups}, channels // {groups}, ho * wo))
+    image_channels = out0.shape[1]
+    _columns(out0, col, {_cpu_padded(attrs)}, kh, kw, {_cpu_conv_arguments(attrs)}, True)
 ''')
 
 
 def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:
-    """g @ columns^T per group over the whole batch (BLAS), the columns recomputed from x."""
+    """g @ columns^T per (sample, group) (batched BLAS, g read in place), then the per-sample
+    products summed over the batch; the columns recomputed from x."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, ins[1].numel) >= PARALLEL_CELLS
     return (_cpu_conv_prelude(ins, parallel) + f'''
@@ -371,12 +353,12 @@ def kernel(in0, in1, out0):
     grad = np.ascontiguousarray(in1)
     batch, channels, ho, wo = grad.shape
     _, cg, kh, kw = out0.shape
-    col = np.empty(({groups}, cg * kh * kw, batch * ho * wo), np.float32)
-    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, False)
-    grouped = np.empty(({groups}, channels // {groups}, batch * ho * wo), np.float32)
-    _regroup(grad.reshape(batch, channels, ho * wo), grouped, np.empty(0, np.float32), True)
-    # per group: (O/G, N*Ho*Wo) @ (N*Ho*Wo, C/G*KH*KW), BLAS
-    np.matmul(grouped, col.transpose(0, 2, 1), out=out0.reshape({groups}, channels // {groups}, cg * kh * kw))
+    image_channels = x.shape[1]
+    col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
+    _columns(x, col, {_cpu_padded(attrs)}, kh, kw, {_cpu_conv_arguments(attrs)}, False)
+    # per (sample, group): (O/G, Ho*Wo) @ (Ho*Wo, C/G*KH*KW), BLAS; then the sum over the samples
+    partial = np.matmul(grad.reshape(batch, {groups}, channels // {groups}, ho * wo), col.transpose(0, 1, 3, 2))
+    np.sum(partial, axis=0, out=out0.reshape({groups}, channels // {groups}, cg * kh * kw))
 ''')
 
 
