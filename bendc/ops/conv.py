@@ -746,11 +746,76 @@ def _pool_cell_lines(kind: str, attrs, read: str) -> list[str]:
              f"        total += {read}"] + pool_scale_lines(kind, attrs, "total"))
 
 
+# the common non-overlapping max pool (2x2, stride 2): its own unrolled loops
+def _tiled_max_pool(attrs) -> bool:
+    """max_pool2d whose windows tile the input: kernel == stride, no padding or dilation, floor
+    mode (every window whole, no two sharing an element)."""
+    return (tuple(attrs["kernel_size"]) == tuple(attrs["stride"]) and tuple(attrs["padding"]) == (0, 0)
+            and tuple(attrs["dilation"]) == (1, 1) and not attrs["ceil_mode"])
+
+
+def _tiled_max_cell(attrs) -> list[str]:
+    """Window (oh, ow)'s first max (a NaN wins, torch's rule) as ``best`` and its tap ``a * kw + b``
+    as ``tap``, the taps unrolled: kernel-size literals."""
+    kh, kw = attrs["kernel_size"]
+    return ["best = np.float32(-np.inf)", "tap = 0",
+            f"for a in range({kh}):", f"    for b in range({kw}):",
+            f"        value = x[plane, oh * {kh} + a, ow * {kw} + b]",
+            "        if value > best or value != value:", "            best = value", f"            tap = a * {kw} + b"]
+
+
+def _cpu_tiled_max_pool(attrs, ins, out) -> str:
+    """max_pool2d over tiling windows: one (sample, channel) plane per parallel cell."""
+    parallel = ins[0].numel >= PARALLEL_CELLS
+    lines = ([njit_decorator(parallel), "def _pool(x, out):", "    ho, wo = out.shape[1], out.shape[2]",
+              f"    for plane in {'prange' if parallel else 'range'}(x.shape[0]):",
+              "        for oh in range(ho):", "            for ow in range(wo):"]
+             + ["                " + line for line in _tiled_max_cell(attrs)]
+             + ["                out[plane, oh, ow] = best"])
+    return ("\n".join(lines) + "\n\n\n"
+            "def kernel(in0, out0):\n"
+            "    batch, channels, height, width = in0.shape\n"
+            "    _pool(np.ascontiguousarray(in0).reshape(batch * channels, height, width),\n"
+            "          out0.reshape(batch * channels, out0.shape[2], out0.shape[3]))\n")
+
+
+def _cpu_tiled_max_pool_grad(attrs, ins, out) -> str:
+    """max_pool2d_grad over tiling windows: per row of windows, their argmaxes first, then the
+    row's dx tiles written in memory order (0 + g at the argmax, as a cleared dx plus g would be,
+    0 elsewhere): dx is written once, only the rows and columns no window covers cleared apart."""
+    kh, kw = attrs["kernel_size"]
+    parallel = out.numel >= PARALLEL_CELLS
+    lines = ([njit_decorator(parallel), "def _pool_grad(x, g, dx):", "    planes, height, width = dx.shape",
+              "    ho, wo = g.shape[1], g.shape[2]",
+              f"    for plane in {'prange' if parallel else 'range'}(planes):",
+              f"        for ih in range(ho * {kh}, height):", "            for iw in range(width):",
+              "                dx[plane, ih, iw] = np.float32(0.0)",
+              f"        for ih in range(ho * {kh}):", f"            for iw in range(wo * {kw}, width):",
+              "                dx[plane, ih, iw] = np.float32(0.0)",
+              "        taps = np.empty(wo, np.int64)",
+              "        for oh in range(ho):", "            for ow in range(wo):"]
+             + ["                " + line for line in _tiled_max_cell(attrs)]
+             + ["                taps[ow] = tap",
+                f"            for a in range({kh}):", "                for ow in range(wo):",
+                "                    delta = np.float32(0.0) + g[plane, oh, ow]",
+                f"                    for b in range({kw}):",
+                f"                        dx[plane, oh * {kh} + a, ow * {kw} + b] = "
+                f"delta if taps[ow] == a * {kw} + b else np.float32(0.0)"])
+    return ("\n".join(lines) + "\n\n\n"
+            "def kernel(in0, in1, out0):\n"
+            "    batch, channels, height, width = out0.shape\n"
+            "    g = np.ascontiguousarray(in1)\n"
+            "    _pool_grad(np.ascontiguousarray(in0).reshape(batch * channels, height, width),\n"
+            "               g.reshape(batch * channels, g.shape[2], g.shape[3]), out0.reshape(batch * channels, height, width))\n")
+
+
 def _cpu_pool(name: str):
     kind = POOL_KIND[name]
 
     def render(attrs, ins, out) -> str:
         """One (sample, channel) plane per parallel cell, one output element per inner cell."""
+        if kind == MAX and _tiled_max_pool(attrs):
+            return _cpu_tiled_max_pool(attrs, ins, out)
         parallel = ins[0].numel >= PARALLEL_CELLS
         window_h = pool_window_lines(kind, attrs, 0, "oh", "height", "ho")
         window_w = pool_window_lines(kind, attrs, 1, "ow", "width", "wo")
@@ -777,6 +842,8 @@ def _cpu_pool_grad(name: str):
     def render(attrs, ins, out) -> str:
         """One (sample, channel) plane per parallel cell: clear the plane's dx, then add each output's
         gradient to its argmax (max) or spread it over its window (averages), in output order."""
+        if kind == MAX and _tiled_max_pool(attrs):
+            return _cpu_tiled_max_pool_grad(attrs, ins, out)
         parallel = out.numel >= PARALLEL_CELLS
         window_h = pool_window_lines(kind, attrs, 0, "oh", "height", "ho")
         window_w = pool_window_lines(kind, attrs, 1, "ow", "width", "wo")
