@@ -11,19 +11,24 @@ conv1d is conv2d on (N, C, 1, L) views. Padding is (top, bottom, left, right): t
 ``padding="same"`` pads an even kernel more on the bottom and right.
 
 Lowering. On the CPU each conv product is im2col feeding numpy's BLAS: a parallel numba kernel
-writes the columns (G, C/G*KH*KW, N*Ho*Wo), one BLAS product per group computes the whole batch
-(one large GEMM rather than N small ones), and a parallel kernel writes the result into
-(N, O, Ho, Wo) with the bias added on the way (so the bias costs no pass of its own). The input
-gradient is W^T @ g followed by col2im, accumulated per (sample, channel) plane, so no two threads
-write one element; the weight gradient is g @ columns^T over the whole batch, the columns
-recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE tiles of
-the weight and of the im2col matrix (computed on the fly, never stored) in shared memory; the
-gradients are one output element per thread, each a gather over the elements that feed it (no
+copies each (sample, channel) plane into a zero-bordered padded plane and writes the columns per
+sample, (N, G, C/G*KH*KW, Ho*Wo), each tap one strided window of the padded plane (no bounds tests;
+the output size, kernel, stride and dilation are literals of the source, so the short rows unroll);
+then one batched BLAS product per (sample, group) writes straight into (N, O, Ho, Wo), the bias
+added in place after. The input gradient is W^T @ g per (sample, group) (g read in place)
+followed by col2im, accumulated per (sample, channel) plane in tap order, so no two threads write
+one element; the weight gradient is g @ columns^T per (sample, group), summed over the batch, the
+columns recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE
+tiles of the weight and of the im2col matrix (computed on the fly, never stored) in shared memory;
+the gradients are one output element per thread, each a gather over the elements that feed it (no
 atomics, so the sums have a fixed order).
 
 Pools are one cell per output element; their gradients route each output's gradient back in
 output order, on the CPU as a scatter per (sample, channel) plane, on cuda as a gather per input
 element over the windows that hold it (the same order, so the two targets agree bit for bit).
+A max pool whose windows tile the input (kernel == stride, no padding or dilation, floor mode:
+the common 2x2/2) has its own CPU loops, the taps unrolled, its gradient writing each dx tile once
+(no clearing pass), with the same values bit for bit.
 max_pool2d's gradient recomputes each window's argmax from x (never stores indices), with torch's
 rule: the first maximum in the window, a NaN taken as the maximum. avg_pool2d sums each window in
 float32 in row order and divides once, as PyTorch's CPU kernel does; adaptive_avg_pool2d divides
@@ -241,53 +246,57 @@ def vjp_conv2d_grad_weight(b, node, grad, needs):
 # ------------------------------------------------------------------ conv on the CPU: im2col + BLAS
 _CPU_CONV_HELPERS = '''
 {decorator}
-def _columns(image, col, padded, kh, kw, sh, sw, top, left, dh, dw, scatter):
+def _columns(image, col, padded):
     """The walk of every tap over every output position, one (sample, channel) plane per cell, the
     columns laid out per sample, col (N, G, C/G*KH*KW, Ho*Wo): each (sample, group) is one
     contiguous matrix of the batched product. padded (N*C, PH, PW) holds each plane with its
     padding (zeros on entry), so each tap is one strided window of it, with no bounds tests.
-    scatter False, im2col: col[n, g, (c' * kh + i) * kw + j, oh * wo + ow] = image[n, g * cg + c', ih, iw]
-    (0 in the padding); scatter True, col2im: image[n, c, ih, iw] = the sum of the column entries it fed."""
+    {what}"""
     batch, channels, height, width = image.shape
     cg = channels // col.shape[1]
     ph, pw = padded.shape[1], padded.shape[2]
     # the rows and columns of the padded plane that hold the image
-    r0 = min(top, ph)
-    r1 = max(r0, min(ph, top + height))
-    q0 = min(left, pw)
-    q1 = max(q0, min(pw, left + width))
-    ho = (ph - 1 - (kh - 1) * dh) // sh + 1
-    wo = (pw - 1 - (kw - 1) * dw) // sw + 1
+    r0 = min({top}, ph)
+    r1 = max(r0, min(ph, {top} + height))
+    q0 = min({left}, pw)
+    q1 = max(q0, min(pw, {left} + width))
     for plane in {loop}(batch * channels):
         n = plane // channels
         c = plane % channels
-        row0 = (c % cg) * kh * kw
+        row0 = (c % cg) * {kh} * {kw}
         pad = padded[plane]
-        if not scatter:
-            pad[r0:r1, q0:q1] = image[n, c, r0 - top:r1 - top, q0 - left:q1 - left]
-        for i in range(kh):
-            for j in range(kw):
-                line = col[n, c // cg, row0 + i * kw + j].reshape(ho, wo)
-                window = pad[i * dh:i * dh + (ho - 1) * sh + 1:sh, j * dw:j * dw + (wo - 1) * sw + 1:sw]
-                if scatter:
-                    window += line
-                else:
-                    line[:, :] = window
-        if scatter:
-            image[n, c] = np.float32(0.0)
-            image[n, c, r0 - top:r1 - top, q0 - left:q1 - left] = pad[r0:r1, q0:q1]
+        {before}
+        for i in range({kh}):
+            for j in range({kw}):
+                line = col[n, c // cg, row0 + i * {kw} + j]
+                # Ho and Wo are literals here: LLVM unrolls the short rows (2x faster at 8x8)
+                for oh in range({ho}):
+                    for ow in range({wo}):
+                        {tap}
+        {after}
 '''
+_IM2COL = dict(
+    what="im2col: col[n, g, (c' * kh + i) * kw + j, oh * wo + ow] = image[n, g * cg + c', ih, iw] (0 in the padding).",
+    before="pad[r0:r1, q0:q1] = image[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}]",
+    tap="line[oh * {wo} + ow] = pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}]",
+    after="")
+_COL2IM = dict(
+    what="col2im: image[n, c, ih, iw] = the sum of the column entries it fed, in tap order.",
+    before="",
+    tap="pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}] += line[oh * {wo} + ow]",
+    after=("image[n, c] = np.float32(0.0)\n"
+           "        image[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}] = pad[r0:r1, q0:q1]"))
 
 
-def _cpu_conv_prelude(ins, parallel: bool) -> str:
-    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), loop="prange" if parallel else "range")
-
-
-def _cpu_conv_arguments(attrs) -> str:
-    """The static arguments of _columns after (kh, kw)."""
+def _cpu_conv_prelude(attrs, kernel: tuple[int, int], output: tuple[int, int], parallel: bool, scatter: bool) -> str:
+    """_columns for this conv's geometry, every size but the batch and the channels a literal."""
     (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
     top, _, left, _ = attrs["padding"]
-    return f"{sh}, {sw}, {top}, {left}, {dh}, {dw}"
+    sizes = dict(kh=kernel[0], kw=kernel[1], ho=output[0], wo=output[1], sh=sh, sw=sw, dh=dh, dw=dw, top=top,
+                 left=left)
+    parts = {name: text.format(**sizes) for name, text in (_COL2IM if scatter else _IM2COL).items()}
+    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), loop="prange" if parallel else "range",
+                                    **sizes, **parts)
 
 
 def _cpu_padded(attrs) -> str:
@@ -306,7 +315,7 @@ def _cpu_conv2d(attrs, ins, out) -> str:
     arguments = "in0, in1, in2, out0" if len(ins) == 3 else "in0, in1, out0"
     bias = ("\n    np.add(result, np.ascontiguousarray(in2).reshape(1, channels, 1), out=result)"
             if len(ins) == 3 else "")
-    return (_cpu_conv_prelude(ins, parallel) + f'''
+    return (_cpu_conv_prelude(attrs, ins[1].shape[2:], out.shape[2:], parallel, False) + f'''
 
 def kernel({arguments}):
     x = np.ascontiguousarray(in0)
@@ -315,7 +324,7 @@ def kernel({arguments}):
     ho, wo = out0.shape[2], out0.shape[3]
     image_channels = x.shape[1]
     col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
-    _columns(x, col, {_cpu_padded(attrs)}, kh, kw, {_cpu_conv_arguments(attrs)}, False)
+    _columns(x, col, {_cpu_padded(attrs)})
     weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
     # per (sample, group): (O/G, C/G*KH*KW) @ (C/G*KH*KW, Ho*Wo), BLAS, into the output's own layout
     np.matmul(weight, col, out=out0.reshape(batch, {groups}, channels // {groups}, ho * wo))
@@ -327,7 +336,7 @@ def _cpu_conv2d_grad_input(attrs, ins, out) -> str:
     """W^T @ g per (sample, group) (batched BLAS, g read in place), then col2im into dx (parallel numba)."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
-    return (_cpu_conv_prelude(ins, parallel) + f'''
+    return (_cpu_conv_prelude(attrs, ins[1].shape[2:], ins[0].shape[2:], parallel, True) + f'''
 
 def kernel(in0, in1, out0):
     grad = np.ascontiguousarray(in0)
@@ -337,7 +346,7 @@ def kernel(in0, in1, out0):
     # per (sample, group): (C/G*KH*KW, O/G) @ (O/G, Ho*Wo), BLAS
     col = np.matmul(weight.transpose(0, 2, 1), grad.reshape(batch, {groups}, channels // {groups}, ho * wo))
     image_channels = out0.shape[1]
-    _columns(out0, col, {_cpu_padded(attrs)}, kh, kw, {_cpu_conv_arguments(attrs)}, True)
+    _columns(out0, col, {_cpu_padded(attrs)})
 ''')
 
 
@@ -346,7 +355,7 @@ def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:
     products summed over the batch; the columns recomputed from x."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, ins[1].numel) >= PARALLEL_CELLS
-    return (_cpu_conv_prelude(ins, parallel) + f'''
+    return (_cpu_conv_prelude(attrs, out.shape[2:], ins[1].shape[2:], parallel, False) + f'''
 
 def kernel(in0, in1, out0):
     x = np.ascontiguousarray(in0)
@@ -355,7 +364,7 @@ def kernel(in0, in1, out0):
     _, cg, kh, kw = out0.shape
     image_channels = x.shape[1]
     col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
-    _columns(x, col, {_cpu_padded(attrs)}, kh, kw, {_cpu_conv_arguments(attrs)}, False)
+    _columns(x, col, {_cpu_padded(attrs)})
     # per (sample, group): (O/G, Ho*Wo) @ (Ho*Wo, C/G*KH*KW), BLAS; then the sum over the samples
     partial = np.matmul(grad.reshape(batch, {groups}, channels // {groups}, ho * wo), col.transpose(0, 1, 3, 2))
     np.sum(partial, axis=0, out=out0.reshape({groups}, channels // {groups}, cg * kh * kw))
