@@ -11,19 +11,24 @@ conv1d is conv2d on (N, C, 1, L) views. Padding is (top, bottom, left, right): t
 ``padding="same"`` pads an even kernel more on the bottom and right.
 
 Lowering. On the CPU each conv product is im2col feeding numpy's BLAS: a parallel numba kernel
-writes the columns (G, C/G*KH*KW, N*Ho*Wo), one BLAS product per group computes the whole batch
-(one large GEMM rather than N small ones), and a parallel kernel writes the result into
-(N, O, Ho, Wo) with the bias added on the way (so the bias costs no pass of its own). The input
-gradient is W^T @ g followed by col2im, accumulated per (sample, channel) plane, so no two threads
-write one element; the weight gradient is g @ columns^T over the whole batch, the columns
-recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE tiles of
-the weight and of the im2col matrix (computed on the fly, never stored) in shared memory; the
-gradients are one output element per thread, each a gather over the elements that feed it (no
+copies each (sample, channel) plane into a zero-bordered padded plane and writes the columns per
+sample, (N, G, C/G*KH*KW, Ho*Wo), each tap one strided window of the padded plane (no bounds tests;
+the output size, kernel, stride and dilation are literals of the source, so the short rows unroll);
+then one batched BLAS product per (sample, group) writes straight into (N, O, Ho, Wo), the bias
+added in place after. The input gradient is W^T @ g per (sample, group) (g read in place)
+followed by col2im, accumulated per (sample, channel) plane in tap order, so no two threads write
+one element; the weight gradient is g @ columns^T per (sample, group), summed over the batch, the
+columns recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE
+tiles of the weight and of the im2col matrix (computed on the fly, never stored) in shared memory;
+the gradients are one output element per thread, each a gather over the elements that feed it (no
 atomics, so the sums have a fixed order).
 
 Pools are one cell per output element; their gradients route each output's gradient back in
 output order, on the CPU as a scatter per (sample, channel) plane, on cuda as a gather per input
 element over the windows that hold it (the same order, so the two targets agree bit for bit).
+A max pool whose windows tile the input (kernel == stride, no padding or dilation, floor mode:
+the common 2x2/2) has its own CPU loops, the taps unrolled, its gradient writing each dx tile once
+(no clearing pass), with the same values bit for bit.
 max_pool2d's gradient recomputes each window's argmax from x (never stores indices), with torch's
 rule: the first maximum in the window, a NaN taken as the maximum. avg_pool2d sums each window in
 float32 in row order and divides once, as PyTorch's CPU kernel does; adaptive_avg_pool2d divides
@@ -240,143 +245,129 @@ def vjp_conv2d_grad_weight(b, node, grad, needs):
 
 # ------------------------------------------------------------------ conv on the CPU: im2col + BLAS
 _CPU_CONV_HELPERS = '''
-{serial}
-def _plane(plane, channels, groups, kh, kw):
-    """(sample, channel, group, first row of the channel's columns) of a (sample, channel) plane."""
-    c = plane % channels
-    cg = channels // groups
-    return plane // channels, c, c // cg, (c % cg) * kh * kw
-
-
 {decorator}
-def _columns(image, col, groups, kh, kw, sh, sw, top, left, dh, dw, ho, wo, scatter):
-    """The walk of every tap over every output position, one (sample, channel) plane per cell.
-    scatter False, im2col: col[g, (c' * kh + i) * kw + j, (n * ho + oh) * wo + ow] = image[n, g * cg + c', ih, iw]
-    (0 in the padding); scatter True, col2im: image[n, c, ih, iw] = the sum of the column entries it fed."""
+def _columns(image, col, padded):
+    """The walk of every tap over every output position, one (sample, channel) plane per cell, the
+    columns laid out per sample, col (N, G, C/G*KH*KW, Ho*Wo): each (sample, group) is one
+    contiguous matrix of the batched product. padded (N*C, PH, PW) holds each plane with its
+    padding (zeros on entry), so each tap is one strided window of it, with no bounds tests.
+    {what}"""
     batch, channels, height, width = image.shape
-    for plane in {loop}(batch * channels):
-        n, c, g, row0 = _plane(plane, channels, groups, kh, kw)
-        if scatter:
-            for ih in range(height):
-                for iw in range(width):
-                    image[n, c, ih, iw] = np.float32(0.0)
-        for i in range(kh):
-            for j in range(kw):
-                row = row0 + i * kw + j
-                # the output columns whose tap j lands inside the row: iw = ow * sw + shift in [0, width)
-                shift = j * dw - left
-                first = 0 if shift >= 0 else min(wo, (sw - 1 - shift) // sw)
-                last = 0 if width - 1 - shift < 0 else min(wo, (width - 1 - shift) // sw + 1)
-                last = max(first, last)
-                for oh in range(ho):
-                    ih = oh * sh - top + i * dh
-                    base = (n * ho + oh) * wo
-                    inside = ih >= 0 and ih < height
-                    if scatter:
-                        if inside:
-                            for ow in range(first, last):
-                                image[n, c, ih, ow * sw + shift] += col[g, row, base + ow]
-                        continue
-                    if not inside:
-                        for ow in range(wo):
-                            col[g, row, base + ow] = np.float32(0.0)
-                        continue
-                    for ow in range(first):
-                        col[g, row, base + ow] = np.float32(0.0)
-                    for ow in range(first, last):
-                        col[g, row, base + ow] = image[n, c, ih, ow * sw + shift]
-                    for ow in range(last, wo):
-                        col[g, row, base + ow] = np.float32(0.0)
-
-
-{decorator}
-def _regroup(image, grouped, bias, into_groups):
-    """Between (N, O, P) images and each group's (O/G, N*P) matrix: into_groups,
-    grouped[g, o', n * p + q] = image[n, g * og + o', q]; else the reverse, plus bias[o] where a bias is given."""
-    batch, channels, positions = image.shape
-    og = grouped.shape[1]
+    cg = channels // col.shape[1]
+    ph, pw = padded.shape[1], padded.shape[2]
+    # the rows and columns of the padded plane that hold the image
+    r0 = min({top}, ph)
+    r1 = max(r0, min(ph, {top} + height))
+    q0 = min({left}, pw)
+    q1 = max(q0, min(pw, {left} + width))
     for plane in {loop}(batch * channels):
         n = plane // channels
-        o = plane % channels
-        for q in range(positions):
-            if into_groups:
-                grouped[o // og, o % og, n * positions + q] = image[n, o, q]
-            elif bias.size:
-                image[n, o, q] = grouped[o // og, o % og, n * positions + q] + bias[o]
-            else:
-                image[n, o, q] = grouped[o // og, o % og, n * positions + q]
+        c = plane % channels
+        row0 = (c % cg) * {kh} * {kw}
+        pad = padded[plane]
+        {before}
+        for i in range({kh}):
+            for j in range({kw}):
+                line = col[n, c // cg, row0 + i * {kw} + j]
+                # Ho and Wo are literals here: LLVM unrolls the short rows (2x faster at 8x8)
+                for oh in range({ho}):
+                    for ow in range({wo}):
+                        {tap}
+        {after}
 '''
+_IM2COL = dict(
+    what="im2col: col[n, g, (c' * kh + i) * kw + j, oh * wo + ow] = image[n, g * cg + c', ih, iw] (0 in the padding).",
+    before="pad[r0:r1, q0:q1] = image[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}]",
+    tap="line[oh * {wo} + ow] = pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}]",
+    after="")
+_COL2IM = dict(
+    what="col2im: image[n, c, ih, iw] = the sum of the column entries it fed, in tap order.",
+    before="",
+    tap="pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}] += line[oh * {wo} + ow]",
+    after=("image[n, c] = np.float32(0.0)\n"
+           "        image[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}] = pad[r0:r1, q0:q1]"))
 
 
-def _cpu_conv_prelude(ins, parallel: bool) -> str:
-    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), serial=njit_decorator(False),
-                                    loop="prange" if parallel else "range")
-
-
-def _cpu_conv_arguments(attrs) -> str:
-    """The static arguments of _columns after (groups, kh, kw)."""
+def _cpu_conv_prelude(attrs, kernel: tuple[int, int], output: tuple[int, int], parallel: bool, scatter: bool) -> str:
+    """_columns for this conv's geometry, every size but the batch and the channels a literal."""
     (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
     top, _, left, _ = attrs["padding"]
-    return f"{sh}, {sw}, {top}, {left}, {dh}, {dw}"
+    sizes = dict(kh=kernel[0], kw=kernel[1], ho=output[0], wo=output[1], sh=sh, sw=sw, dh=dh, dw=dw, top=top,
+                 left=left)
+    parts = {name: text.format(**sizes) for name, text in (_COL2IM if scatter else _IM2COL).items()}
+    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), loop="prange" if parallel else "range",
+                                    **sizes, **parts)
+
+
+def _cpu_padded(attrs) -> str:
+    """The source of the zeroed (N*C, PH, PW) buffer _columns pads each plane into: the extent the
+    taps reach, (ho - 1) * stride + (k - 1) * dilation + 1 on each axis."""
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    return (f"np.zeros((batch * image_channels, (ho - 1) * {sh} + (kh - 1) * {dh} + 1, "
+            f"(wo - 1) * {sw} + (kw - 1) * {dw} + 1), np.float32)")
 
 
 def _cpu_conv2d(attrs, ins, out) -> str:
-    """im2col (parallel numba), one BLAS product per group over the whole batch, then the result
-    written into (N, O, Ho, Wo) with the bias added (parallel numba)."""
+    """im2col per sample (parallel numba), then one batched BLAS product per (sample, group)
+    written straight into (N, O, Ho, Wo), the bias added in place afterwards."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
-    bias = "np.ascontiguousarray(in2)" if len(ins) == 3 else "np.empty(0, np.float32)"
     arguments = "in0, in1, in2, out0" if len(ins) == 3 else "in0, in1, out0"
-    return (_cpu_conv_prelude(ins, parallel) + f'''
+    bias = ("\n    np.add(result, np.ascontiguousarray(in2).reshape(1, channels, 1), out=result)"
+            if len(ins) == 3 else "")
+    return (_cpu_conv_prelude(attrs, ins[1].shape[2:], out.shape[2:], parallel, False) + f'''
 
 def kernel({arguments}):
     x = np.ascontiguousarray(in0)
     batch = x.shape[0]
     channels, cg, kh, kw = in1.shape
     ho, wo = out0.shape[2], out0.shape[3]
-    col = np.empty(({groups}, cg * kh * kw, batch * ho * wo), np.float32)
-    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, False)
+    image_channels = x.shape[1]
+    col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
+    _columns(x, col, {_cpu_padded(attrs)})
     weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
-    product = np.matmul(weight, col)  # per group: (O/G, C/G*KH*KW) @ (C/G*KH*KW, N*Ho*Wo), BLAS
-    _regroup(out0.reshape(batch, channels, ho * wo), product, {bias}, False)
+    # per (sample, group): (O/G, C/G*KH*KW) @ (C/G*KH*KW, Ho*Wo), BLAS, into the output's own layout
+    np.matmul(weight, col, out=out0.reshape(batch, {groups}, channels // {groups}, ho * wo))
+    result = out0.reshape(batch, channels, ho * wo){bias}
 ''')
 
 
 def _cpu_conv2d_grad_input(attrs, ins, out) -> str:
-    """W^T @ g per group over the whole batch (BLAS), then col2im into dx (parallel numba)."""
+    """W^T @ g per (sample, group) (batched BLAS, g read in place), then col2im into dx (parallel numba)."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
-    return (_cpu_conv_prelude(ins, parallel) + f'''
+    return (_cpu_conv_prelude(attrs, ins[1].shape[2:], ins[0].shape[2:], parallel, True) + f'''
 
 def kernel(in0, in1, out0):
     grad = np.ascontiguousarray(in0)
     batch, channels, ho, wo = grad.shape
     _, cg, kh, kw = in1.shape
-    grouped = np.empty(({groups}, channels // {groups}, batch * ho * wo), np.float32)
-    _regroup(grad.reshape(batch, channels, ho * wo), grouped, np.empty(0, np.float32), True)
     weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
-    col = np.matmul(weight.transpose(0, 2, 1), grouped)  # per group: (C/G*KH*KW, O/G) @ (O/G, N*Ho*Wo), BLAS
-    _columns(out0, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, True)
+    # per (sample, group): (C/G*KH*KW, O/G) @ (O/G, Ho*Wo), BLAS
+    col = np.matmul(weight.transpose(0, 2, 1), grad.reshape(batch, {groups}, channels // {groups}, ho * wo))
+    image_channels = out0.shape[1]
+    _columns(out0, col, {_cpu_padded(attrs)})
 ''')
 
 
 def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:
-    """g @ columns^T per group over the whole batch (BLAS), the columns recomputed from x."""
+    """g @ columns^T per (sample, group) (batched BLAS, g read in place), then the per-sample
+    products summed over the batch; the columns recomputed from x."""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, ins[1].numel) >= PARALLEL_CELLS
-    return (_cpu_conv_prelude(ins, parallel) + f'''
+    return (_cpu_conv_prelude(attrs, out.shape[2:], ins[1].shape[2:], parallel, False) + f'''
 
 def kernel(in0, in1, out0):
     x = np.ascontiguousarray(in0)
     grad = np.ascontiguousarray(in1)
     batch, channels, ho, wo = grad.shape
     _, cg, kh, kw = out0.shape
-    col = np.empty(({groups}, cg * kh * kw, batch * ho * wo), np.float32)
-    _columns(x, col, {groups}, kh, kw, {_cpu_conv_arguments(attrs)}, ho, wo, False)
-    grouped = np.empty(({groups}, channels // {groups}, batch * ho * wo), np.float32)
-    _regroup(grad.reshape(batch, channels, ho * wo), grouped, np.empty(0, np.float32), True)
-    # per group: (O/G, N*Ho*Wo) @ (N*Ho*Wo, C/G*KH*KW), BLAS
-    np.matmul(grouped, col.transpose(0, 2, 1), out=out0.reshape({groups}, channels // {groups}, cg * kh * kw))
+    image_channels = x.shape[1]
+    col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
+    _columns(x, col, {_cpu_padded(attrs)})
+    # per (sample, group): (O/G, Ho*Wo) @ (Ho*Wo, C/G*KH*KW), BLAS; then the sum over the samples
+    partial = np.matmul(grad.reshape(batch, {groups}, channels // {groups}, ho * wo), col.transpose(0, 1, 3, 2))
+    np.sum(partial, axis=0, out=out0.reshape({groups}, channels // {groups}, cg * kh * kw))
 ''')
 
 
@@ -764,11 +755,76 @@ def _pool_cell_lines(kind: str, attrs, read: str) -> list[str]:
              f"        total += {read}"] + pool_scale_lines(kind, attrs, "total"))
 
 
+# the common non-overlapping max pool (2x2, stride 2): its own unrolled loops
+def _tiled_max_pool(attrs) -> bool:
+    """max_pool2d whose windows tile the input: kernel == stride, no padding or dilation, floor
+    mode (every window whole, no two sharing an element)."""
+    return (tuple(attrs["kernel_size"]) == tuple(attrs["stride"]) and tuple(attrs["padding"]) == (0, 0)
+            and tuple(attrs["dilation"]) == (1, 1) and not attrs["ceil_mode"])
+
+
+def _tiled_max_cell(attrs) -> list[str]:
+    """Window (oh, ow)'s first max (a NaN wins, torch's rule) as ``best`` and its tap ``a * kw + b``
+    as ``tap``, the taps unrolled: kernel-size literals."""
+    kh, kw = attrs["kernel_size"]
+    return ["best = np.float32(-np.inf)", "tap = 0",
+            f"for a in range({kh}):", f"    for b in range({kw}):",
+            f"        value = x[plane, oh * {kh} + a, ow * {kw} + b]",
+            "        if value > best or value != value:", "            best = value", f"            tap = a * {kw} + b"]
+
+
+def _cpu_tiled_max_pool(attrs, ins, out) -> str:
+    """max_pool2d over tiling windows: one (sample, channel) plane per parallel cell."""
+    parallel = ins[0].numel >= PARALLEL_CELLS
+    lines = ([njit_decorator(parallel), "def _pool(x, out):", "    ho, wo = out.shape[1], out.shape[2]",
+              f"    for plane in {'prange' if parallel else 'range'}(x.shape[0]):",
+              "        for oh in range(ho):", "            for ow in range(wo):"]
+             + ["                " + line for line in _tiled_max_cell(attrs)]
+             + ["                out[plane, oh, ow] = best"])
+    return ("\n".join(lines) + "\n\n\n"
+            "def kernel(in0, out0):\n"
+            "    batch, channels, height, width = in0.shape\n"
+            "    _pool(np.ascontiguousarray(in0).reshape(batch * channels, height, width),\n"
+            "          out0.reshape(batch * channels, out0.shape[2], out0.shape[3]))\n")
+
+
+def _cpu_tiled_max_pool_grad(attrs, ins, out) -> str:
+    """max_pool2d_grad over tiling windows: per row of windows, their argmaxes first, then the
+    row's dx tiles written in memory order (0 + g at the argmax, as a cleared dx plus g would be,
+    0 elsewhere): dx is written once, only the rows and columns no window covers cleared apart."""
+    kh, kw = attrs["kernel_size"]
+    parallel = out.numel >= PARALLEL_CELLS
+    lines = ([njit_decorator(parallel), "def _pool_grad(x, g, dx):", "    planes, height, width = dx.shape",
+              "    ho, wo = g.shape[1], g.shape[2]",
+              f"    for plane in {'prange' if parallel else 'range'}(planes):",
+              f"        for ih in range(ho * {kh}, height):", "            for iw in range(width):",
+              "                dx[plane, ih, iw] = np.float32(0.0)",
+              f"        for ih in range(ho * {kh}):", f"            for iw in range(wo * {kw}, width):",
+              "                dx[plane, ih, iw] = np.float32(0.0)",
+              "        taps = np.empty(wo, np.int64)",
+              "        for oh in range(ho):", "            for ow in range(wo):"]
+             + ["                " + line for line in _tiled_max_cell(attrs)]
+             + ["                taps[ow] = tap",
+                f"            for a in range({kh}):", "                for ow in range(wo):",
+                "                    delta = np.float32(0.0) + g[plane, oh, ow]",
+                f"                    for b in range({kw}):",
+                f"                        dx[plane, oh * {kh} + a, ow * {kw} + b] = "
+                f"delta if taps[ow] == a * {kw} + b else np.float32(0.0)"])
+    return ("\n".join(lines) + "\n\n\n"
+            "def kernel(in0, in1, out0):\n"
+            "    batch, channels, height, width = out0.shape\n"
+            "    g = np.ascontiguousarray(in1)\n"
+            "    _pool_grad(np.ascontiguousarray(in0).reshape(batch * channels, height, width),\n"
+            "               g.reshape(batch * channels, g.shape[2], g.shape[3]), out0.reshape(batch * channels, height, width))\n")
+
+
 def _cpu_pool(name: str):
     kind = POOL_KIND[name]
 
     def render(attrs, ins, out) -> str:
         """One (sample, channel) plane per parallel cell, one output element per inner cell."""
+        if kind == MAX and _tiled_max_pool(attrs):
+            return _cpu_tiled_max_pool(attrs, ins, out)
         parallel = ins[0].numel >= PARALLEL_CELLS
         window_h = pool_window_lines(kind, attrs, 0, "oh", "height", "ho")
         window_w = pool_window_lines(kind, attrs, 1, "ow", "width", "wo")
@@ -795,6 +851,8 @@ def _cpu_pool_grad(name: str):
     def render(attrs, ins, out) -> str:
         """One (sample, channel) plane per parallel cell: clear the plane's dx, then add each output's
         gradient to its argmax (max) or spread it over its window (averages), in output order."""
+        if kind == MAX and _tiled_max_pool(attrs):
+            return _cpu_tiled_max_pool_grad(attrs, ins, out)
         parallel = out.numel >= PARALLEL_CELLS
         window_h = pool_window_lines(kind, attrs, 0, "oh", "height", "ho")
         window_w = pool_window_lines(kind, attrs, 1, "ow", "width", "wo")
