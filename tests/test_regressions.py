@@ -249,3 +249,29 @@ def test_a_scalar_output_of_a_large_fused_kernel(target):
     assert_bitwise(got[0], want[0])
     assert_bitwise(got[1], want[1])
 
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("backward", [False, True])
+def test_one_tiled_attention_feeding_another(target, backward):
+    """Two tiled attention sites, the second reading the first's output (found by the fuzzer: the
+    schedule pass rewrote the second site from a stale copy of its node, whose operand was gone)."""
+    def step(x):
+        v1 = F.scaled_dot_product_attention(x, x, x)
+        v2 = F.scaled_dot_product_attention(v1, v1, v1, is_causal=True)
+        if not backward:
+            return v2
+        (v2 * v2).sum().backward()
+        return v2, x.grad
+
+    def torch_step(x):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        v1 = sdpa(x, x, x)
+        v2 = sdpa(v1, v1, v1, is_causal=True)
+        if not backward:
+            return v2
+        (v2 * v2).sum().backward()
+        return v2, x.grad
+
+    leaves = ("x",) if backward else ()
+    check(target, step, {"x": rng((1, 2, 9, 4), 3)}, leaves, bitwise=False, torch_fn=torch_step)

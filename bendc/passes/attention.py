@@ -186,6 +186,9 @@ def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOpti
         backward = f"; backward %{', %'.join(str(n.id) for n in followers)} follow" if followers else ""
         context.decide("attention_schedule", text + backward)
     for node, followers, text in tiled:
+        # re-read the nodes: rewriting an earlier site moved its uses (this site's operands, when
+        # one attention feeds another) to the earlier site's views
+        node, followers = graph.node(node.id), [graph.node(n.id) for n in followers]
         made = _tile(graph, node, followers)
         context.decide("attention_schedule", f"{text}; rewritten to {made}")
     for node in graph.nodes():
