@@ -11,6 +11,7 @@ job (MPI_Abort), so the other ranks exit within the collective timeout at worst,
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,12 @@ def _install_excepthook(backend: collective.Backend) -> None:
         previous(kind, value, traceback)
         sys.stderr.write(f"bendc.distributed: rank {backend.rank} of {backend.size} raised "
                          f"{kind.__name__}; aborting every rank (MPI_Abort)\n")
+        sys.stdout.flush()
         sys.stderr.flush()
+        # MPI_Abort tears the job down at once, and the process manager (hydra) can drop output it
+        # has not forwarded yet: under load the error above was sometimes lost. Half a second of a
+        # failing job lets it through.
+        time.sleep(0.5)
         backend.abort(1)
 
     sys.excepthook = abort_job
