@@ -612,8 +612,8 @@ def _check_pool(kind: str, attrs, in_size, op: str) -> tuple[int, int]:
     if min(kernel) < 1 or min(stride) < 1 or min(dilation) < 1 or min(padding) < 0:
         raise InferError(f"needs positive kernel_size, stride and dilation and non-negative padding, got "
                          f"kernel_size {kernel}, stride {stride}, padding {padding}, dilation {dilation}")
-    for axis in range(2):
-        if padding[axis] > ((kernel[axis] - 1) * dilation[axis] + 1) // 2:
+    for axis in range(2):  # torch's rule reads the kernel size, not its dilated extent
+        if padding[axis] > kernel[axis] // 2:
             raise InferError(f"padding {padding} should be at most half of the kernel {kernel}")
     out = pooled_size(kind, attrs, in_size)
     if min(out) < 1:

@@ -1580,7 +1580,7 @@ def _pool_family(self: Builder) -> bool:
     kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2))) if kind == "max" else (1, 1)
-    padding = tuple(draw(st.integers(0, ((k - 1) * d + 1) // 2)) for k, d in zip(kernel, dilation))
+    padding = tuple(draw(st.integers(0, k // 2)) for k in kernel)  # torch: at most half the kernel size
     ceil_mode = draw(st.booleans())
     out = tuple(pool_output_size(s, k, st_, p, d, ceil_mode)
                 for s, k, st_, p, d in zip((height, width), kernel, stride, padding, dilation))
