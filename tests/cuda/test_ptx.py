@@ -84,14 +84,15 @@ def compile_all(kernels) -> list[CompiledKernel]:
     return compiled
 
 
-@pytest.mark.parametrize("program", all_programs(), ids=lambda p: p.name)
-def test_every_kernel_compiles_to_cubin_without_spills(program: Program, cache_dir: str, resources) -> None:
+def check_cubins(program: Program, cache_dir: str, float64_ops: frozenset[str] = FLOAT64_OPS) -> list[tuple]:
+    """Every cuda kernel of ``program`` compiled to an sm_90 cubin: no spills, registers and launch
+    sizes in bounds, float64 only in ``float64_ops`` (which must accumulate in it). The
+    (step, launch, compiled kernel) triples, in launch order."""
     _, kernels = lowered(program, cache_dir)
     assert program.kinds <= plan_kinds(kernels.plan), [s.kind for s in kernels.plan.steps]
     compiled = compile_all(kernels)
     launches = [(step, launch) for step in kernels.plan.steps for launch in step.launches]
     assert len(compiled) == len(launches) > 0
-    rows = []
     for (step, launch), kernel in zip(launches, compiled):
         name = f"{step.name}.{launch['kernel']}"
         assert kernel.cubin, name
@@ -99,15 +100,21 @@ def test_every_kernel_compiles_to_cubin_without_spills(program: Program, cache_d
         assert 0 < kernel.registers <= 255, f"{name}:\n{kernel.info_log}"
         threads = launch["block"][0] * launch["block"][1] * launch["block"][2]
         assert threads <= MAX_THREADS and launch["shared_bytes"] <= MAX_SHARED_BYTES, (name, launch)
-        if step.op in FLOAT64_OPS:
+        if step.op in float64_ops:
             assert re.search(r"\badd\.rn\.f64\b", kernel.ptx), f"{name} should accumulate in float64"
         else:
             assert ".f64" not in kernel.ptx, f"{name} computes in float64 (an untyped literal?)"
-        rows.append({"kernel": name, "registers": kernel.registers, "spill_stores": kernel.spill_stores,
-                     "spill_loads": kernel.spill_loads, "shared_bytes": kernel.shared_bytes,
-                     "launch_shared_bytes": launch["shared_bytes"], "grid": launch["grid"],
-                     "block": launch["block"], "ms": round(kernel.seconds * 1000)})
-    resources[program.name] = rows
+    return [(step, launch, kernel) for (step, launch), kernel in zip(launches, compiled)]
+
+
+@pytest.mark.parametrize("program", all_programs(), ids=lambda p: p.name)
+def test_every_kernel_compiles_to_cubin_without_spills(program: Program, cache_dir: str, resources) -> None:
+    resources[program.name] = [
+        {"kernel": f"{step.name}.{launch['kernel']}", "registers": kernel.registers,
+         "spill_stores": kernel.spill_stores, "spill_loads": kernel.spill_loads,
+         "shared_bytes": kernel.shared_bytes, "launch_shared_bytes": launch["shared_bytes"],
+         "grid": launch["grid"], "block": launch["block"], "ms": round(kernel.seconds * 1000)}
+        for step, launch, kernel in check_cubins(program, cache_dir)]
 
 
 def _chain_kernel_ptx(cache_dir: str, options: CudaOptions) -> str:
