@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 
 def pytest_addoption(parser):
@@ -46,3 +47,21 @@ def assert_close(actual, expected, what: str = "", rtol: float = RTOL, atol: flo
     expected = np.asarray(expected, dtype=np.float32)
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol, err_msg=what)
+
+
+def factor_shape(draw, numel: int) -> tuple[int, ...]:
+    """A random shape of rank 0..3 with ``numel`` elements."""
+    factors = []
+    n, p = numel, 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    rank = draw(st.integers(1 if numel > 1 else 0, 3))
+    if rank == 0:
+        return ()
+    dims = [1] * rank
+    for factor in factors:
+        dims[draw(st.integers(0, rank - 1))] *= factor
+    return tuple(dims)

@@ -37,7 +37,7 @@ import bendc
 from bendc.ir.interp import interpret
 from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
-from conftest import assert_bitwise, assert_close
+from conftest import assert_bitwise, assert_close, factor_shape
 
 # Magnitude bound past which the generator stops multiplying (keeps every value finite).
 LIMIT = 1e3
@@ -279,24 +279,6 @@ def _broadcast(a: tuple, b: tuple) -> tuple | None:
         return None
 
 
-def _factor_shape(draw, numel: int) -> tuple[int, ...]:
-    """A random shape of rank 0..3 with ``numel`` elements."""
-    factors = []
-    n, p = numel, 2
-    while n > 1:
-        while n % p == 0:
-            factors.append(p)
-            n //= p
-        p += 1
-    rank = draw(st.integers(1 if numel > 1 else 0, 3))
-    if rank == 0:
-        return ()
-    dims = [1] * rank
-    for factor in factors:
-        dims[draw(st.integers(0, rank - 1))] *= factor
-    return tuple(dims)
-
-
 def _related_shape(draw, base: tuple) -> tuple:
     """A shape that broadcasts with ``base`` most of the time, or an unrelated one."""
     if draw(st.booleans()):
@@ -423,7 +405,7 @@ class _Builder:
             self.add(Step(op, arg, (("dim", dim),)), shape, new_bound)
         elif op == "reshape":
             numel = int(np.prod(shape, dtype=np.int64))
-            target = _factor_shape(draw, numel)
+            target = factor_shape(draw, numel)
             spelled = list(target)
             if spelled and draw(st.booleans()):
                 spelled[draw(st.integers(0, len(spelled) - 1))] = -1

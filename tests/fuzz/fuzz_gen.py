@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as TF
 from hypothesis import strategies as st
 
+from conftest import factor_shape
+
 LIMIT = 1e3
 MAX_RANK = 4
 
@@ -384,22 +386,6 @@ def _matmul_shape(a, b):
 
 def _numel(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
-
-
-def _factor_shape(draw, numel: int) -> tuple[int, ...]:
-    factors, n, p = [], numel, 2
-    while n > 1:
-        while n % p == 0:
-            factors.append(p)
-            n //= p
-        p += 1
-    rank = draw(st.integers(1 if numel > 1 else 0, 3))
-    if rank == 0:
-        return ()
-    dims = [1] * rank
-    for factor in factors:
-        dims[draw(st.integers(0, rank - 1))] *= factor
-    return tuple(dims)
 
 
 def _scalar_text(value) -> str:
@@ -763,7 +749,7 @@ class Builder:
         # (x.view is drawn only as an identity: torch refuses other views of non-contiguous tensors)
         form = draw(st.sampled_from(["reshape", "permute", "transpose", "T", "unsqueeze"]))
         if form == "reshape":
-            target = _factor_shape(draw, _numel(x.shape))
+            target = factor_shape(draw, _numel(x.shape))
             spelled = list(target)
             if spelled and draw(st.booleans()):
                 spelled[draw(st.integers(0, len(spelled) - 1))] = -1
