@@ -41,13 +41,20 @@ ALIGN = 256
 class SimulatedDevice:
     """CubinProgram's device, with numpy buffers for device memory and the simulator for kernels."""
 
-    def __init__(self, folder: Path, plan: dict) -> None:
-        self.cubins = check_cubins(str(folder), plan)  # the build's records agree with its cubins
-        self.modules = {step["name"]: load_module(str(folder / "kernels" / f"{step['module']}.py"), step["module"])
-                        for step in plan["steps"] if step["launches"]}
+    def __init__(self, cubins: dict[str, bytes], modules: dict) -> None:
+        self.cubins = cubins
+        self.modules = modules  # step name -> its kernel module
         self.memory: dict[int, np.ndarray] = {}
         self.next = 0x7F0000000000
         self.launched: list[str] = []
+        self.uploads: list[int] = []  # destination of each host-to-device copy
+        self.copies: list[int] = []  # destination of each device-to-device copy
+
+    @classmethod
+    def for_artifact(cls, folder: Path, plan: dict) -> "SimulatedDevice":
+        cubins = check_cubins(str(folder), plan)  # the build's records agree with its cubins
+        return cls(cubins, {step["name"]: load_module(str(folder / "kernels" / f"{step['module']}.py"),
+                                                       step["module"]) for step in plan["steps"] if step["launches"]})
 
     def allocate(self, nbytes: int) -> tuple[int, np.ndarray]:
         base, self.next = self.next, self.next + -(-nbytes // ALIGN) * ALIGN + ALIGN
@@ -63,9 +70,11 @@ class SimulatedDevice:
 
     def upload(self, pointer: int, host: np.ndarray) -> None:
         self.bytes_at(pointer, host.nbytes)[:] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        self.uploads.append(pointer)
 
     def copy(self, destination: int, source: int, nbytes: int) -> None:
         self.bytes_at(destination, nbytes)[:] = self.bytes_at(source, nbytes)
+        self.copies.append(destination)
 
     def download(self, pointer: int, host: np.ndarray) -> None:
         host.reshape(-1).view(np.uint8)[:] = self.bytes_at(pointer, host.nbytes)
@@ -119,11 +128,14 @@ class FakeDeviceArray:
                                          "strides": None, "data": (self.pointer, False)}
 
 
-def build(target: str, folder: Path) -> None:
+def build(target: str, folder: Path, function: str = "tests/flat_mlp.py:train_step", shapes: str = TINY,
+          *options: str, cache: Path | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # PTX needs the real numba.cuda
-    result = subprocess.run([sys.executable, "-m", "bendc", "compile", "tests/flat_mlp.py:train_step", "--shapes", TINY,
-                             "--target", target, "-o", str(folder)], cwd=ROOT, capture_output=True, text=True,
-                            env=env, timeout=600)
+    if cache is not None:
+        env["BENDC_CACHE_DIR"] = str(cache)
+    result = subprocess.run([sys.executable, "-m", "bendc", "compile", function, "--shapes", shapes,
+                             "--target", target, "-o", str(folder), *options], cwd=ROOT, capture_output=True,
+                            text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
 
 
@@ -148,7 +160,7 @@ def check_outputs(got, want) -> None:
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 def test_packed_launches_run_like_the_cpu_build(built, mode: str) -> None:
     folder, plan, inputs, want = built
-    device = SimulatedDevice(folder, plan)
+    device = SimulatedDevice.for_artifact(folder, plan)
     program = CubinProgram(plan, device, mode=mode)
     hoisted = len(device.launched)
     check_outputs(program.run(inputs), want)
@@ -158,7 +170,7 @@ def test_packed_launches_run_like_the_cpu_build(built, mode: str) -> None:
 
 def test_output_contracts_and_device_inputs(built) -> None:
     folder, plan, inputs, want = built
-    device = SimulatedDevice(folder, plan)
+    device = SimulatedDevice.for_artifact(folder, plan)
     static = CubinProgram(plan, device, outputs="static")
     first = static.run(inputs)
     kept = [o.copy_to_host() for o in first]
@@ -179,9 +191,138 @@ def test_output_contracts_and_device_inputs(built) -> None:
 
 def test_a_bad_index_raises_the_steps_check_and_the_next_call_is_clean(built) -> None:
     folder, plan, inputs, want = built
-    program = CubinProgram(plan, SimulatedDevice(folder, plan))
+    program = CubinProgram(plan, SimulatedDevice.for_artifact(folder, plan))
     bad = list(inputs)
     bad[1] = np.array([0, 7, 1, 2], np.int64)
     with pytest.raises(KernelError, match="7"):
         program.run(bad)
     check_outputs(program.run(inputs), want)
+
+
+# ------------------------------------------------------------------ donated parameters, resident
+# An optimizer step (momentum SGD with weight decay) on given gradients: + - * only, so the cubin
+# runtime's results (the kernels under the simulator) are the cpu build's bit for bit. w, m, b, mb
+# are donated and updated in place; c is donated too but read again after its update (the norm),
+# so the plan keeps its update in a buffer of its own.
+OPTIMIZER = """\
+import bendc
+
+EXAMPLE_SHAPES = "w=f32[4,5] m=f32[4,5] g=f32[4,5] b=f32[5] mb=f32[5] gb=f32[5] c=f32[3] gc=f32[3]"
+
+
+@bendc.jit(donate=("w", "m", "b", "mb", "c"))
+def momentum(w, m, g, b, mb, gb, c, gc, lr=0.1, mu=0.9, wd=0.01):
+    m2 = m * mu + (g + w * wd)
+    mb2 = mb * mu + gb
+    c2 = c - gc * lr
+    return w - m2 * lr, m2, b - mb2 * lr, mb2, c2, (c * c).sum()
+"""
+OPTIMIZER_SHAPES = "w=f32[4,5] m=f32[4,5] g=f32[4,5] b=f32[5] mb=f32[5] gb=f32[5] c=f32[3] gc=f32[3]"
+DONATED = ("w", "m", "b", "mb", "c")
+FEEDS = {"w": 0, "m": 1, "b": 2, "mb": 3, "c": 4}  # input -> the output slot that updates it
+GRADIENTS = ("g", "gb", "gc")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def optimizer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("resident")
+    (folder / "optimizer.py").write_text(OPTIMIZER)
+    cache = folder / "cache"
+    for target in ("cuda", "cpu"):
+        build(target, folder / target, f"{folder}/optimizer.py:momentum", OPTIMIZER_SHAPES,
+              "--donate", ",".join(DONATED), cache=cache)
+    manifest = read_manifest(str(folder / "cuda"))
+    return folder, manifest, read_plan(str(folder / "cuda"), manifest)
+
+
+def optimizer_inputs(manifest: dict, step: int) -> dict[str, np.ndarray]:
+    return {spec["name"]: array for spec, array in zip(manifest["inputs"], random_inputs(manifest, step))}
+
+
+def cpu_steps(folder: Path, manifest: dict) -> list[list[np.ndarray]]:
+    """Each step's outputs on the cpu build, the updates fed back (copies: it writes over donated inputs)."""
+    cpu = runtime.load(str(folder / "cpu"))
+    state = optimizer_inputs(manifest, 0)
+    steps = []
+    for step in range(STEPS):
+        state.update({name: optimizer_inputs(manifest, step)[name] for name in GRADIENTS})
+        outputs = [np.array(o) for o in cpu.run_flat([np.array(state[spec["name"]]) for spec in manifest["inputs"]])]
+        steps.append(outputs)
+        state.update({name: outputs[index] for name, index in FEEDS.items()})
+    return steps
+
+
+def check_optimizer_outputs(got: list[np.ndarray], want: list[np.ndarray], where: str) -> None:
+    """The updates bit for bit (+ - * only); the norm, a sum whose order differs on the GPU, to 1e-6."""
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        if index == 5:
+            np.testing.assert_allclose(mine, theirs, rtol=1e-6, err_msg=f"{where} out{index}")
+        else:
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"{where} out{index}")
+
+
+def test_the_plan_updates_donated_parameters_in_place_where_safe_and_says_where_not(optimizer) -> None:
+    folder, manifest, plan = optimizer
+    names = {p: name for p, name in zip(plan["params"], plan["param_names"])}
+    in_place = {names[p]: plan["outputs"].index(int(o)) for o, p in plan["donations"].items()}
+    assert in_place == {name: FEEDS[name] for name in ("w", "m", "b", "mb")}
+    assert manifest["feeds"] == in_place  # what Program.loop and bendc run --feed-outputs feed back
+    report = (folder / "cuda" / "report.txt").read_text()
+    for name in ("w", "m", "b", "mb"):
+        assert f"in place over the donated parameter {name} in" in report
+    assert "the donated parameter c is not updated in place (no elementwise step that is its last reader" in report
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_donated_parameters_stay_resident_across_steps_bit_for_bit(optimizer, mode: str) -> None:
+    folder, manifest, plan = optimizer
+    want = cpu_steps(folder, manifest)
+    device = SimulatedDevice.for_artifact(folder / "cuda", plan)
+    program = CubinProgram(plan, device, mode=mode)
+    slot = {spec["name"]: index for index, spec in enumerate(manifest["inputs"])}
+    buffer = {name: program.static.inputs[slot[name]][0] for name in slot}
+    state: dict = optimizer_inputs(manifest, 0)
+    for step in range(STEPS):
+        state.update({name: optimizer_inputs(manifest, step)[name] for name in GRADIENTS})
+        device.uploads.clear(), device.copies.clear()
+        got = program.run([state[spec["name"]] for spec in manifest["inputs"]])
+        check_optimizer_outputs([o.numpy() for o in got], want[step], f"step {step}")
+        for name in ("w", "m", "b", "mb"):
+            assert got[FEEDS[name]].resident and got[FEEDS[name]].pointer == buffer[name]  # the update: in place
+        assert not got[FEEDS["c"]].resident and got[FEEDS["c"]].pointer != buffer["c"]
+        if step:  # fed back: no copy of a resident parameter; the gradients and c are copied
+            assert not {buffer[name] for name in ("w", "m", "b", "mb")} & set(device.uploads + device.copies)
+            assert device.copies.count(buffer["c"]) == 1
+        for name in GRADIENTS:
+            assert device.uploads.count(buffer[name]) == 1
+        state.update({name: got[index] for name, index in FEEDS.items()})
+
+
+def test_a_resident_output_is_overwritten_by_the_next_call_and_a_snapshot_is_not(optimizer) -> None:
+    folder, manifest, plan = optimizer
+    program = CubinProgram(plan, SimulatedDevice.for_artifact(folder / "cuda", plan), outputs="copy")
+    inputs = list(random_inputs(manifest, 0))
+    first = program.run(inputs)
+    snapshot = first[FEEDS["w"]].numpy()
+    loss = first[5].numpy()
+    second = program.run([first[FEEDS.get(spec["name"], -1)] if spec["name"] in FEEDS else a
+                          for spec, a in zip(manifest["inputs"], inputs)])
+    assert not np.array_equal(first[FEEDS["w"]].numpy(), snapshot)  # the parameter moved on, in place
+    np.testing.assert_array_equal(first[FEEDS["w"]].numpy(), second[FEEDS["w"]].numpy())
+    np.testing.assert_array_equal(first[5].numpy(), loss)  # a non-donated output: copied ("copy")
+
+
+def test_program_loop_feeds_the_resident_updates_back(optimizer) -> None:
+    folder, manifest, plan = optimizer
+    cpu = runtime.load(str(folder / "cpu"))
+    gpu = runtime.load(str(folder / "cuda"), cuda_runtime="numba")  # the simulator's; then the cubin runtime's
+    device = SimulatedDevice.for_artifact(folder / "cuda", plan)
+    gpu._program = CubinProgram(plan, device)
+    inputs = list(random_inputs(manifest, 0))
+    want = cpu.loop(STEPS, *[np.array(a) for a in inputs])
+    device.copies.clear()
+    got = gpu.loop(STEPS, *inputs)
+    check_optimizer_outputs(got, want, f"after {STEPS} steps")
+    resident = {gpu._program.static.inputs[gpu.names.index(name)][0] for name in gpu.feeds}
+    assert not resident & set(device.copies)
