@@ -5,9 +5,10 @@ stage dumps and the compile report.
 an :class:`Executable`. Per target: ``reference`` interprets the graph with
 numpy; ``cpu`` builds the kernel plan, renders each step to source (codegen),
 writes and imports the kernel modules, plans memory, and binds the plan in
-the runtime; ``cuda`` does the same with numba.cuda kernels (codegen/cuda.py,
-runtime/cuda.py); it is not cached on disk as a program yet (its kernel
-modules are, by hash). A compiled cpu program is stored as an artifact under
+the runtime; ``cuda`` does the same with numba.cuda kernels (codegen/cuda.py)
+and binds them from cubins in the cubin runtime (runtime/cuda_graph.py) or on
+numba-cuda's JIT (runtime/cuda.py), as bendc/cuda_jit.py chooses; it is not
+cached on disk as a program yet (its kernel modules and cubins are, by hash). A compiled cpu program is stored as an artifact under
 ``<cache>/programs/<key>``, keyed by the traced IR, the passes, the target
 and the bendc/numba/numpy versions; a second process with the same signature
 loads it instead of compiling, and a corrupt entry is discarded and rebuilt.

@@ -617,7 +617,11 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
 
     ``donate`` names array parameters whose memory the caller gives up: on the
     cpu target an updated value of the same shape (an optimizer step's new
-    parameter) may be written over them in place and returned. ``check="reference"`` (or
+    parameter) may be written over them in place and returned; on cuda (the
+    cubin runtime) over the parameter's device buffer, returned resident, so that
+    feeding it back copies nothing (runtime/cuda_graph.py). ``target="cuda"`` runs
+    cubins built for the present GPU where it can, else numba-cuda's JIT;
+    ``BENDC_CUDA_RUNTIME`` chooses (bendc/cuda_jit.py). ``check="reference"`` (or
     BENDC_CHECK=1) runs the first call of each signature beside the reference interpreter and
     names the first kernel whose outputs leave the tolerance (bendc/check.py).
 

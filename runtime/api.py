@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from runtime.artifact import (InputsInvalid, check_inputs, flatten_inputs, has_structure, load_program,
+from runtime.artifact import (InputsInvalid, check_inputs, flatten_inputs, has_structure, load_program, on_host,
                               unflatten_outputs)
 from runtime.cpu import KernelError
 from runtime.machine import compile_counts
@@ -91,7 +91,7 @@ class Program:
 
     def run_flat(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """The outputs as a flat list (out0, out1, ...) of checked inputs in parameter order."""
-        return [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in self._run(inputs)]
+        return [on_host(o) for o in self._run(inputs)]
 
     def _run(self, inputs: list[Any]) -> list[Any]:
         try:
@@ -127,7 +127,7 @@ class Program:
             outputs = self._run(inputs)
             for name, index in feeds.items():
                 inputs[slot[name]] = outputs[index]
-        return [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in outputs]
+        return [on_host(o) for o in outputs]
 
     def compile_counts(self) -> dict[str, int]:
         """Functions numba compiled and loaded (from the artifact's machine code) in this process."""

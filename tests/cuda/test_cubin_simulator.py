@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,8 @@ from runtime.cpu import KernelError  # noqa: E402
 from runtime.cli import random_inputs  # noqa: E402
 from runtime.cuda_graph import CubinProgram, array_words_count, check_cubins  # noqa: E402
 from runtime.dtypes import DTYPES  # noqa: E402
+from momentum_program import (DONATED, EXAMPLE_SHAPES, FEEDS, GRADIENTS, IN_PLACE, NORM,  # noqa: E402
+                              momentum)
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "x=f32[4,8] y=i64[4] w1=f32[8,8]:leaf b1=f32[8]:leaf w2=f32[3,8]:leaf b2=f32[3]:leaf"
@@ -200,38 +203,17 @@ def test_a_bad_index_raises_the_steps_check_and_the_next_call_is_clean(built) ->
 
 
 # ------------------------------------------------------------------ donated parameters, resident
-# An optimizer step (momentum SGD with weight decay) on given gradients: + - * only, so the cubin
-# runtime's results (the kernels under the simulator) are the cpu build's bit for bit. w, m, b, mb
-# are donated and updated in place; c is donated too but read again after its update (the norm),
-# so the plan keeps its update in a buffer of its own.
-OPTIMIZER = """\
-import bendc
-
-EXAMPLE_SHAPES = "w=f32[4,5] m=f32[4,5] g=f32[4,5] b=f32[5] mb=f32[5] gb=f32[5] c=f32[3] gc=f32[3]"
-
-
-@bendc.jit(donate=("w", "m", "b", "mb", "c"))
-def momentum(w, m, g, b, mb, gb, c, gc, lr=0.1, mu=0.9, wd=0.01):
-    m2 = m * mu + (g + w * wd)
-    mb2 = mb * mu + gb
-    c2 = c - gc * lr
-    return w - m2 * lr, m2, b - mb2 * lr, mb2, c2, (c * c).sum()
-"""
-OPTIMIZER_SHAPES = "w=f32[4,5] m=f32[4,5] g=f32[4,5] b=f32[5] mb=f32[5] gb=f32[5] c=f32[3] gc=f32[3]"
-DONATED = ("w", "m", "b", "mb", "c")
-FEEDS = {"w": 0, "m": 1, "b": 2, "mb": 3, "c": 4}  # input -> the output slot that updates it
-GRADIENTS = ("g", "gb", "gc")
+# tests/cuda/momentum_program.py: an optimizer step with donated parameters, + - * only.
+MOMENTUM = str(ROOT / "tests" / "cuda" / "momentum_program.py")
 STEPS = 4
 
 
 @pytest.fixture(scope="module")
 def optimizer(tmp_path_factory):
     folder = tmp_path_factory.mktemp("resident")
-    (folder / "optimizer.py").write_text(OPTIMIZER)
-    cache = folder / "cache"
     for target in ("cuda", "cpu"):
-        build(target, folder / target, f"{folder}/optimizer.py:momentum", OPTIMIZER_SHAPES,
-              "--donate", ",".join(DONATED), cache=cache)
+        build(target, folder / target, f"{MOMENTUM}:momentum", EXAMPLE_SHAPES, "--donate", ",".join(DONATED),
+              cache=folder / "cache")
     manifest = read_manifest(str(folder / "cuda"))
     return folder, manifest, read_plan(str(folder / "cuda"), manifest)
 
@@ -256,7 +238,7 @@ def cpu_steps(folder: Path, manifest: dict) -> list[list[np.ndarray]]:
 def check_optimizer_outputs(got: list[np.ndarray], want: list[np.ndarray], where: str) -> None:
     """The updates bit for bit (+ - * only); the norm, a sum whose order differs on the GPU, to 1e-6."""
     for index, (mine, theirs) in enumerate(zip(got, want)):
-        if index == 5:
+        if index == NORM:
             np.testing.assert_allclose(mine, theirs, rtol=1e-6, err_msg=f"{where} out{index}")
         else:
             np.testing.assert_array_equal(mine, theirs, err_msg=f"{where} out{index}")
@@ -266,10 +248,10 @@ def test_the_plan_updates_donated_parameters_in_place_where_safe_and_says_where_
     folder, manifest, plan = optimizer
     names = {p: name for p, name in zip(plan["params"], plan["param_names"])}
     in_place = {names[p]: plan["outputs"].index(int(o)) for o, p in plan["donations"].items()}
-    assert in_place == {name: FEEDS[name] for name in ("w", "m", "b", "mb")}
+    assert in_place == {name: FEEDS[name] for name in IN_PLACE}
     assert manifest["feeds"] == in_place  # what Program.loop and bendc run --feed-outputs feed back
     report = (folder / "cuda" / "report.txt").read_text()
-    for name in ("w", "m", "b", "mb"):
+    for name in IN_PLACE:
         assert f"in place over the donated parameter {name} in" in report
     assert "the donated parameter c is not updated in place (no elementwise step that is its last reader" in report
 
@@ -288,11 +270,11 @@ def test_donated_parameters_stay_resident_across_steps_bit_for_bit(optimizer, mo
         device.uploads.clear(), device.copies.clear()
         got = program.run([state[spec["name"]] for spec in manifest["inputs"]])
         check_optimizer_outputs([o.numpy() for o in got], want[step], f"step {step}")
-        for name in ("w", "m", "b", "mb"):
+        for name in IN_PLACE:
             assert got[FEEDS[name]].resident and got[FEEDS[name]].pointer == buffer[name]  # the update: in place
         assert not got[FEEDS["c"]].resident and got[FEEDS["c"]].pointer != buffer["c"]
         if step:  # fed back: no copy of a resident parameter; the gradients and c are copied
-            assert not {buffer[name] for name in ("w", "m", "b", "mb")} & set(device.uploads + device.copies)
+            assert not {buffer[name] for name in IN_PLACE} & set(device.uploads + device.copies)
             assert device.copies.count(buffer["c"]) == 1
         for name in GRADIENTS:
             assert device.uploads.count(buffer[name]) == 1
@@ -305,12 +287,12 @@ def test_a_resident_output_is_overwritten_by_the_next_call_and_a_snapshot_is_not
     inputs = list(random_inputs(manifest, 0))
     first = program.run(inputs)
     snapshot = first[FEEDS["w"]].numpy()
-    loss = first[5].numpy()
+    loss = first[NORM].numpy()
     second = program.run([first[FEEDS.get(spec["name"], -1)] if spec["name"] in FEEDS else a
                           for spec, a in zip(manifest["inputs"], inputs)])
     assert not np.array_equal(first[FEEDS["w"]].numpy(), snapshot)  # the parameter moved on, in place
     np.testing.assert_array_equal(first[FEEDS["w"]].numpy(), second[FEEDS["w"]].numpy())
-    np.testing.assert_array_equal(first[5].numpy(), loss)  # a non-donated output: copied ("copy")
+    np.testing.assert_array_equal(first[NORM].numpy(), loss)  # a non-donated output: copied ("copy")
 
 
 def test_program_loop_feeds_the_resident_updates_back(optimizer) -> None:
@@ -326,3 +308,83 @@ def test_program_loop_feeds_the_resident_updates_back(optimizer) -> None:
     check_optimizer_outputs(got, want, f"after {STEPS} steps")
     resident = {gpu._program.static.inputs[gpu.names.index(name)][0] for name in gpu.feeds}
     assert not resident & set(device.copies)
+
+
+# ------------------------------------------------------------------ bendc.jit(target="cuda") on cubins
+def jitted_optimizer():
+    import bendc
+
+    return bendc.jit(momentum.fn, target="cuda", donate=DONATED)
+
+
+def run_jitted(step, manifest: dict) -> list[list[np.ndarray]]:
+    """Each step's outputs (host copies), the updates fed back as the step returned them."""
+    state: dict = optimizer_inputs(manifest, 0)
+    steps = []
+    for number in range(STEPS):
+        state.update({name: optimizer_inputs(manifest, number)[name] for name in GRADIENTS})
+        got = step(*[state[spec["name"]] for spec in manifest["inputs"]])
+        steps.append([o.copy_to_host() for o in got])
+        state.update({name: got[index] for name, index in FEEDS.items()})
+    return steps
+
+
+def test_jit_cuda_runs_its_cubins_through_the_cubin_runtime(optimizer, monkeypatch) -> None:
+    import bendc.cuda_jit as cuda_jit
+
+    folder, manifest, plan = optimizer
+    # The simulated device says it is an sm_90 (bendc compile's default arch): the fixture's cuda build
+    # left that architecture's cubins in the kernel cache, which the jit finds (this process cannot
+    # compile PTX: the simulator replaced numba.cuda).
+    monkeypatch.setenv("BENDC_CACHE_DIR", str(folder / "cache"))
+    monkeypatch.delenv("BENDC_CUDA_RUNTIME", raising=False)
+    monkeypatch.setattr(cuda_jit, "device_arch", lambda: "sm_90")
+    devices: list[SimulatedDevice] = []
+
+    def simulated(cubins: dict, plan: dict, modules: dict) -> SimulatedDevice:
+        assert set(cubins) == {launch["cubin"] for step in plan["steps"] for launch in step["launches"]}
+        devices.append(SimulatedDevice(cubins, modules))
+        return devices[-1]
+
+    monkeypatch.setattr(cuda_jit, "cubin_device", simulated)
+    step = jitted_optimizer()
+    got = run_jitted(step, manifest)
+    program = step._last.run.program
+    assert isinstance(program, CubinProgram) and program.mode == "graph" and len(devices) == 1
+    launches = sum(len(s["launches"]) for s in plan["steps"] if not s["hoisted"])
+    assert re.search(rf"cuda runtime: graph \(cubins for sm_90: 0 compiled, {launches} from the kernel cache",
+                     step.report())
+    assert len(devices[0].launched) == STEPS * program.launches
+    names = [spec["name"] for spec in manifest["inputs"]]
+    resident = {program.static.inputs[names.index(name)][0] for name in IN_PLACE}
+    assert not resident & set(devices[0].copies)  # fed back with no copy
+    for number, (mine, theirs) in enumerate(zip(got, cpu_steps(folder, manifest))):
+        check_optimizer_outputs(mine, theirs, f"step {number}")
+
+
+def test_jit_cuda_falls_back_to_numbas_jit_when_no_cubin_can_be_built(optimizer, monkeypatch, tmp_path,
+                                                                      capfd) -> None:
+    import bendc.cuda_jit as cuda_jit
+    from runtime.cuda import CudaProgram
+
+    folder, manifest, _ = optimizer
+    monkeypatch.setenv("BENDC_CACHE_DIR", str(tmp_path))  # no cubins cached, and none can be compiled here
+    monkeypatch.delenv("BENDC_CUDA_RUNTIME", raising=False)
+    monkeypatch.setattr(cuda_jit, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(cuda_jit, "cubin_device", lambda *_: pytest.fail("no cubins: no cubin device"))
+    step = jitted_optimizer()
+    got = run_jitted(step, manifest)
+    assert isinstance(step._last.run.program, CudaProgram)
+    assert "cuda runtime: numba JIT (no cubin could be built for sm_90: " in step.report()
+    assert "runs on numba-cuda's JIT: no cubin could be built for sm_90" in capfd.readouterr().err
+    for number, (mine, theirs) in enumerate(zip(got, cpu_steps(folder, manifest))):
+        check_optimizer_outputs(mine, theirs, f"step {number}")
+
+
+def test_jit_cuda_runtime_choice_is_checked(monkeypatch, optimizer) -> None:
+    from bendc.errors import UnsupportedError
+
+    monkeypatch.setenv("BENDC_CUDA_RUNTIME", "cubin")
+    step = jitted_optimizer()
+    with pytest.raises(UnsupportedError, match="BENDC_CUDA_RUNTIME='cubin': expected one of auto, graph"):
+        step(*random_inputs(optimizer[1], 0))
