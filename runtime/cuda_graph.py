@@ -369,7 +369,7 @@ class CubinProgram:
         if resident:  # a donated parameter's update: its static buffer itself, whatever the contract
             array = DeviceArray(self.device, pointer, dtype, shape, self)
             array.resident = True
-            return torch_view(array) if as_torch else array
+            return torch_view(array) if as_torch else array  # torch_view: GPU-only (torch CUDA inputs)
         if self.output_contract == "static":
             return DeviceArray(self.device, pointer, dtype, shape, self)
         nbytes = _nbytes((dtype, shape))

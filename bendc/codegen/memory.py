@@ -92,11 +92,24 @@ def _donations(plan: KernelPlan, donated: frozenset[int], root: dict[int, int], 
     for param in plan.params:
         if param in donated and param not in donations.values():
             name = plan.param_names[plan.params.index(param)]
-            reason = ("it is returned" if last_use.get(param) == len(plan.steps)
-                      else "no elementwise step that is its last reader writes an output of its type")
+            reason = _kept_reason(plan, param, root, last_use.get(param))
             decisions.append(f"the donated parameter {name} is not updated in place ({reason}): "
                              "its update gets its own memory (the cubin runtime: feeding it back is one device-to-device copy)")
     return donations
+
+
+def _kept_reason(plan: KernelPlan, param: int, root: dict[int, int], last: int | None) -> str:
+    """Why a donated parameter is not written over, for the report."""
+    if last is None:
+        return "no step reads it"
+    if last == len(plan.steps):
+        return "it is returned"
+    step = plan.steps[last]
+    if step.kind != "elementwise":
+        return f"its last reader {step.name} is a {step.kind} step, not an elementwise one"
+    if any(root[other] == param for other in step.inputs if other != param):
+        return f"its last reader {step.name} reads it through a view, at other cells than it writes"
+    return f"its last reader {step.name} writes no returned output of its type"
 
 
 def _peak(plan: KernelPlan, planned: list[int], last_use: dict[int, int]) -> dict[str, int | str]:
