@@ -391,3 +391,20 @@ def test_jit_cuda_runtime_choice_is_checked(monkeypatch, optimizer) -> None:
     step = jitted_optimizer()
     with pytest.raises(UnsupportedError, match="BENDC_CUDA_RUNTIME='cubin': expected one of auto, graph"):
         step(*random_inputs(optimizer[1], 0))
+
+
+def test_bendc_run_feeds_a_cuda_steps_device_outputs_back(optimizer, tmp_path) -> None:
+    """``bendc run --steps N --feed-outputs`` on the cuda build (numba's runtime under the simulator,
+    which returns device arrays) feeds the recorded feeds back and matches the cpu build."""
+    folder, manifest, _ = optimizer
+    outputs = {}
+    for target in ("cpu", "cuda"):
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM" or target == "cuda"}
+        result = subprocess.run([sys.executable, "-m", "runtime", str(folder / target), "--random-inputs",
+                                 "--steps", str(STEPS), "--feed-outputs", "--outputs", str(tmp_path / f"{target}.npz")],
+                                cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, result.stderr
+        assert f"fed {len(IN_PLACE)} outputs back each step" in result.stdout
+        with np.load(tmp_path / f"{target}.npz") as stored:
+            outputs[target] = [stored[f"out{index}"] for index in range(len(stored.files))]
+    check_optimizer_outputs(outputs["cuda"], outputs["cpu"], f"after {STEPS} steps")
