@@ -78,11 +78,11 @@ def _bind_cubins(kernels: Any, cache_dir: str, mode: str) -> tuple[dict, Any, li
     from runtime.cuda_graph import CubinProgram, check_cubin_data
 
     plan = kernels.plan
-    if any(step.kind == "collective" for step in plan.steps):
-        return "collective steps run on the numba runtime only"
     arch = device_arch()
     if arch is None:
         return "no GPU that cuda.core can see"
+    if any(step.kind == "collective" for step in plan.steps):
+        return "collective steps run on the numba runtime only"
     cache = CubinCache(cache_dir, arch)
     try:
         compiled = compile_plan(plan, kernels.modules, arch, cache=cache)
