@@ -18,8 +18,8 @@
 # Total at most 8 minutes (470 s and one stage's kill grace). Everything lands in $OUT (default
 # ./device-out): the logs (info.log, tests.log, bench.log), junit files of the three test stages,
 # stages.jsonl (a line per stage: name, rc, seconds, timed_out) and summary.json (the stages, the
-# info, the test counts and the benchmark rows). The device tool brings back at most 8 files, so
-# the benchmarks' rows go into summary.json and their logs into one file.
+# info, the test counts and the benchmark rows). The device tool brings back at most 8 files (these
+# are 8), so the benchmarks' rows go into summary.json and their logs into one file.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/device-out}"
