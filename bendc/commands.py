@@ -144,7 +144,7 @@ def compile_command(args: argparse.Namespace) -> int:
     check_static(function, shapes, static)
     # Tracing and the passes run as for cpu; --target cuda then renders and compiles cuda kernels.
     function = jit(function.fn, leaves=function.leaves, target="cpu", cache_dir=function.cache_dir,
-                   passes=function.passes, donate=_donations(args, function) if args.target == "cpu" else ())
+                   passes=function.passes, donate=_donations(args, function))
     from bendc.progress import CompileWatch
 
     progress = Progress(sys.stderr)  # cuda: per launch compiled to PTX; cpu: numba's compiles, counted

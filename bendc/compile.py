@@ -5,9 +5,10 @@ stage dumps and the compile report.
 an :class:`Executable`. Per target: ``reference`` interprets the graph with
 numpy; ``cpu`` builds the kernel plan, renders each step to source (codegen),
 writes and imports the kernel modules, plans memory, and binds the plan in
-the runtime; ``cuda`` does the same with numba.cuda kernels (codegen/cuda.py,
-runtime/cuda.py); it is not cached on disk as a program yet (its kernel
-modules are, by hash). A compiled cpu program is stored as an artifact under
+the runtime; ``cuda`` does the same with numba.cuda kernels (codegen/cuda.py)
+and binds them from cubins in the cubin runtime (runtime/cuda_graph.py) or on
+numba-cuda's JIT (runtime/cuda.py), as bendc/cuda_jit.py chooses; it is not
+cached on disk as a program yet (its kernel modules and cubins are, by hash). A compiled cpu program is stored as an artifact under
 ``<cache>/programs/<key>``, keyed by the traced IR, the passes, the target
 and the bendc/numba/numpy versions; a second process with the same signature
 loads it instead of compiling, and a corrupt entry is discarded and rebuilt.
@@ -164,8 +165,7 @@ Progress = Callable[[int, int, str], None]  # (kernel number from 1, kernel coun
 def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress: Progress | None = None) -> Built:
     plan = build_plan(graph)
     render_plan(plan, graph)
-    donated = frozenset(p for p in graph.params if graph.node(p).attr["name"] in donate)
-    decisions = plan_memory(plan, donated)
+    decisions = plan_memory(plan, donated_params(graph, donate))
     from bendc.progress import expect
     from runtime.machine import dispatchers
 
@@ -193,17 +193,24 @@ class CudaKernels:
     report: list[str]
 
 
-def render_cuda(graph: Graph, cache_dir: str) -> CudaKernels:
+def donated_params(graph: Graph, donate: Sequence[str]) -> frozenset[int]:
+    """The parameter nodes of the inputs named in ``donate``."""
+    return frozenset(p for p in graph.params if graph.node(p).attr["name"] in donate)
+
+
+def render_cuda(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> CudaKernels:
     """Plan, render numba.cuda kernels (strided views resolved first), plan memory, import the modules.
 
     Needs numba-cuda but no GPU: the PTX tests and ``bendc compile`` use it too.
-    Parameters are never donated on cuda: the caller's device arrays are only read.
+    The caller's device arrays are only read (each is copied into a static buffer, or read in place
+    by the numba runtime); ``donate``: the memory plan writes a donated parameter's update over its
+    static buffer where that is safe (plan.donations), which the cubin runtime keeps resident.
     """
     from bendc.codegen.cuda import describe_launches, render_cuda_plan
 
     plan = build_plan(graph)
     views = render_cuda_plan(plan, graph)  # makes the copied views write steps: before the memory plan
-    decisions = plan_memory(plan)
+    decisions = plan_memory(plan, donated_params(graph, donate))
     modules = {}
     for step in plan.steps:
         step.module = write_kernel(cache_dir, step.source)
@@ -217,23 +224,28 @@ def render_cuda(graph: Graph, cache_dir: str) -> CudaKernels:
     return CudaKernels(plan, modules, report)
 
 
-def build_cuda(graph: Graph, cache_dir: str) -> Built:
-    """The cuda kernels bound on the GPU (or numba's simulator)."""
-    from runtime.cuda import CudaProgram
+def build_cuda(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> Built:
+    """The cuda kernels bound on the GPU (or numba's simulator): from cubins built for the GPU's
+    architecture through the cubin runtime when they can be, else by numba-cuda's JIT
+    (bendc/cuda_jit.py)."""
+    from bendc.cuda_jit import bind_cuda
 
-    kernels = render_cuda(graph, cache_dir)
-    plan_json = kernels.plan.to_json()
-    return Built(cpu_runner(plan_json, CudaProgram(plan_json, kernels.modules), lambda: graph),
-                 {s.name: s.source for s in kernels.plan.steps}, kernels.report, kernels.plan)
+    kernels = render_cuda(graph, cache_dir, donate)
+    plan_json, program, notes = bind_cuda(kernels, cache_dir)
+    return Built(cpu_runner(plan_json, program, lambda: graph), {s.name: s.source for s in kernels.plan.steps},
+                 kernels.report + notes, kernels.plan)
 
 
-def build_cuda_artifact(graph: Graph, cache_dir: str, arch: str, progress: Progress | None = None) -> Built:
+def build_cuda_artifact(graph: Graph, cache_dir: str, arch: str, progress: Progress | None = None,
+                        donate: Sequence[str] = ()) -> Built:
     """The cuda kernels compiled ahead of time for ``arch``: PTX (NVVM) and cubin (nvJitLink) per
-    kernel, with registers, spills and shared memory in the report. Needs numba-cuda, not a GPU."""
+    kernel (or their cubins from the kernel cache: bendc/codegen/cubins.py), with registers, spills
+    and shared memory in the report. Needs numba-cuda, not a GPU."""
+    from bendc.codegen.cubins import CubinCache
     from bendc.codegen.ptx import compile_plan, cubin_file, record_launches
 
-    kernels = render_cuda(graph, cache_dir)
-    compiled = compile_plan(kernels.plan, kernels.modules, arch, progress)
+    kernels = render_cuda(graph, cache_dir, donate)
+    compiled = compile_plan(kernels.plan, kernels.modules, arch, progress, CubinCache(cache_dir, arch))
     record_launches(kernels.plan, compiled)  # entry symbols and parameter layouts, for runtime/cuda_graph.py
     files: dict[str, str | bytes] = {}
     for kernel in compiled:
@@ -256,7 +268,7 @@ def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str
     if target == "cpu":
         return build_cpu(graph, cache_dir or default_cache_dir(), donate, progress)
     if target == "cuda":
-        return build_cuda(graph, cache_dir or default_cache_dir())
+        return build_cuda(graph, cache_dir or default_cache_dir(), donate)
     raise AssertionError(f"no builder for target {target}")
 
 
@@ -384,7 +396,7 @@ def compile_step(request: Request) -> Executable:
     on_stage("final", graph)
     if request.cuda_arch is not None:
         built = build_cuda_artifact(graph, request.cache_dir or default_cache_dir(), request.cuda_arch,
-                                    request.progress)
+                                    request.progress, request.donate)
     else:
         built = build(target, graph, request.cache_dir, request.donate, request.progress)
     report = _report(name, target, context, graph, built.report, built.plan)
@@ -400,6 +412,10 @@ def compile_step(request: Request) -> Executable:
             extra["feeds"] = donated_feeds(built.plan, graph)
             files = {**files, **code}
             report += "".join(f"[aot] {note}\n" for note in notes)
+        elif request.artifact is not None and target == "cuda":  # the updates resident in their inputs' buffers
+            from bendc.aot import donated_feeds
+
+            extra["feeds"] = donated_feeds(built.plan, graph)
         write_artifact(destination, function=name, target=target,
                        inputs=_input_specs(request, graph), leaves=list(request.leaves), template=template,
                        plan=built.plan, stages=stages, report=report, tape=tape,

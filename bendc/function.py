@@ -26,6 +26,7 @@ from bendc.passes import Pipeline, default_passes
 from bendc.trace import Tensor
 from bendc import torch_bridge  # noqa: F401  (registers the torch-function handler; imports no torch)
 from runtime.cuda import as_device_array, is_device_array
+from runtime.cuda_graph import device_input, is_torch_cuda
 from runtime.dtypes import DTYPES
 
 TARGETS = ("auto", "cpu", "cuda", "reference")
@@ -184,6 +185,31 @@ def to_array(value: Any, name: str) -> np.ndarray:
                          loc=user_location(), op="call")
 
 
+def _device_leaf(value: Any, path: str) -> Any:
+    """A device input as the cuda runtimes take it, in place: a torch CUDA tensor (detached: torch
+    exports no tensor that requires grad; the cubin runtime reads its ``data_ptr()`` and runs on
+    torch's stream), an array with a numpy ``dtype`` and ``shape`` (numba's, the cubin runtime's
+    outputs), else numba's view of its ``__cuda_array_interface__``."""
+    if is_torch_cuda(value):
+        value = value.detach()
+        try:
+            device_input(value)
+        except ValueError as error:
+            raise SignatureError(f"parameter {path!r}: {error}", loc=user_location(), op="call") from None
+        return value
+    if isinstance(getattr(value, "dtype", None), np.dtype) and hasattr(value, "shape"):
+        return value
+    return as_device_array(value)
+
+
+def _array_type(array: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """(numpy dtype, shape) of a bound input (a torch CUDA tensor's from its torch dtype)."""
+    if is_torch_cuda(array):
+        _, dtype, shape = device_input(array)
+        return np.dtype(DTYPES[dtype]), shape
+    return array.dtype, tuple(array.shape)
+
+
 def is_array_like(value: Any) -> bool:
     return isinstance(value, np.ndarray) or any(
         hasattr(value, attr) for attr in ("__array__", "__dlpack__", "__cuda_array_interface__"))
@@ -256,7 +282,7 @@ class JitFunction:
             from bendc.progress import compile_watch
 
             self._note_signature(binding)
-            types = [(name, TensorType(dtype_name(array.dtype), tuple(array.shape)))
+            types = [(name, TensorType(dtype_name(_array_type(array)[0]), _array_type(array)[1]))
                      for name, array in binding.arrays]
             with compile_watch(self.resolved_target):
                 executable = self._compile(types, binding.static, binding=binding)
@@ -364,17 +390,18 @@ class JitFunction:
         static value; returns (its source for the trace, its part of the signature key)."""
         leaf = name in self.leaves
         if is_array_like(value) and not isinstance(value, np.generic):
-            if self.resolved_target == "cuda" and is_device_array(value):
-                array = as_device_array(value)  # stays on the device: no copy
+            if self.resolved_target == "cuda" and (is_torch_cuda(value) or is_device_array(value)):
+                array = _device_leaf(value, path)  # stays on the device: no copy
             else:
                 array = to_array(value, path)
-            dtype = dtype_name(array.dtype)
+            kind, shape = _array_type(array)
+            dtype = dtype_name(kind)
             if dtype not in ("f32", "i64", "i32"):
-                hint = " (use .astype(np.float32))" if array.dtype.kind == "f" else ""
-                raise SignatureError(f"parameter {path!r} has dtype {array.dtype}; bendc takes float32 "
+                hint = " (use .astype(np.float32))" if kind.kind == "f" else ""
+                raise SignatureError(f"parameter {path!r} has dtype {kind}; bendc takes float32 "
                                      f"data and int64/int32 indices{hint}", loc=user_location(), op="call")
             if leaf and dtype != "f32":
-                raise SignatureError(f"leaf {path!r} must be float32, got {array.dtype}",
+                raise SignatureError(f"leaf {path!r} must be float32, got {kind}",
                                      loc=user_location(), op="call")
             flat = _input_name(name, path, whole, taken)
             binding.arrays.append((flat, array))
@@ -382,7 +409,7 @@ class JitFunction:
                 binding.leaves.append(flat)
             if name in self.donate:
                 binding.donate.append(flat)
-            return ("input", flat), ("array", dtype, array.shape)
+            return ("input", flat), ("array", dtype, shape)
         if isinstance(value, np.generic):
             value = value.item()
         if leaf:
@@ -590,7 +617,11 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
 
     ``donate`` names array parameters whose memory the caller gives up: on the
     cpu target an updated value of the same shape (an optimizer step's new
-    parameter) may be written over them in place and returned. ``check="reference"`` (or
+    parameter) may be written over them in place and returned; on cuda (the
+    cubin runtime) over the parameter's device buffer, returned resident, so that
+    feeding it back copies nothing (runtime/cuda_graph.py). ``target="cuda"`` runs
+    cubins built for the present GPU where it can, else numba-cuda's JIT;
+    ``BENDC_CUDA_RUNTIME`` chooses (bendc/cuda_jit.py). ``check="reference"`` (or
     BENDC_CHECK=1) runs the first call of each signature beside the reference interpreter and
     names the first kernel whose outputs leave the tolerance (bendc/check.py).
 

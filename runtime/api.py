@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from runtime.artifact import (InputsInvalid, check_inputs, flatten_inputs, has_structure, load_program,
+from runtime.artifact import (InputsInvalid, check_inputs, flatten_inputs, has_structure, load_program, on_host,
                               unflatten_outputs)
 from runtime.cpu import KernelError
 from runtime.machine import compile_counts
@@ -91,7 +91,7 @@ class Program:
 
     def run_flat(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """The outputs as a flat list (out0, out1, ...) of checked inputs in parameter order."""
-        return [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in self._run(inputs)]
+        return [on_host(o) for o in self._run(inputs)]
 
     def _run(self, inputs: list[Any]) -> list[Any]:
         try:
@@ -114,18 +114,20 @@ class Program:
 
     def loop(self, steps: int, *args: Any, feeds: Mapping[str, int] | None = None, **kwargs: Any) -> list[np.ndarray]:
         """Run ``steps`` times, each step's outputs ``feeds`` (input name -> output slot; default the
-        manifest's) becoming the next step's inputs; the last step's flat outputs."""
+        manifest's) becoming the next step's inputs; the last step's flat outputs (host arrays).
+        A cuda program feeds its device outputs back as they are: a donated parameter's update,
+        resident in the parameter's own buffer, is then not copied at all (runtime/cuda_graph.py)."""
         feeds = self.feeds if feeds is None else dict(feeds)
         if not feeds:
             raise InputsInvalid(f"{self.folder} records no outputs to feed back (compile with --feed OUT=INPUT)")
         inputs = self.bind(args, kwargs)
         slot = {name: index for index, name in enumerate(self.names)}
-        outputs: list[np.ndarray] = []
+        outputs: list[Any] = []
         for _ in range(steps):
-            outputs = self.run_flat(inputs)
+            outputs = self._run(inputs)
             for name, index in feeds.items():
                 inputs[slot[name]] = outputs[index]
-        return outputs
+        return [on_host(o) for o in outputs]
 
     def compile_counts(self) -> dict[str, int]:
         """Functions numba compiled and loaded (from the artifact's machine code) in this process."""

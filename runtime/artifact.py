@@ -383,6 +383,11 @@ def _load_cuda_program(folder: str, manifest: dict, cuda_runtime: str | None = N
                               f"usable NVIDIA GPU: {first}") from None
 
 
+def on_host(value: Any) -> Any:
+    """A cuda runtime's device array copied to the host; host arrays as they are."""
+    return value.copy_to_host() if hasattr(value, "copy_to_host") else value
+
+
 def unflatten_outputs(template: dict, outputs: list) -> Any:
     """The function's return value from the flat outputs (out0, out1, ...) and the manifest's template
     (bendc/artifact.py writes it); named tuples and dataclasses come back as dicts of their fields

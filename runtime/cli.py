@@ -24,7 +24,7 @@ import numpy as np
 from runtime.dtypes import DTYPES
 from runtime.files import atomic_write
 from runtime.artifact import (CUDA_RUNTIMES, ArtifactInvalid, check_feeds, check_inputs, has_structure,
-                              inputs_by_name, load_program, parse_feeds, type_text)
+                              inputs_by_name, load_program, on_host, parse_feeds, type_text)
 from runtime.cpu import CpuProgram, KernelError
 from runtime.machine import compile_counts
 
@@ -115,13 +115,14 @@ def run_artifact(args: argparse.Namespace) -> int:
     feeds = step_feeds(manifest, args)
     slots = {spec["name"]: index for index, spec in enumerate(manifest["inputs"])}
     start = time.perf_counter()
+    outputs: list = []
     for number in range(1, args.steps + 1):
-        outputs = run_program(program, plan, inputs)
-        outputs = [o.copy_to_host() if hasattr(o, "copy_to_host") else o for o in outputs]  # cuda: device arrays
+        outputs = run_program(program, plan, inputs)  # cuda: device arrays, fed back as they are
         if args.steps > 1:
-            print(f"step {number}: " + ("out0 " + describe_values(outputs[0]) if outputs else "no outputs"))
+            print(f"step {number}: " + ("out0 " + describe_values(on_host(outputs[0])) if outputs else "no outputs"))
         for name, index in feeds.items():
             inputs[slots[name]] = outputs[index]
+    outputs = [on_host(o) for o in outputs]
     elapsed = time.perf_counter() - start
     steps = f"{args.steps} steps" if args.steps > 1 else ""
     print(f"ran {manifest['function']} ({manifest['target']}) from {args.artifact}{' ' + steps if steps else ''} "

@@ -34,6 +34,24 @@ they stay valid; ``outputs="static"`` returns views of the static buffers
 themselves, overwritten by the next call and not to be written to (no copy;
 torch.compile's default).
 
+Donated parameters stay resident (``bendc compile --donate``, ``jit(donate=...)``):
+where the memory plan writes a donated parameter's update over the parameter
+(plan.donations: an elementwise step that is the old value's last reader), that
+output *is* the parameter's static input buffer, updated in place by the graph.
+It comes back, under either contract, as a :class:`DeviceArray` over that
+buffer with ``resident = True`` (a torch CUDA tensor over it when the call's
+inputs were torch CUDA tensors). Feeding it back as the next call's input costs
+nothing: an input whose pointer already is its static buffer is not copied
+(non-donated inputs are still copied every call). The contract: a resident
+output always holds the parameter's current value; the next call reads it and
+overwrites it in place (so does a call given other values for that input,
+which are copied into the same buffer). Keep a snapshot with
+``copy_to_host()`` / ``numpy()``; never write to it while a call may run. A
+donated parameter the plan could not update safely in place (its old value is
+read later, or its update is not elementwise; the compile report says which)
+gets its own output buffer and follows the output contract; feeding that back
+is one device-to-device copy. The caller's own arrays are never written.
+
 Streams: when an input is a torch CUDA tensor the call runs on torch's current
 stream (``torch.cuda.current_stream()``), so torch work before and after needs
 no synchronisation by the caller; otherwise on the program's own non-blocking
@@ -114,6 +132,12 @@ def check_cubin(folder: str, launch: dict) -> bytes:
     recorded parameters (no GPU needed)."""
     with open(os.path.join(folder, launch["cubin"]), "rb") as stream:
         data = stream.read()
+    return check_cubin_data(data, launch)
+
+
+def check_cubin_data(data: bytes, launch: dict) -> bytes:
+    """``data`` after checking that its ELF defines the launch's recorded entry with the recorded
+    parameters (check_cubin, for a cubin in memory: bendc.jit's cubins)."""
     if launch["entry"] not in entry_symbols(data):
         raise CubinMismatch(f"{launch['cubin']} defines no kernel {launch['entry'][:60]}...")
     check_parameters(launch["cubin"], launch, kernel_parameters(data, launch["entry"]))
@@ -188,6 +212,11 @@ class StaticPlan:
         for param in plan["params"]:
             pointer[param] = new(_nbytes(values[param]))
         self.inputs = [(pointer[p], *values[p]) for p in plan["params"]]
+        # An update written over its donated parameter lives in that parameter's static buffer:
+        # a call leaves it there, resident, for the next call to read (memory plan: plan.donations).
+        self.donations = {int(k): v for k, v in plan.get("donations", {}).items()}
+        for output, param in self.donations.items():
+            pointer[output] = pointer[param]
         self.sources: list[tuple[int, np.ndarray]] = []
         checked = [s for s in plan["steps"] if s.get("check")]
         self.errors = new(2 * WORD_BYTES * len(checked)) if checked else None
@@ -225,6 +254,7 @@ class StaticPlan:
                 (self.hoisted if step["hoisted"] else self.calls).append(call)
         self.pointer = pointer
         self.outputs = [(pointer[o], *values[o]) for o in plan["outputs"]]
+        self.resident = [o in self.donations for o in plan["outputs"]]  # per output: in a parameter's buffer
 
 
 def _nbytes(value: tuple[str, tuple[int, ...]]) -> int:
@@ -245,6 +275,7 @@ class DeviceArray:
         self.size = numel(shape)
         self.nbytes = self.size * self.dtype.itemsize
         self._owner = owner  # keeps the memory alive (a fresh copy) or the program (static buffers)
+        self.resident = False  # True: a donated parameter's buffer, updated in place by every call
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -257,8 +288,18 @@ class DeviceArray:
         self.device.download(self.pointer, host)
         return host
 
+    def numpy(self) -> np.ndarray:
+        """A host copy (as ``copy_to_host``)."""
+        return self.copy_to_host()
+
     def __repr__(self) -> str:
         return f"<bendc DeviceArray {self.dtype}{list(self.shape)} at {self.pointer:#x}>"
+
+
+def torch_view(array: DeviceArray) -> Any:
+    """A torch CUDA tensor over a device array's memory (no copy; it keeps the array, and so the
+    program's buffers, alive). GPU-only: torch reads ``__cuda_array_interface__``."""
+    return sys.modules["torch"].as_tensor(array, device="cuda")
 
 
 class CubinProgram:
@@ -319,9 +360,16 @@ class CubinProgram:
                 device.launch(call)
         if self.static.errors is not None:
             self._raise_index_errors()
-        return [self._output(pointer, dtype, shape) for pointer, dtype, shape in self.static.outputs]
+        as_torch = any(is_torch_cuda(value) for value in inputs)
+        return [self._output(pointer, dtype, shape, resident, as_torch)
+                for (pointer, dtype, shape), resident in zip(self.static.outputs, self.static.resident)]
 
-    def _output(self, pointer: int, dtype: str, shape: tuple[int, ...]) -> DeviceArray:
+    def _output(self, pointer: int, dtype: str, shape: tuple[int, ...], resident: bool = False,
+                as_torch: bool = False) -> Any:
+        if resident:  # a donated parameter's update: its static buffer itself, whatever the contract
+            array = DeviceArray(self.device, pointer, dtype, shape, self)
+            array.resident = True
+            return torch_view(array) if as_torch else array  # torch_view: GPU-only (torch CUDA inputs)
         if self.output_contract == "static":
             return DeviceArray(self.device, pointer, dtype, shape, self)
         nbytes = _nbytes((dtype, shape))

@@ -59,6 +59,21 @@ def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list
             releases.setdefault(last_use.get(value, index), []).append(buffer)
         for buffer in releases.pop(index, []):
             free.setdefault(buffers[buffer], []).append(buffer)
+    donations = _donations(plan, donated, root, last_use, outputs, decisions)
+    plan.donations = donations
+    naive = sum(value_bytes(plan, v) for v in planned)
+    plan.buffers = buffers
+    plan.storage = storage
+    plan.memory = {"planned_bytes": sum(buffers), "naive_bytes": naive, **_peak(plan, planned, last_use)}
+    return decisions
+
+
+def _donations(plan: KernelPlan, donated: frozenset[int], root: dict[int, int], last_use: dict[int, int],
+               outputs: set[int], decisions: list[str]) -> dict[int, int]:
+    """Output -> the donated parameter it is written over: in an elementwise step that is the
+    parameter's last reader (no later step reads the old value), of the parameter's type, where the
+    step reads the parameter only directly (a view of it, read through other indices, would see
+    cells already overwritten). A donated parameter with no such output is named with the reason."""
     donations: dict[int, int] = {}
     for index, step in enumerate(plan.steps):
         if step.kind != "elementwise" or step.hoisted:
@@ -68,17 +83,33 @@ def plan_memory(plan: KernelPlan, donated: frozenset[int] = frozenset()) -> list
                 continue
             for param in step.inputs:
                 if (param in donated and param not in donations.values() and last_use.get(param) == index
-                        and plan.values[param] == plan.values[value]):
+                        and plan.values[param] == plan.values[value]
+                        and not any(root[other] == param for other in step.inputs if other != param)):
                     donations[value] = param
                     decisions.append(f"%{value} is written in place over the donated parameter "
                                      f"{plan.param_names[plan.params.index(param)]} in {step.name}")
                     break
-    plan.donations = donations
-    naive = sum(value_bytes(plan, v) for v in planned)
-    plan.buffers = buffers
-    plan.storage = storage
-    plan.memory = {"planned_bytes": sum(buffers), "naive_bytes": naive, **_peak(plan, planned, last_use)}
-    return decisions
+    for param in plan.params:
+        if param in donated and param not in donations.values():
+            name = plan.param_names[plan.params.index(param)]
+            reason = _kept_reason(plan, param, root, last_use.get(param))
+            decisions.append(f"the donated parameter {name} is not updated in place ({reason}): "
+                             "its update gets its own memory (the cubin runtime: feeding it back is one device-to-device copy)")
+    return donations
+
+
+def _kept_reason(plan: KernelPlan, param: int, root: dict[int, int], last: int | None) -> str:
+    """Why a donated parameter is not written over, for the report."""
+    if last is None:
+        return "no step reads it"
+    if last == len(plan.steps):
+        return "it is returned"
+    step = plan.steps[last]
+    if step.kind != "elementwise":
+        return f"its last reader {step.name} is a {step.kind} step, not an elementwise one"
+    if any(root[other] == param for other in step.inputs if other != param):
+        return f"its last reader {step.name} reads it through a view, at other cells than it writes"
+    return f"its last reader {step.name} writes no returned output of its type"
 
 
 def _peak(plan: KernelPlan, planned: list[int], last_use: dict[int, int]) -> dict[str, int | str]:

@@ -41,11 +41,13 @@ class CompiledKernel:
     seconds: float  # NVVM and nvJitLink together
     entry: str = ""  # the cubin's kernel symbol
     parameters: tuple[tuple[int, int], ...] = ()  # (offset, size) in bytes of each kernel parameter
+    cached: bool = False  # found in the kernel cache (bendc/codegen/cubins.py), not compiled now
 
     def describe(self) -> str:
+        when = "from the kernel cache" if self.cached else f"compiled in {self.seconds * 1000:.0f} ms"
         return (f"{self.step}.{self.kernel} ({self.arch}): {self.registers} registers, "
                 f"{self.spill_stores} bytes spill stores, {self.spill_loads} bytes spill loads, "
-                f"{self.shared_bytes} bytes shared memory; compiled in {self.seconds * 1000:.0f} ms")
+                f"{self.shared_bytes} bytes shared memory; {when}")
 
 
 class CompileError(Exception):
@@ -164,8 +166,11 @@ def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", f
 
 
 def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
-                 progress: Callable[[int, int, str], None] | None = None) -> list[CompiledKernel]:
-    """Every kernel every step launches, in launch order; ``progress(number, count, step)`` before each."""
+                 progress: Callable[[int, int, str], None] | None = None,
+                 cache: Any = None) -> list[CompiledKernel]:
+    """Every kernel every step launches, in launch order; ``progress(number, count, step)`` before each.
+    ``cache`` (bendc/codegen/cubins.py CubinCache): kernels it holds are taken from it, the others
+    compiled and given to it."""
     compiled = []
     count = sum(len(step.launches) for step in plan.steps)
     for step in plan.steps:
@@ -173,8 +178,13 @@ def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
         for launch in step.launches:
             if progress is not None:
                 progress(len(compiled) + 1, count, step.name)
-            dispatcher = getattr(module, launch["kernel"])
-            fastmath = bool(getattr(dispatcher, "targetoptions", {}).get("fastmath"))
-            compiled.append(compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, fastmath=fastmath,
-                                           step=step.name, kernel=launch["kernel"]))
+            kernel = cache.load(step, launch["kernel"]) if cache is not None else None
+            if kernel is None:
+                dispatcher = getattr(module, launch["kernel"])
+                fastmath = bool(getattr(dispatcher, "targetoptions", {}).get("fastmath"))
+                kernel = compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, fastmath=fastmath,
+                                        step=step.name, kernel=launch["kernel"])
+                if cache is not None:
+                    cache.store(step, kernel)
+            compiled.append(kernel)
     return compiled

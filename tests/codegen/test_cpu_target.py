@@ -125,6 +125,22 @@ def test_donated_parameters_are_updated_in_place(tmp_path):
     assert "in place over the donated parameter w" in donating.report()
 
 
+def test_a_donated_parameter_read_through_a_view_by_its_update_is_not_overwritten(tmp_path):
+    # The update reads w[j, i] while it writes cell [i, j]: written over w, later cells would read
+    # cells already updated (this gave wrong numbers before the memory plan refused it).
+    torch = pytest.importorskip("torch")
+
+    def f(w, g):
+        return w - g * w.transpose(0, 1)
+
+    w, g = rand(64, 64), rand(64, 64)
+    want = (torch.from_numpy(w) - torch.from_numpy(g) * torch.from_numpy(w).transpose(0, 1)).numpy()
+    donating = bendc.jit(f, target="cpu", cache_dir=str(tmp_path), donate=("w",))
+    assert_bitwise(donating(w.copy(), g), want, "update read through a view")
+    assert "the donated parameter w is not updated in place (its last reader k" in donating.report()
+    assert "reads it through a view" in donating.report()
+
+
 def test_cache_is_reused_and_a_corrupt_entry_is_rebuilt(tmp_path):
     def f(x, w):
         loss = (x @ w.T).relu().sum()

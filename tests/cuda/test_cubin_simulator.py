@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,9 @@ from runtime.cpu import KernelError  # noqa: E402
 from runtime.cli import random_inputs  # noqa: E402
 from runtime.cuda_graph import CubinProgram, array_words_count, check_cubins  # noqa: E402
 from runtime.dtypes import DTYPES  # noqa: E402
+from bendc.errors import UnsupportedError  # noqa: E402
+from momentum_program import (DONATED, EXAMPLE_SHAPES, FEEDS, GRADIENTS, IN_PLACE, NORM,  # noqa: E402
+                              momentum)
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "x=f32[4,8] y=i64[4] w1=f32[8,8]:leaf b1=f32[8]:leaf w2=f32[3,8]:leaf b2=f32[3]:leaf"
@@ -41,13 +45,20 @@ ALIGN = 256
 class SimulatedDevice:
     """CubinProgram's device, with numpy buffers for device memory and the simulator for kernels."""
 
-    def __init__(self, folder: Path, plan: dict) -> None:
-        self.cubins = check_cubins(str(folder), plan)  # the build's records agree with its cubins
-        self.modules = {step["name"]: load_module(str(folder / "kernels" / f"{step['module']}.py"), step["module"])
-                        for step in plan["steps"] if step["launches"]}
+    def __init__(self, cubins: dict[str, bytes], modules: dict) -> None:
+        self.cubins = cubins
+        self.modules = modules  # step name -> its kernel module
         self.memory: dict[int, np.ndarray] = {}
         self.next = 0x7F0000000000
         self.launched: list[str] = []
+        self.uploads: list[int] = []  # destination of each host-to-device copy
+        self.copies: list[int] = []  # destination of each device-to-device copy
+
+    @classmethod
+    def for_artifact(cls, folder: Path, plan: dict) -> "SimulatedDevice":
+        cubins = check_cubins(str(folder), plan)  # the build's records agree with its cubins
+        return cls(cubins, {step["name"]: load_module(str(folder / "kernels" / f"{step['module']}.py"),
+                                                       step["module"]) for step in plan["steps"] if step["launches"]})
 
     def allocate(self, nbytes: int) -> tuple[int, np.ndarray]:
         base, self.next = self.next, self.next + -(-nbytes // ALIGN) * ALIGN + ALIGN
@@ -63,9 +74,11 @@ class SimulatedDevice:
 
     def upload(self, pointer: int, host: np.ndarray) -> None:
         self.bytes_at(pointer, host.nbytes)[:] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        self.uploads.append(pointer)
 
     def copy(self, destination: int, source: int, nbytes: int) -> None:
         self.bytes_at(destination, nbytes)[:] = self.bytes_at(source, nbytes)
+        self.copies.append(destination)
 
     def download(self, pointer: int, host: np.ndarray) -> None:
         host.reshape(-1).view(np.uint8)[:] = self.bytes_at(pointer, host.nbytes)
@@ -119,11 +132,14 @@ class FakeDeviceArray:
                                          "strides": None, "data": (self.pointer, False)}
 
 
-def build(target: str, folder: Path) -> None:
+def build(target: str, folder: Path, function: str = "tests/flat_mlp.py:train_step", shapes: str = TINY,
+          *options: str, cache: Path | None = None) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}  # PTX needs the real numba.cuda
-    result = subprocess.run([sys.executable, "-m", "bendc", "compile", "tests/flat_mlp.py:train_step", "--shapes", TINY,
-                             "--target", target, "-o", str(folder)], cwd=ROOT, capture_output=True, text=True,
-                            env=env, timeout=600)
+    if cache is not None:
+        env["BENDC_CACHE_DIR"] = str(cache)
+    result = subprocess.run([sys.executable, "-m", "bendc", "compile", function, "--shapes", shapes,
+                             "--target", target, "-o", str(folder), *options], cwd=ROOT, capture_output=True,
+                            text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
 
 
@@ -148,7 +164,7 @@ def check_outputs(got, want) -> None:
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 def test_packed_launches_run_like_the_cpu_build(built, mode: str) -> None:
     folder, plan, inputs, want = built
-    device = SimulatedDevice(folder, plan)
+    device = SimulatedDevice.for_artifact(folder, plan)
     program = CubinProgram(plan, device, mode=mode)
     hoisted = len(device.launched)
     check_outputs(program.run(inputs), want)
@@ -158,7 +174,7 @@ def test_packed_launches_run_like_the_cpu_build(built, mode: str) -> None:
 
 def test_output_contracts_and_device_inputs(built) -> None:
     folder, plan, inputs, want = built
-    device = SimulatedDevice(folder, plan)
+    device = SimulatedDevice.for_artifact(folder, plan)
     static = CubinProgram(plan, device, outputs="static")
     first = static.run(inputs)
     kept = [o.copy_to_host() for o in first]
@@ -179,9 +195,216 @@ def test_output_contracts_and_device_inputs(built) -> None:
 
 def test_a_bad_index_raises_the_steps_check_and_the_next_call_is_clean(built) -> None:
     folder, plan, inputs, want = built
-    program = CubinProgram(plan, SimulatedDevice(folder, plan))
+    program = CubinProgram(plan, SimulatedDevice.for_artifact(folder, plan))
     bad = list(inputs)
     bad[1] = np.array([0, 7, 1, 2], np.int64)
     with pytest.raises(KernelError, match="7"):
         program.run(bad)
     check_outputs(program.run(inputs), want)
+
+
+# ------------------------------------------------------------------ donated parameters, resident
+# tests/cuda/momentum_program.py: an optimizer step with donated parameters, + - * only.
+MOMENTUM = str(ROOT / "tests" / "cuda" / "momentum_program.py")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def optimizer(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("resident")
+    for target in ("cuda", "cpu"):
+        build(target, folder / target, f"{MOMENTUM}:momentum", EXAMPLE_SHAPES, "--donate", ",".join(DONATED),
+              cache=folder / "cache")
+    manifest = read_manifest(str(folder / "cuda"))
+    return folder, manifest, read_plan(str(folder / "cuda"), manifest)
+
+
+def optimizer_inputs(manifest: dict, step: int) -> dict[str, np.ndarray]:
+    return {spec["name"]: array for spec, array in zip(manifest["inputs"], random_inputs(manifest, step))}
+
+
+def cpu_steps(folder: Path, manifest: dict) -> list[list[np.ndarray]]:
+    """Each step's outputs on the cpu build, the updates fed back (copies: it writes over donated inputs)."""
+    cpu = runtime.load(str(folder / "cpu"))
+    state = optimizer_inputs(manifest, 0)
+    steps = []
+    for step in range(STEPS):
+        state.update({name: optimizer_inputs(manifest, step)[name] for name in GRADIENTS})
+        outputs = [np.array(o) for o in cpu.run_flat([np.array(state[spec["name"]]) for spec in manifest["inputs"]])]
+        steps.append(outputs)
+        state.update({name: outputs[index] for name, index in FEEDS.items()})
+    return steps
+
+
+def check_optimizer_outputs(got: list[np.ndarray], want: list[np.ndarray], where: str) -> None:
+    """The updates bit for bit (+ - * only); the norm, a sum whose order differs on the GPU, to 1e-6."""
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        if index == NORM:
+            np.testing.assert_allclose(mine, theirs, rtol=1e-6, err_msg=f"{where} out{index}")
+        else:
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"{where} out{index}")
+
+
+def test_the_plan_updates_donated_parameters_in_place_where_safe_and_says_where_not(optimizer) -> None:
+    folder, manifest, plan = optimizer
+    names = {p: name for p, name in zip(plan["params"], plan["param_names"])}
+    in_place = {names[p]: plan["outputs"].index(int(o)) for o, p in plan["donations"].items()}
+    assert in_place == {name: FEEDS[name] for name in IN_PLACE}
+    assert manifest["feeds"] == in_place  # what Program.loop and bendc run --feed-outputs feed back
+    report = (folder / "cuda" / "report.txt").read_text()
+    for name in IN_PLACE:
+        assert f"in place over the donated parameter {name} in" in report
+    # c's last reader is the norm's kernel, after its update: no output of that kernel may take its memory
+    assert re.search(r"the donated parameter c is not updated in place \(its last reader k\d+ writes no returned "
+                     r"output of its type\)", report), report
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_donated_parameters_stay_resident_across_steps_bit_for_bit(optimizer, mode: str) -> None:
+    folder, manifest, plan = optimizer
+    want = cpu_steps(folder, manifest)
+    device = SimulatedDevice.for_artifact(folder / "cuda", plan)
+    program = CubinProgram(plan, device, mode=mode)
+    slot = {spec["name"]: index for index, spec in enumerate(manifest["inputs"])}
+    buffer = {name: program.static.inputs[slot[name]][0] for name in slot}
+    state: dict = optimizer_inputs(manifest, 0)
+    for step in range(STEPS):
+        state.update({name: optimizer_inputs(manifest, step)[name] for name in GRADIENTS})
+        device.uploads.clear(), device.copies.clear()
+        got = program.run([state[spec["name"]] for spec in manifest["inputs"]])
+        check_optimizer_outputs([o.numpy() for o in got], want[step], f"step {step}")
+        for name in IN_PLACE:
+            assert got[FEEDS[name]].resident and got[FEEDS[name]].pointer == buffer[name]  # the update: in place
+        assert not got[FEEDS["c"]].resident and got[FEEDS["c"]].pointer != buffer["c"]
+        if step:  # fed back: no copy of a resident parameter; the gradients and c are copied
+            assert not {buffer[name] for name in IN_PLACE} & set(device.uploads + device.copies)
+            assert device.copies.count(buffer["c"]) == 1
+        for name in GRADIENTS:
+            assert device.uploads.count(buffer[name]) == 1
+        state.update({name: got[index] for name, index in FEEDS.items()})
+
+
+def test_a_resident_output_is_overwritten_by_the_next_call_and_a_snapshot_is_not(optimizer) -> None:
+    folder, manifest, plan = optimizer
+    program = CubinProgram(plan, SimulatedDevice.for_artifact(folder / "cuda", plan), outputs="copy")
+    inputs = list(random_inputs(manifest, 0))
+    first = program.run(inputs)
+    snapshot = first[FEEDS["w"]].numpy()
+    loss = first[NORM].numpy()
+    second = program.run([first[FEEDS.get(spec["name"], -1)] if spec["name"] in FEEDS else a
+                          for spec, a in zip(manifest["inputs"], inputs)])
+    assert not np.array_equal(first[FEEDS["w"]].numpy(), snapshot)  # the parameter moved on, in place
+    np.testing.assert_array_equal(first[FEEDS["w"]].numpy(), second[FEEDS["w"]].numpy())
+    np.testing.assert_array_equal(first[NORM].numpy(), loss)  # a non-donated output: copied ("copy")
+
+
+def test_program_loop_feeds_the_resident_updates_back(optimizer) -> None:
+    folder, manifest, plan = optimizer
+    cpu = runtime.load(str(folder / "cpu"))
+    gpu = runtime.load(str(folder / "cuda"), cuda_runtime="numba")  # the simulator's; then the cubin runtime's
+    device = SimulatedDevice.for_artifact(folder / "cuda", plan)
+    gpu._program = CubinProgram(plan, device)
+    inputs = list(random_inputs(manifest, 0))
+    want = cpu.loop(STEPS, *[np.array(a) for a in inputs])
+    device.copies.clear()
+    got = gpu.loop(STEPS, *inputs)
+    check_optimizer_outputs(got, want, f"after {STEPS} steps")
+    resident = {gpu._program.static.inputs[gpu.names.index(name)][0] for name in gpu.feeds}
+    assert not resident & set(device.copies)
+
+
+# ------------------------------------------------------------------ bendc.jit(target="cuda") on cubins
+def jitted_optimizer():
+    import bendc
+
+    return bendc.jit(momentum.fn, target="cuda", donate=DONATED)
+
+
+def run_jitted(step, manifest: dict) -> list[list[np.ndarray]]:
+    """Each step's outputs (host copies), the updates fed back as the step returned them."""
+    state: dict = optimizer_inputs(manifest, 0)
+    steps = []
+    for number in range(STEPS):
+        state.update({name: optimizer_inputs(manifest, number)[name] for name in GRADIENTS})
+        got = step(*[state[spec["name"]] for spec in manifest["inputs"]])
+        steps.append([o.copy_to_host() for o in got])
+        state.update({name: got[index] for name, index in FEEDS.items()})
+    return steps
+
+
+def test_jit_cuda_runs_its_cubins_through_the_cubin_runtime(optimizer, monkeypatch) -> None:
+    import bendc.cuda_jit as cuda_jit
+
+    folder, manifest, plan = optimizer
+    # The simulated device says it is an sm_90 (bendc compile's default arch): the fixture's cuda build
+    # left that architecture's cubins in the kernel cache, which the jit finds (this process cannot
+    # compile PTX: the simulator replaced numba.cuda).
+    monkeypatch.setenv("BENDC_CACHE_DIR", str(folder / "cache"))
+    monkeypatch.delenv("BENDC_CUDA_RUNTIME", raising=False)
+    monkeypatch.setattr(cuda_jit, "device_arch", lambda: "sm_90")
+    devices: list[SimulatedDevice] = []
+
+    def simulated(cubins: dict, plan: dict, modules: dict) -> SimulatedDevice:
+        assert set(cubins) == {launch["cubin"] for step in plan["steps"] for launch in step["launches"]}
+        devices.append(SimulatedDevice(cubins, modules))
+        return devices[-1]
+
+    monkeypatch.setattr(cuda_jit, "cubin_device", simulated)
+    step = jitted_optimizer()
+    got = run_jitted(step, manifest)
+    program = step._last.run.program
+    assert isinstance(program, CubinProgram) and program.mode == "graph" and len(devices) == 1
+    launches = sum(len(s["launches"]) for s in plan["steps"] if not s["hoisted"])
+    assert re.search(rf"cuda runtime: graph \(cubins for sm_90: 0 compiled, {launches} from the kernel cache",
+                     step.report())
+    assert len(devices[0].launched) == STEPS * program.launches
+    with pytest.raises(UnsupportedError, match="profile with BENDC_CUDA_RUNTIME=numba"):
+        step.profile(*random_inputs(manifest, 0), runs=1)
+    names = [spec["name"] for spec in manifest["inputs"]]
+    resident = {program.static.inputs[names.index(name)][0] for name in IN_PLACE}
+    assert not resident & set(devices[0].copies)  # fed back with no copy
+    for number, (mine, theirs) in enumerate(zip(got, cpu_steps(folder, manifest))):
+        check_optimizer_outputs(mine, theirs, f"step {number}")
+
+
+def test_jit_cuda_falls_back_to_numbas_jit_when_no_cubin_can_be_built(optimizer, monkeypatch, tmp_path,
+                                                                      capfd) -> None:
+    import bendc.cuda_jit as cuda_jit
+    from runtime.cuda import CudaProgram
+
+    folder, manifest, _ = optimizer
+    monkeypatch.setenv("BENDC_CACHE_DIR", str(tmp_path))  # no cubins cached, and none can be compiled here
+    monkeypatch.delenv("BENDC_CUDA_RUNTIME", raising=False)
+    monkeypatch.setattr(cuda_jit, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(cuda_jit, "cubin_device", lambda *_: pytest.fail("no cubins: no cubin device"))
+    step = jitted_optimizer()
+    got = run_jitted(step, manifest)
+    assert isinstance(step._last.run.program, CudaProgram)
+    assert "cuda runtime: numba JIT (no cubin could be built for sm_90: " in step.report()
+    assert "runs on numba-cuda's JIT: no cubin could be built for sm_90" in capfd.readouterr().err
+    for number, (mine, theirs) in enumerate(zip(got, cpu_steps(folder, manifest))):
+        check_optimizer_outputs(mine, theirs, f"step {number}")
+
+
+def test_jit_cuda_runtime_choice_is_checked(monkeypatch, optimizer) -> None:
+    monkeypatch.setenv("BENDC_CUDA_RUNTIME", "cubin")
+    step = jitted_optimizer()
+    with pytest.raises(UnsupportedError, match="BENDC_CUDA_RUNTIME='cubin': expected one of auto, graph"):
+        step(*random_inputs(optimizer[1], 0))
+
+
+def test_bendc_run_feeds_a_cuda_steps_device_outputs_back(optimizer, tmp_path) -> None:
+    """``bendc run --steps N --feed-outputs`` on the cuda build (numba's runtime under the simulator,
+    which returns device arrays) feeds the recorded feeds back and matches the cpu build."""
+    folder, manifest, _ = optimizer
+    outputs = {}
+    for target in ("cpu", "cuda"):
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM" or target == "cuda"}
+        result = subprocess.run([sys.executable, "-m", "runtime", str(folder / target), "--random-inputs",
+                                 "--steps", str(STEPS), "--feed-outputs", "--outputs", str(tmp_path / f"{target}.npz")],
+                                cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 0, result.stderr
+        assert f"fed {len(IN_PLACE)} outputs back each step" in result.stdout
+        with np.load(tmp_path / f"{target}.npz") as stored:
+            outputs[target] = [stored[f"out{index}"] for index in range(len(stored.files))]
+    check_optimizer_outputs(outputs["cuda"], outputs["cpu"], f"after {STEPS} steps")

@@ -9,14 +9,17 @@
 # out stage is recorded and the script goes on:
 #   info [45]        driver, device, versions, the GPU's architecture as cuda.core sees it
 #   offline [90]     tests/cuda/test_cubin.py on this machine's Python (records vs the cubins' ELF)
-#   gpu_tests [240]  tests/gpu: parity at real sizes; the cubin runtime (graph, eager) vs numba vs cpu,
-#                    bitwise for the + - * / chain; torch tensors on torch's stream
+#   gpu_resident [90]  tests/gpu/test_cubin_runtime.py's resident-parameter and jit-on-cubins checks:
+#                    donated parameters updated in place and fed back with no copy (bitwise vs cpu),
+#                    torch tensors over the same buffers, bendc.jit(target="cuda") on this GPU's cubins
+#   gpu_tests [200]  the rest of tests/gpu: parity at real sizes; the cubin runtime (graph, eager) vs
+#                    numba vs cpu, bitwise for the + - * / chain; torch tensors on torch's stream
 #   bench_<name> [60 to 120 each]  bench/run.py --target cuda --only <name> --json, while the budget lasts
 # Total at most 8 minutes (470 s and one stage's kill grace). Everything lands in $OUT (default
-# ./device-out): the logs (info.log, tests.log, bench.log), junit files of the two test stages,
+# ./device-out): the logs (info.log, tests.log, bench.log), junit files of the three test stages,
 # stages.jsonl (a line per stage: name, rc, seconds, timed_out) and summary.json (the stages, the
-# info, the test counts and the benchmark rows). The device tool brings back at most 8 files, so
-# the benchmarks' rows go into summary.json and their logs into one file.
+# info, the test counts and the benchmark rows). The device tool brings back at most 8 files (these
+# are 8), so the benchmarks' rows go into summary.json and their logs into one file.
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/device-out}"
@@ -47,7 +50,10 @@ stage() {  # stage NAME SECONDS LOG COMMAND...: run, time-boxed, its output appe
 stage info 45 "$OUT/info.log" "$PY" tests/gpu/device_info.py
 stage offline 90 "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider -rfE tests/cuda/test_cubin.py \
     --junitxml="$OUT/offline.xml"
-stage gpu_tests 240 "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider -rfE tests/gpu \
+RESIDENT="donated or resident or jit_cuda"
+stage gpu_resident 90 "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider -rfE \
+    tests/gpu/test_cubin_runtime.py -k "$RESIDENT" --junitxml="$OUT/gpu_resident.xml"
+stage gpu_tests 200 "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider -rfE tests/gpu -k "not ($RESIDENT)" \
     --junitxml="$OUT/gpu_tests.xml"
 for workload in launch_overhead elementwise mlp transformer attention gpt; do
     case $workload in launch_overhead) limit=60 ;; transformer | gpt) limit=120 ;; *) limit=90 ;; esac
@@ -65,7 +71,7 @@ summary = {"stages": [json.loads(line) for line in open(os.path.join(out, "stage
 for line in open(os.path.join(out, "info.log")):
     if line.startswith("{"):
         summary["info"] = json.loads(line)
-for name in ("offline", "gpu_tests"):
+for name in ("offline", "gpu_resident", "gpu_tests"):
     try:
         suite = ET.parse(os.path.join(out, f"{name}.xml")).getroot()
         suite = suite if suite.tag == "testsuite" else suite[0]
@@ -82,7 +88,7 @@ for line in open(os.path.join(out, "bench.log")):
         summary["bench"].extend(record["workloads"])
 with open(os.path.join(out, "summary.json"), "w") as stream:
     json.dump(summary, stream, indent=1)
-print(json.dumps({k: summary[k] for k in ("offline", "gpu_tests") if k in summary}))
+print(json.dumps({k: summary[k] for k in ("offline", "gpu_resident", "gpu_tests") if k in summary}))
 for row in summary["bench"]:
     print(json.dumps(row))
 EOF

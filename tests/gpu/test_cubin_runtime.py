@@ -3,7 +3,10 @@ architecture, run from their cubins through cuda.core as one CUDA graph, as eage
 through the numba JIT path, against the cpu build. Skipped without a usable GPU and cuda.core.
 
 Bitwise where bendc promises it (+ - * / chains without fastmath: no FMA); the mlp step sums with
-atomics on the GPU (the order varies), so there a tolerance. tests/gpu/device_check.sh runs this.
+atomics on the GPU (the order varies), so there a tolerance. Also: donated parameters resident in
+their static buffers across steps (no copy when fed back, torch tensors over the same memory), and
+bendc.jit(target="cuda") building this GPU's cubins and running them in the cubin runtime (numba's
+JIT when BENDC_CUDA_RUNTIME=numba). tests/gpu/device_check.sh runs this.
 """
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ def chain(x, w, b):
 '''
 
 
-def compile_artifact(spec: str, target: str, folder: Path, shapes: str | None = None) -> Path:
-    command = [sys.executable, "-m", "bendc", "compile", spec, "--target", target, "-o", str(folder)]
+def compile_artifact(spec: str, target: str, folder: Path, shapes: str | None = None, *options: str) -> Path:
+    command = [sys.executable, "-m", "bendc", "compile", spec, "--target", target, "-o", str(folder), *options]
     if target == "cuda":
         command += ["--arch", ARCH]
     if shapes:
@@ -131,3 +134,126 @@ def test_every_loaded_kernels_arguments_info_is_the_cubins_elf(mlp_artifacts) ->
                     for i in kernel.arguments_info]
         assert kernel.num_arguments == len(reported)
         assert reported == kernel_parameters(data, call.launch["entry"]), call.step
+
+
+# ------------------------------------------------------------------ donated parameters, resident
+sys.path.insert(0, str(ROOT / "tests" / "cuda"))
+from momentum_program import DONATED, EXAMPLE_SHAPES, FEEDS, GRADIENTS, IN_PLACE, NORM, momentum  # noqa: E402
+
+MOMENTUM = str(ROOT / "tests" / "cuda" / "momentum_program.py")
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def momentum_artifacts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("momentum")
+    return {target: compile_artifact(f"{MOMENTUM}:momentum", target, folder / target, EXAMPLE_SHAPES,
+                                     "--donate", ",".join(DONATED)) for target in ("cpu", "cuda")}
+
+
+def momentum_inputs(manifest: dict, step: int) -> dict[str, np.ndarray]:
+    return {spec["name"]: array for spec, array in zip(manifest["inputs"], random_inputs(manifest, step))}
+
+
+def momentum_steps(run, manifest: dict, to_host, state: dict | None = None) -> list[list[np.ndarray]]:
+    """Each step's outputs as host arrays, the updates fed back as ``run`` returned them."""
+    state = dict(state or momentum_inputs(manifest, 0))
+    steps = []
+    for step in range(STEPS):
+        state.update({name: momentum_inputs(manifest, step)[name] for name in GRADIENTS})
+        got = run([state[spec["name"]] for spec in manifest["inputs"]])
+        steps.append([to_host(o) for o in got])
+        state.update({name: got[index] for name, index in FEEDS.items()})
+    return steps
+
+
+def check_momentum(got: list[list[np.ndarray]], want: list[list[np.ndarray]]) -> None:
+    for step, (mine, theirs) in enumerate(zip(got, want)):
+        for index, (a, b) in enumerate(zip(mine, theirs)):
+            if index == NORM:  # a sum: its order differs on the GPU
+                np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=f"step {step} out{index}")
+            else:  # + - * only, no FMA: bit for bit
+                np.testing.assert_array_equal(a, b, err_msg=f"step {step} out{index}")
+
+
+def counted_copies(program: CubinProgram) -> list[int]:
+    """The destination of every device-to-device copy the program's device makes from now on."""
+    destinations: list[int] = []
+    copy = program.device.copy
+
+    def counting(destination: int, source: int, nbytes: int) -> None:
+        destinations.append(destination)
+        copy(destination, source, nbytes)
+
+    program.device.copy = counting
+    return destinations
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_donated_parameters_stay_resident_bit_for_bit(momentum_artifacts, mode: str) -> None:
+    cpu = runtime.load(str(momentum_artifacts["cpu"]))
+    gpu = runtime.load(str(momentum_artifacts["cuda"]), cuda_runtime=mode)
+    program = gpu._program
+    manifest = gpu.manifest
+    names = [spec["name"] for spec in manifest["inputs"]]
+    buffers = {program.static.inputs[names.index(name)][0] for name in IN_PLACE}
+    copies = counted_copies(program)
+    got = momentum_steps(program.run, manifest, lambda o: o.copy_to_host())
+    want = momentum_steps(lambda inputs: [np.array(o) for o in cpu.run_flat([np.array(a) for a in inputs])],
+                          manifest, np.asarray)
+    check_momentum(got, want)
+    assert not buffers & set(copies)  # fed back resident: never copied
+    assert copies.count(program.static.inputs[names.index("c")][0]) == STEPS - 1  # c: not in place, copied
+
+
+def test_resident_parameters_come_back_as_torch_tensors_over_the_same_buffers(momentum_artifacts) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    cpu = runtime.load(str(momentum_artifacts["cpu"]))
+    gpu = runtime.load(str(momentum_artifacts["cuda"]), cuda_runtime="graph")
+    program = gpu._program
+    manifest = gpu.manifest
+    names = [spec["name"] for spec in manifest["inputs"]]
+    copies = counted_copies(program)
+    start = {name: torch.from_numpy(a).cuda() for name, a in momentum_inputs(manifest, 0).items()}
+    outputs = []
+
+    def run(inputs):
+        got = program.run([torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a for a in inputs])
+        if not outputs:
+            copies.clear()  # the first call copies every input in
+        outputs.append(got)
+        return got
+
+    got = momentum_steps(run, manifest, lambda o: o.cpu().numpy() if hasattr(o, "cpu") else o.copy_to_host(), start)
+    want = momentum_steps(lambda inputs: [np.array(o) for o in cpu.run_flat([np.array(a) for a in inputs])],
+                          manifest, np.asarray)
+    check_momentum(got, want)
+    for name in IN_PLACE:
+        tensor = outputs[-1][FEEDS[name]]
+        assert isinstance(tensor, torch.Tensor) and tensor.data_ptr() == program.static.inputs[names.index(name)][0]
+    assert not {program.static.inputs[names.index(name)][0] for name in IN_PLACE} & set(copies)  # then never
+
+
+# ------------------------------------------------------------------ bendc.jit(target="cuda") on cubins
+def test_jit_cuda_builds_and_runs_cubins_for_this_gpu(momentum_artifacts, monkeypatch, tmp_path) -> None:
+    import bendc
+    from runtime.cuda import CudaProgram
+
+    cpu = runtime.load(str(momentum_artifacts["cpu"]))
+    want = momentum_steps(lambda inputs: [np.array(o) for o in cpu.run_flat([np.array(a) for a in inputs])],
+                          cpu.manifest, np.asarray)
+    monkeypatch.setenv("BENDC_CACHE_DIR", str(tmp_path))  # compiled now, for this GPU
+    results = {}
+    for choice in ("auto", "numba"):
+        monkeypatch.setenv("BENDC_CUDA_RUNTIME", choice)
+        step = bendc.jit(momentum.fn, target="cuda", donate=DONATED)
+        results[choice] = momentum_steps(lambda inputs: step(*inputs), cpu.manifest, lambda o: o.copy_to_host())
+        program = step._last.run.program
+        if choice == "auto":
+            assert isinstance(program, CubinProgram) and program.mode == "graph", step.report()
+            assert f"cuda runtime: graph (cubins for {ARCH}: " in step.report()
+        else:
+            assert isinstance(program, CudaProgram)
+        check_momentum(results[choice], want)
