@@ -2,9 +2,12 @@
 the reference interpreter (tests/cuda/run_simulator.sh runs this file in its own process; in any
 other process it is skipped). Shapes are tiny: a simulated thread costs ~170 us.
 
-The forward conv is the implicit-GEMM tiled kernel (shared-memory tiles, so it also runs with
-tiles larger than the problem), the gradients and pools one element per thread; the pools sum and
-route gradients in the CPU kernels' order, so their outputs match the reference bit for bit.
+The forward conv and its two gradients are implicit-GEMM tiled kernels (shared-memory tiles, so
+they also run with tiles larger than the problem; bendc/ops/conv_cuda.py for the gradients), the
+pools one element per thread; the pools sum and route gradients in the CPU kernels' order, so
+their outputs match the reference bit for bit. The gradients are also compared with the cpu build
+and with PyTorch eager (CONV_RTOL, CONV_ATOL: sums of products in different orders, as
+tests/ops/test_conv.py).
 """
 from __future__ import annotations
 
@@ -21,8 +24,13 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" or importlib.util.find_spec("nu
 
 import bendc.kernels.cuda_kit as cuda_kit  # noqa: E402
 import bendc.ops.conv as conv  # noqa: E402
-from cuda_programs import CONV_PROGRAMS, Program, report_kinds  # noqa: E402
-from test_simulator import check_program  # noqa: E402  (also makes the simulator's shared arrays thread safe)
+import bendc.ops.conv_cuda as conv_cuda  # noqa: E402
+from conftest import assert_close  # noqa: E402
+from conv_programs import CONV_GRAD_CASES, CONV_GRAD_PROGRAMS, torch_outputs  # noqa: E402
+from cuda_programs import CONV_PROGRAMS, Program, jitted, report_kinds  # noqa: E402
+from test_simulator import as_tuple, check_program, host  # noqa: E402  (also makes the simulator's shared arrays thread safe)
+
+CONV_RTOL, CONV_ATOL = 2e-5, 2e-5
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +58,51 @@ def test_conv_tiles_smaller_than_the_problem_and_one_block_loops(cache_dir: str,
     assert re.search(r"launch: conv2d\d+: kernel\[grid=\(20, 2, 1\), block=\(2, 2, 1\)\]", step.report()), step.report()
     launches = re.findall(r"grid=\((\d+), (\d+), (\d+)\), block=\((\d+), (\d+), (\d+)\)", step.report())
     assert launches and any(launch[:3] != ("1", "1", "1") for launch in launches), step.report()
+
+
+# ------------------------------------------------------------------ the gradients' implicit GEMMs
+def _grad_steps(step) -> dict[str, str]:
+    """The sources of the step's conv2d_grad_input and conv2d_grad_weight kernels, by step name."""
+    return {name: source for name, source in step.kernels().items() if name.startswith("conv2d_grad")}
+
+
+@pytest.mark.parametrize("program", CONV_GRAD_PROGRAMS, ids=lambda p: p.name)
+def test_conv_gradients_match_reference_cpu_and_torch(program: Program, cache_dir: str) -> None:
+    inputs = program.make_inputs(np.random.default_rng(0))
+    step = jitted(program, "cuda", cache_dir)
+    got = [host(value) for value in as_tuple(step(*inputs))]
+    reference = as_tuple(jitted(program, "reference")(*inputs))
+    cpu = as_tuple(jitted(program, "cpu", cache_dir)(*inputs))
+    want = torch_outputs(CONV_GRAD_CASES[program.name], inputs)
+    assert len(got) == len(reference) == len(cpu) == len(want)
+    for index, mine in enumerate(got):
+        what = f"{program.name} output {index}"
+        assert_close(mine, reference[index], f"{what} vs reference")
+        assert_close(mine, cpu[index], f"{what} vs cpu", CONV_RTOL, CONV_ATOL)
+        assert_close(mine, want[index], f"{what} vs torch", CONV_RTOL, CONV_ATOL)
+    sources = _grad_steps(step)
+    assert len(sources) == 2 and all("Implicit GEMM" in source for source in sources.values()), sources
+    assert not any("cuda.atomic" in source for source in sources.values())  # a fixed summation order
+    x_shape, _, kwargs, _ = CONV_GRAD_CASES[program.name]
+    stride = kwargs.get("stride", 1)
+    stride = (stride, stride) if isinstance(stride, int) else stride
+    phases = stride[0] * stride[1] if len(x_shape) == 4 else stride[0]  # one kernel per stride phase
+    (grad_input,) = [line for line in step.report().splitlines() if "launch: conv2d_grad_input" in line]
+    assert grad_input.count("[grid=") == phases, grad_input
+
+
+def test_conv_gradient_tiles_smaller_than_the_problem(cache_dir: str, monkeypatch) -> None:
+    """2x2 tiles (several along every axis of both products and along their reductions) and weight
+    gradient blocks of 2x2x4 threads (each slice looping over several reduction tiles, the last
+    ones past the end): every cell is still covered and summed once."""
+    monkeypatch.setattr(conv, "CONV_TILE", 2)
+    monkeypatch.setattr(conv_cuda, "THREADS", 16)
+    (program,) = [p for p in CONV_GRAD_PROGRAMS if p.name == "groups2_stride2x1"]
+    inputs = program.make_inputs(np.random.default_rng(1))
+    step = check_program(program, cache_dir, inputs)
+    want = torch_outputs(CONV_GRAD_CASES[program.name], inputs)
+    for index, mine in enumerate(as_tuple(step(*inputs))):
+        assert_close(host(mine), want[index], f"output {index} vs torch", CONV_RTOL, CONV_ATOL)
+    report = step.report()
+    assert re.search(r"launch: conv2d_grad_weight\d+: kernel\[grid=\(9, 1, 2\), block=\(2, 2, 4\)\]", report), report
+    assert re.search(r"launch: conv2d_grad_input\d+: phase0_0\[grid=\(\d+, 1, 2\), block=\(2, 2, 1\)\]", report), report
