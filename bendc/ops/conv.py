@@ -20,8 +20,9 @@ followed by col2im, accumulated per (sample, channel) plane in tap order, so no 
 one element; the weight gradient is g @ columns^T per (sample, group), summed over the batch, the
 columns recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE
 tiles of the weight and of the im2col matrix (computed on the fly, never stored) in shared memory;
-the gradients are one output element per thread, each a gather over the elements that feed it (no
-atomics, so the sums have a fixed order).
+the gradients are implicit GEMMs too (bendc/ops/conv_cuda.py: the input gradient one per stride
+phase, the weight gradient's long reduction split over the threads of a block; no atomics, so the
+sums have a fixed order).
 
 Pools are one cell per output element; their gradients route each output's gradient back in
 output order, on the CPU as a scatter per (sample, channel) plane, on cuda as a gather per input

@@ -112,15 +112,16 @@ def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, 
     body = head + loop + tail
     grid = (kit.ceil_div(columns, tile), kit.ceil_div(cg, rows), s["G"])
     shared = (rows + tile) * (tile + 1) * 4 if k_size else 0
-    doc = (f"Implicit GEMM of input phase ({ph['first']}, {pw['first']}) (rows first + stride * q): "
-           f"{taps} of the {s['KH'] * s['KW']} taps reach it; one dx element per thread.")
+    doc = (f"Implicit GEMM over the input rows {ph['first']}, {ph['first'] + s['SH']}, .. and columns "
+           f"{pw['first']}, {pw['first'] + s['SW']}, ..: {taps} of the {s['KH'] * s['KW']} taps reach them; "
+           "one dx element per thread.")
     return [kit.kernel_source(name, op.arguments, body, doc)], kit.Launch(name, grid, (tile, rows, 1), shared)
 
 
 def grad_input_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
     """dx = the transposed convolution of g by w: one implicit-GEMM kernel per (row, column) phase
     of the stride that holds input positions (one kernel at stride 1)."""
-    sources, launches = [], []
+    sources, launches, products = [], [], []
     for rh in range(s["SH"]):
         ph = _phase(s["H"], s["KH"], s["SH"], s["DH"], s["TOP"], rh)
         for rw in range(s["SW"]):
@@ -129,9 +130,9 @@ def grad_input_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
                 source, launch = _grad_input_phase(op, s, f"phase{rh}_{rw}", ph, pw, tile)
                 sources += source
                 launches.append(launch)
-    tiles = sorted({f"{l.block[1]}x{l.block[0]}" for l in launches})
-    return kit.Kernels(f"conv2d_grad_input {s['G']} group(s), {len(launches)} stride phase(s) of "
-                       f"[{s['CG']},{s['OG']}x taps] @ [.., N*H*W/phases] implicit GEMM, {'/'.join(tiles)} tiles",
+                k_size, columns = s["OG"] * ph["taps"] * pw["taps"], s["N"] * ph["count"] * pw["count"]
+                products.append(f"[{s['CG']},{k_size}] @ [{k_size},{columns}] in {launch.block[1]}x{launch.block[0]} tiles")
+    return kit.Kernels(f"conv2d_grad_input {s['G']} group(s), implicit GEMM per stride phase: " + "; ".join(products),
                        "".join(sources), launches)
 
 
@@ -153,8 +154,6 @@ def grad_weight_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
             "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", "tz = cuda.threadIdx.z",
             f"row = cuda.blockIdx.y * {rows} + ty", f"column = cuda.blockIdx.x * {tile} + tx", "g = cuda.blockIdx.z",
             f"o = g * {og} + row",
-            "# the column's tap: input channel c of the group, kernel row i, kernel column j",
-            f"c = g * {cg} + column // {taps}", f"i = column % {taps} // {s['KW']}", f"j = column % {s['KW']}",
             "acc = np.float32(0.0)",
             f"for step in range({kit.ceil_div(tiles, slices)}):",
             f"    tile = step * {slices} + tz",
@@ -164,17 +163,22 @@ def grad_weight_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
             f"        n = p // {positions}", f"        oh = p % {positions} // {s['WO']}", f"        ow = p % {s['WO']}",
             f"        tile_a[tz, ty, tx] = {op.read(1, ['n', 'o', 'oh', 'ow'])}",
             "    else:", "        tile_a[tz, ty, tx] = np.float32(0.0)",
-            "    # im2col(x): rows of reduction positions, columns of taps (0 in the padding)",
-            f"    for r in range(ty, {tile}, {rows}):",
+            "    # im2col(x): rows of reduction positions, columns of taps (c, i, j) (0 in the padding),",
+            "    # consecutive threads on consecutive positions (consecutive ow: coalesced reads of x)",
+            f"    for e in range(ty * {tile} + tx, {tile * tile}, {rows * tile}):",
+            f"        r = e % {tile}",
+            f"        q = e // {tile}",
             f"        p = tile * {tile} + r",
+            f"        k = cuda.blockIdx.x * {tile} + q",
             "        value = np.float32(0.0)",
-            f"        if column < {k_size} and p < {reduction}:",
+            f"        if k < {k_size} and p < {reduction}:",
             f"            n = p // {positions}",
-            f"            ih = p % {positions} // {s['WO']} * {s['SH']}{_offset(-s['TOP'])} + i * {s['DH']}",
-            f"            iw = p % {s['WO']} * {s['SW']}{_offset(-s['LEFT'])} + j * {s['DW']}",
+            f"            ih = p % {positions} // {s['WO']} * {s['SH']}{_offset(-s['TOP'])} + k % {taps} // {s['KW']} * {s['DH']}",
+            f"            iw = p % {s['WO']} * {s['SW']}{_offset(-s['LEFT'])} + k % {s['KW']} * {s['DW']}",
             f"            if ih >= 0 and ih < {s['H']} and iw >= 0 and iw < {s['W']}:",
+            f"                c = g * {cg} + k // {taps}",
             f"                value = {op.read(0, ['n', 'c', 'ih', 'iw'])}",
-            "        tile_b[tz, r, tx] = value",
+            "        tile_b[tz, r, q] = value",
             "    cuda.syncthreads()",
             f"    for kk in range({tile}):",
             "        acc += tile_a[tz, ty, kk] * tile_b[tz, kk, tx]",

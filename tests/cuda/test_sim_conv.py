@@ -22,6 +22,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" or importlib.util.find_spec("nu
     pytest.skip("CUDA simulator tests run in their own process: tests/cuda/run_simulator.sh "
                 "(needs numba-cuda and NUMBA_ENABLE_CUDASIM=1)", allow_module_level=True)
 
+import torch  # noqa: E402
+
+import bendc  # noqa: E402
+import bendc.functional as F  # noqa: E402
 import bendc.kernels.cuda_kit as cuda_kit  # noqa: E402
 import bendc.ops.conv as conv  # noqa: E402
 import bendc.ops.conv_cuda as conv_cuda  # noqa: E402
@@ -106,3 +110,39 @@ def test_conv_gradient_tiles_smaller_than_the_problem(cache_dir: str, monkeypatc
     report = step.report()
     assert re.search(r"launch: conv2d_grad_weight\d+: kernel\[grid=\(9, 1, 2\), block=\(2, 2, 4\)\]", report), report
     assert re.search(r"launch: conv2d_grad_input\d+: phase0_0\[grid=\(\d+, 1, 2\), block=\(2, 2, 1\)\]", report), report
+
+
+def _random_geometries(rng: np.random.Generator, count: int):
+    """(x shape, w shape, conv2d keyword arguments): strides, dilations and kernels 1-3 / 1-3 / 1-4
+    per axis, padding 0-2, groups 1-2, sizes 1-7 (every conv torch accepts)."""
+    while count:
+        groups, cg, og, n = (int(v) for v in rng.integers(1, 3, size=4))
+        h, w = (int(v) for v in rng.integers(1, 8, size=2))
+        kh, kw = (int(v) for v in rng.integers(1, 5, size=2))
+        stride, dilation = tuple(int(v) for v in rng.integers(1, 4, size=2)), tuple(int(v) for v in rng.integers(1, 4, size=2))
+        padding = tuple(int(v) for v in rng.integers(0, 3, size=2))
+        if min(conv.conv_output_size(size, k, s, p, p, d) for size, k, s, p, d in
+               zip((h, w), (kh, kw), stride, padding, dilation)) < 1:
+            continue
+        count -= 1
+        yield (n, cg * groups, h, w), (og * groups, cg, kh, kw), dict(stride=stride, dilation=dilation,
+                                                                     padding=padding, groups=groups)
+
+
+def test_conv_gradients_of_random_geometries_match_torch(cache_dir: str) -> None:
+    """24 random convs (fixed seed): their stride phases, holes and edges, against PyTorch."""
+    rng = np.random.default_rng(14)
+    for x_shape, w_shape, kwargs in _random_geometries(rng, 24):
+        def step(x, w, g):
+            (F.conv2d(x, w, **kwargs) * g).sum().backward()
+            return x.grad, w.grad
+
+        x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+        tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+        y = torch.nn.functional.conv2d(tx, tw, **kwargs)
+        g = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+        (y * torch.from_numpy(g)).sum().backward()
+        dx, dw = bendc.jit(step, leaves=("x", "w"), target="cuda", cache_dir=cache_dir)(x, w, g)
+        what = f"x {x_shape} w {w_shape} {kwargs}"
+        assert_close(host(dx), tx.grad.numpy(), f"dx of {what}", CONV_RTOL, CONV_ATOL)
+        assert_close(host(dw), tw.grad.numpy(), f"dw of {what}", CONV_RTOL, CONV_ATOL)
