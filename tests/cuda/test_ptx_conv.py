@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 import os
+import re
 
 import pytest
 
@@ -20,8 +21,9 @@ if importlib.util.find_spec("numba_cuda") is None:
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     pytest.skip("PTX needs the real numba.cuda: run without NUMBA_ENABLE_CUDASIM", allow_module_level=True)
 
+from bendc.compile import build_cuda_artifact  # noqa: E402
 from conv_programs import CONV_GRAD_GPU_PROGRAMS, CONV_GRAD_PROGRAMS  # noqa: E402
-from test_ptx import check_cubins  # noqa: E402
+from test_ptx import check_cubins, lowered  # noqa: E402
 from test_sass import sass_ops  # noqa: E402
 
 REGISTERS_PER_SM = 64 * 1024
@@ -51,3 +53,25 @@ def test_conv_kernels_compile_without_spills_or_contraction(program, cache_dir: 
         products[step.name] += ops
     # every step multiplies and adds (a stride phase that no tap reaches only writes zeros)
     assert all(ops["FMUL"] >= 1 and ops["FADD"] >= 1 for ops in products.values()), products
+
+
+def test_the_build_report_gives_each_conv_kernels_tiles_and_registers(cache_dir: str) -> None:
+    """``bendc compile --target cuda``'s report: a ``tiles:`` line per conv step (its implicit GEMM's
+    sides and tile sizes, the weight gradient's slices) and a ``compiled:`` line per conv kernel
+    (registers, spills, shared memory)."""
+    (program,) = [p for p in CONV_GRAD_PROGRAMS if p.name == "stride2_pad1_odd"]
+    graph, kernels = lowered(program, cache_dir)
+    report = "\n".join(build_cuda_artifact(graph, cache_dir, "sm_90").report)
+    steps = {step.op: step for step in kernels.plan.steps if step.op in CONV_OPS}
+    assert set(steps) == CONV_OPS
+    assert re.search(rf"^tiles: {steps['conv2d'].name}: conv2d 1 group\(s\) of \[3,18\] @ \[18,12\] implicit GEMM, "
+                     r"16x16 tiles$", report, re.M), report
+    assert re.search(rf"^tiles: {steps['conv2d_grad_input'].name}: conv2d_grad_input 1 group\(s\), implicit GEMM "
+                     r"per stride phase: \[2,12\] @ \[12,6\] in 2x16 tiles; \[2,6\] @ \[6,9\] in 2x16 tiles; "
+                     r"\[2,6\] @ \[6,8\] in 2x8 tiles; \[2,3\] @ \[3,12\] in 2x16 tiles$", report, re.M), report
+    assert re.search(rf"^tiles: {steps['conv2d_grad_weight'].name}: conv2d_grad_weight 1 group\(s\) of \[3,12\] @ "
+                     r"\[12,18\] implicit GEMM, 4x16 tiles, the reduction in 1 slice\(s\) per block$", report, re.M), report
+    for op, step in steps.items():
+        for launch in step.launches:
+            assert re.search(rf"^compiled: {step.name}\.{launch['kernel']} \(sm_90\): \d+ registers, 0 bytes spill stores, "
+                             r"0 bytes spill loads, \d+ bytes shared memory", report, re.M), (op, report)

@@ -93,6 +93,8 @@ def test_conv_gradients_match_reference_cpu_and_torch(program: Program, cache_di
     phases = stride[0] * stride[1] if len(x_shape) == 4 else stride[0]  # one kernel per stride phase
     (grad_input,) = [line for line in step.report().splitlines() if "launch: conv2d_grad_input" in line]
     assert grad_input.count("[grid=") == phases, grad_input
+    tiles = [line for line in step.report().splitlines() if "] tiles: conv2d" in line]
+    assert len(tiles) == 3 and all("implicit GEMM" in line for line in tiles), step.report()
 
 
 def test_conv_gradient_tiles_smaller_than_the_problem(cache_dir: str, monkeypatch) -> None:
