@@ -37,6 +37,7 @@ CONV_GRAD_GPU_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], dict, boo
     "gpu_dilation2": ((16, 16, 24, 24), (32, 16, 3, 3), {"dilation": 2, "padding": 2}, False),
     "gpu_first_layer": ((64, 3, 64, 64), (32, 3, 7, 7), {"stride": 2, "padding": 3}, False),
     "gpu_conv1d": ((16, 64, 255), (64, 64, 5), {"padding": 2}, True),
+    "gpu_depthwise": ((16, 64, 32, 32), (64, 1, 3, 3), {"groups": 64, "padding": 1, "stride": 2}, False),
 }
 
 

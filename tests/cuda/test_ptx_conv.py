@@ -35,7 +35,13 @@ def cache_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("cuda-conv-kernels"))
 
 
-@pytest.mark.parametrize("program", CONV_GRAD_PROGRAMS + CONV_GRAD_GPU_PROGRAMS, ids=lambda p: p.name)
+# of the tiny programs, those whose kernels the GPU-shape ones do not have: stride phases that no
+# tap reaches (kernels that only write zeros), 8-wide tiles, conv1d with groups
+TINY = ("stride2_dilation2", "stride3_kernel2", "conv1d_stride2_groups2")
+
+
+@pytest.mark.parametrize("program", [p for p in CONV_GRAD_PROGRAMS if p.name in TINY] + CONV_GRAD_GPU_PROGRAMS,
+                         ids=lambda p: p.name)
 def test_conv_kernels_compile_without_spills_or_contraction(program, cache_dir: str, tmp_path) -> None:
     checked = [(step, launch, kernel) for step, launch, kernel in check_cubins(program, cache_dir)
                if step.op in CONV_OPS]
