@@ -14,14 +14,19 @@ arithmetic progression i0, i0 + s/gcd(s, dh), ..; so each (row phase, column pha
 dense implicit GEMM (one kernel each, every size a literal), over only the taps that reach it, with
 oh = qh + B - t * dh/gcd(s, dh) for the phase's q-th row and t-th tap (no divisibility tests, no
 wasted products; the bounds test 0 <= oh < HO remains, as the padding test does in the forward).
-A phase no tap reaches is written with zeros.
+A phase no tap reaches is written with zeros. A block (TILE, TM) computes TM input channels
+(TM: TILE, or the power of two covering C/G when that is smaller) by TILE input positions, from
+shared-memory tiles of W^T (TM x TILE) and of A (TILE x TILE), A's loaded with consecutive
+threads on consecutive positions.
 
 Weight gradient: per group, dw[g] (O/G, C/G*KH*KW) = g[g] (O/G, N*HO*WO) @ columns (N*HO*WO,
 C/G*KH*KW), the columns the forward's im2col of x (computed on the fly, never stored). The output
-is small and the reduction long, so each block computes one TILE x TILE tile of dw and splits the
-N*HO*WO reduction over SLICES groups of threads in the block (block (TILE, TILE, SLICES)): slice z
-takes the reduction tiles z, z + SLICES, .., and the slices' sums are added in slice order through
-shared memory at the end. No atomics: the same inputs give the same bits every run. The reduction
+is small and the reduction long, so each block computes one TM x TILE tile of dw (TM output
+channels, as above) and splits the N*HO*WO reduction over SLICES groups of threads in the block
+(block (TILE, TM, SLICES), at most THREADS threads): slice z takes the reduction tiles z,
+z + SLICES, .., and the slices' sums are added in slice order through shared memory at the end.
+Both tiles are loaded with consecutive threads on consecutive reduction positions (coalesced
+reads of g and of x). No atomics: the same inputs give the same bits every run. The reduction
 is not split across blocks (that would need a scratch buffer for the partial tiles, which the
 kernel kit does not provide), so a small dw runs on few blocks.
 
@@ -61,7 +66,7 @@ def _phase(size: int, kernel: int, stride: int, dilation: int, pad: int, phase: 
                 base=(first + pad - i0 * dilation) // stride, delta=dilation // math.gcd(stride, dilation))
 
 
-def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, tile: int) -> tuple[list[str], kit.Launch]:
+def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, tile: int) -> tuple[str, kit.Launch]:
     """The implicit GEMM of one (row phase, column phase): block (TILE, TM) computes TM channels of
     its group by TILE of the phase's input positions."""
     columns = s["N"] * ph["count"] * pw["count"]
@@ -115,7 +120,7 @@ def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, 
     doc = (f"Implicit GEMM over the input rows {ph['first']}, {ph['first'] + s['SH']}, .. and columns "
            f"{pw['first']}, {pw['first'] + s['SW']}, ..: {taps} of the {s['KH'] * s['KW']} taps reach them; "
            "one dx element per thread.")
-    return [kit.kernel_source(name, op.arguments, body, doc)], kit.Launch(name, grid, (tile, rows, 1), shared)
+    return kit.kernel_source(name, op.arguments, body, doc), kit.Launch(name, grid, (tile, rows, 1), shared)
 
 
 def grad_input_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
@@ -128,7 +133,7 @@ def grad_input_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
             pw = _phase(s["W"], s["KW"], s["SW"], s["DW"], s["LEFT"], rw)
             if ph["count"] and pw["count"]:
                 source, launch = _grad_input_phase(op, s, f"phase{rh}_{rw}", ph, pw, tile)
-                sources += source
+                sources.append(source)
                 launches.append(launch)
                 k_size, columns = s["OG"] * ph["taps"] * pw["taps"], s["N"] * ph["count"] * pw["count"]
                 products.append(f"[{s['CG']},{k_size}] @ [{k_size},{columns}] in {launch.block[1]}x{launch.block[0]} tiles")
