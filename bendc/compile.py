@@ -206,7 +206,7 @@ def render_cuda(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> Cud
     by the numba runtime); ``donate``: the memory plan writes a donated parameter's update over its
     static buffer where that is safe (plan.donations), which the cubin runtime keeps resident.
     """
-    from bendc.codegen.cuda import describe_launches, render_cuda_plan
+    from bendc.codegen.cuda import describe_launches, describe_tiles, render_cuda_plan
 
     plan = build_plan(graph)
     views = render_cuda_plan(plan, graph)  # makes the copied views write steps: before the memory plan
@@ -216,7 +216,8 @@ def render_cuda(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> Cud
         step.module = write_kernel(cache_dir, step.source)
         modules[step.name] = load_module(kernel_path(cache_dir, step.module), step.module)
     report = (describe_plan(plan) + [f"layout: {d}" for d in views.decisions] + [f"memory: {d}" for d in decisions]
-              + [f"launch: {line}" for line in describe_launches(plan)])
+              + [f"launch: {line}" for line in describe_launches(plan)]
+              + [f"tiles: {line}" for line in describe_tiles(plan)])
     if any(step.kind == "collective" for step in plan.steps):
         from runtime.collective import cuda_transport
 

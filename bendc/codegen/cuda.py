@@ -146,6 +146,17 @@ def describe_launches(plan: KernelPlan) -> list[str]:
     return lines
 
 
+def describe_tiles(plan: KernelPlan) -> list[str]:
+    """Report lines: how each matrix-product step (matmul, conv2d and its gradients) tiles its
+    product, as its kernels' summary says (the first line of the step's module)."""
+    lines = []
+    for step in plan.steps:
+        prefix = f'"""bendc cuda kernel {step.name}: '
+        if step.kind == "matmul" and step.source.startswith(prefix):
+            lines.append(f"{step.name}: {step.source[len(prefix):].split(chr(10), 1)[0]}")
+    return lines
+
+
 def _launch_tuple(launch: dict) -> dict:
     return {**launch, "grid": tuple(launch["grid"]), "block": tuple(launch["block"])}
 

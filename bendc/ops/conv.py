@@ -20,8 +20,9 @@ followed by col2im, accumulated per (sample, channel) plane in tap order, so no 
 one element; the weight gradient is g @ columns^T per (sample, group), summed over the batch, the
 columns recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE
 tiles of the weight and of the im2col matrix (computed on the fly, never stored) in shared memory;
-the gradients are one output element per thread, each a gather over the elements that feed it (no
-atomics, so the sums have a fixed order).
+the gradients are implicit GEMMs too (bendc/ops/conv_cuda.py: the input gradient one per stride
+phase, the weight gradient's long reduction split over the threads of a block; no atomics, so the
+sums have a fixed order).
 
 Pools are one cell per output element; their gradients route each output's gradient back in
 output order, on the CPU as a scatter per (sample, channel) plane, on cuda as a gather per input
@@ -44,6 +45,7 @@ import numpy as np
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
+from bendc.ops import conv_cuda
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 CONV_TILE = 16
@@ -450,52 +452,13 @@ def _per_element(op: kit.CudaNode, split: list[str], body: list[str], what: str)
 
 
 def _cuda_conv2d_grad_input(op: kit.CudaNode) -> kit.Kernels:
-    """One dx element per thread: the sum over the output channels of its group and the taps that
-    read it of g * w, in (o', i, j) order."""
-    g_shape, w_shape = op.shapes
-    x_shape = op.shape
-    s = _conv_sizes(op, x_shape, w_shape)
-    split, (n, c, ih, iw) = kit.unflatten("cell", x_shape, "x")
-    sh, sw, cg = s["SH"], s["SW"], s["CG"]
-    body = [f"g = {c} // {s['CG']}",
-            f"cc = {c} % {cg}",
-            "acc = np.float32(0.0)",
-            f"for oc in range({s['OG']}):",
-            f"    o = g * {s['OG']} + oc",
-            f"    for i in range({s['KH']}):",
-            f"        th = {ih} + {s['TOP']} - i * {s['DH']}",
-            f"        if th < 0 or th % {s['SH']} != 0 or th // {s['SH']} >= {s['HO']}:",
-            "            continue",
-            f"        for j in range({s['KW']}):",
-            f"            tw = {iw} + {s['LEFT']} - j * {s['DW']}",
-            f"            if tw >= 0 and tw % {s['SW']} == 0 and tw // {s['SW']} < {s['WO']}:",
-            f"                oh = th // {sh}",
-            f"                ow = tw // {sw}",
-            f"                acc += {op.read(0, [n, 'o', 'oh', 'ow'])} * {op.read(1, ['o', 'cc', 'i', 'j'])}",
-            "out0[cell] = acc"]
-    return _per_element(op, split, body, "one dx element per thread")
+    """Implicit GEMM per stride phase (bendc/ops/conv_cuda.py): dx[g] = W[g]^T @ g's columns."""
+    return conv_cuda.grad_input_kernels(op, _conv_sizes(op, op.shape, op.shapes[1]), CONV_TILE)
 
 
 def _cuda_conv2d_grad_weight(op: kit.CudaNode) -> kit.Kernels:
-    """One dw element per thread: the sum over the batch and the output positions of g * x, in
-    (n, oh, ow) order."""
-    x_shape, g_shape = op.shapes
-    w_shape = op.shape
-    s = _conv_sizes(op, x_shape, w_shape)
-    split, (o, cc, i, j) = kit.unflatten("cell", w_shape, "w")
-    body = [f"c = {o} // {s['OG']} * {s['CG']} + {cc}",
-            "acc = np.float32(0.0)",
-            f"for n in range({s['N']}):",
-            f"    for oh in range({s['HO']}):",
-            f"        ih = oh * {s['SH']} - {s['TOP']} + {i} * {s['DH']}",
-            f"        if ih < 0 or ih >= {s['H']}:",
-            "            continue",
-            f"        for ow in range({s['WO']}):",
-            f"            iw = ow * {s['SW']} - {s['LEFT']} + {j} * {s['DW']}",
-            f"            if iw >= 0 and iw < {s['W']}:",
-            f"                acc += {op.read(1, ['n', o, 'oh', 'ow'])} * {op.read(0, ['n', 'c', 'ih', 'iw'])}",
-            "out0[cell] = acc"]
-    return _per_element(op, split, body, "one dw element per thread")
+    """Implicit GEMM (bendc/ops/conv_cuda.py): dw[g] = g[g] @ im2col(x)^T, the reduction split in the block."""
+    return conv_cuda.grad_weight_kernels(op, _conv_sizes(op, op.shapes[0], op.shape), CONV_TILE)
 
 
 _CONV_DOC = "stride (sh, sw), padding (top, bottom, left, right), dilation (dh, dw), groups"
