@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bendc.errors import UnsupportedError
-from bendc.ops.attention import cpu
+from bendc.ops.attention import cpu, cuda_tiled
 from bendc.ops.attention.layout import mask
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
@@ -129,12 +128,6 @@ def _infer_tiled_grad(types, attrs):
 
 
 # ------------------------------------------------------------------ lowering
-def _no_cuda(op):
-    node = op.node
-    raise UnsupportedError(f"{node.op}: the tiled attention schedule has no cuda kernels yet (the GPU issue's); "
-                           "the attention_schedule pass keeps triangular or dense for cuda", loc=node.loc, op=node.op)
-
-
 def _cpu_tiled(attrs, ins, out):
     return cpu.tiled_source("tiled_forward", list(ins), out, attrs)
 
@@ -148,7 +141,7 @@ define_op(
     arity=3,
     infer=_infer_tiled,
     reference=_reference_tiled,
-    lowering=Lowering("attention", cpu=_cpu_tiled, cuda=_no_cuda),
+    lowering=Lowering("attention", cpu=_cpu_tiled, cuda=cuda_tiled.cuda_tiled),
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%a = attention_tiled[causal=True, scale=0.125] %q, %k, %v : f32[B,H,T+R,Dv]`: attention's tiled "
@@ -160,7 +153,7 @@ define_op(
     arity=5,
     infer=_infer_tiled_grad,
     reference=_reference_tiled_grad,
-    lowering=Lowering("attention", cpu=_cpu_tiled_grad, cuda=_no_cuda),
+    lowering=Lowering("attention", cpu=_cpu_tiled_grad, cuda=cuda_tiled.cuda_tiled_grad),
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%gs = attention_tiled_grad[causal=True, scale=0.125] %q, %k, %v, %a, %g : f32[B,H+2Hkv,T,W]`: "
