@@ -16,8 +16,14 @@ On the CPU (and for the reference interpreter, which follows the CPU's rule) a s
 when its sequence is at least ``tiled_from`` positions (the crossover measured on a 2-core
 machine, fwd+bwd with B=4: at t=4 the schedules tie, from t=8 tiled wins, 1.1x-1.4x at t=8,
 2x and more from t=16, causal or not, D=4..64) or when P and G would take more than
-``memory_budget`` bytes; otherwise triangular when causal, dense when not. For cuda the pass
-keeps triangular or dense (the tiled schedule's cuda kernels belong to the GPU issue) and says so.
+``memory_budget`` bytes; otherwise triangular when causal, dense when not. On cuda a site is
+tiled over the same budget or from ``cuda_tiled_from`` (2) key tiles of the cuda forward kernel
+(ops/attention/cuda_tiled.py: 32 keys for D = 64 or 128, 64 for D <= 32): from there a query tile
+streams K and V in steps and, causal, skips the tiles above the diagonal, while the row schedules
+keep P and G. No GPU has measured that crossover; the report says so, and gives the cuda tiles,
+threads and shared memory per block (``bendc compile --target cuda`` adds each kernel's registers
+and spills). Head sizes no tile fits (the backward's shared memory, from D = 256) keep
+triangular or dense, forced or not.
 
 Triangular and dense write the schedule into the ``schedule`` attribute of the site and every
 node of its backward (``attention_probs``, ``attention_score_grad``, ``attention_vjp``, whose
@@ -28,8 +34,8 @@ gradient (the layout is in ops/attention/tiled.py).
 ``attention_schedule_triangular``, ``attention_schedule_dense`` and
 ``attention_schedule_tiled`` are the same pass with the choice forced (benchmarks measure one
 schedule against another with the same compiler); a forced triangular schedule falls back to
-dense where attention is not causal, and a forced tiled one to triangular or dense on cuda, and
-each says so.
+dense where attention is not causal, and a forced tiled one to triangular or dense on cuda where
+no tile fits the head sizes, and each says so.
 """
 from __future__ import annotations
 
@@ -255,12 +261,12 @@ def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOpti
 
 
 register("attention_schedule", "Choose each attention call site's schedule: tiled for long sequences or "
-         "over the memory budget (CPU), else triangular when causal, dense when not.",
+         "over the memory budget, else triangular when causal, dense when not.",
          ScheduleOptions())(attention_schedule)
 register_variant("attention_schedule", "attention_schedule_triangular",
                  "attention_schedule with the triangular schedule forced (causal sites).", force="triangular")
 register_variant("attention_schedule", "attention_schedule_dense",
                  "attention_schedule with the dense schedule forced.", force="dense")
 register_variant("attention_schedule", "attention_schedule_tiled",
-                 "attention_schedule with the tiled schedule forced (CPU; cuda keeps triangular or dense).",
+                 "attention_schedule with the tiled schedule forced (cuda keeps triangular or dense where no tile fits).",
                  force="tiled")

@@ -20,7 +20,9 @@ in the last Hkv, each in its first D (Dv) of W = max(D, Dv) columns. Neither sto
 matrix: the kernels (templates/tiled.py) work on blocks of BLOCK queries by BLOCK keys, the
 tile products in BLAS, the softmax online (a running max and sum per query), causal blocks above
 the diagonal never computed and the diagonal block masked. Both ops exist only after the pass
-(no VJP), and only for the CPU: the cuda lowering of the tiled schedule is the GPU issue's.
+(no VJP). Their cuda kernels (cuda_tiled.py) write the same packed layouts: a block per query
+tile in the forward, and a race-free backward of two kernels (dK and dV per key tile, then dQ per
+query tile).
 """
 from __future__ import annotations
 
@@ -145,7 +147,8 @@ define_op(
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%a = attention_tiled[causal=True, scale=0.125] %q, %k, %v : f32[B,H,T+R,Dv]`: attention's tiled "
-        "schedule: O in rows 0..T-1 of each head, each query's logsumexp in the R = ceil(T/Dv) rows after. CPU only (its cuda renderer raises: the GPU issue).",
+        "schedule: O in rows 0..T-1 of each head, each query's logsumexp in the R = ceil(T/Dv) rows after. "
+        "CPU: BLAS tile products; cuda: a block per query tile, K and V streamed through shared memory.",
 )
 
 define_op(
@@ -157,5 +160,6 @@ define_op(
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%gs = attention_tiled_grad[causal=True, scale=0.125] %q, %k, %v, %a, %g : f32[B,H+2Hkv,T,W]`: "
-        "dq, dk and dv (heads 0..H-1, then Hkv each; W = max(D, Dv) columns) from the saved logsumexp. CPU only.",
+        "dq, dk and dv (heads 0..H-1, then Hkv each; W = max(D, Dv) columns) from the saved logsumexp. "
+        "cuda: dK and dV per key tile, then dQ per query tile (no atomics).",
 )
