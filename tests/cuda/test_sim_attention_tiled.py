@@ -32,6 +32,8 @@ import bendc  # noqa: E402
 import bendc.functional as F  # noqa: E402
 import bendc.kernels.cuda_kit as cuda_kit  # noqa: E402
 import bendc.ops.attention.cuda_tiled as cuda_tiled  # noqa: E402
+from bendc.compile import build  # noqa: E402
+from bendc.ir.parser import parse_graph  # noqa: E402
 from bendc.passes import default_passes  # noqa: E402
 from test_simulator import host  # noqa: E402  (also makes the simulator's shared arrays thread safe)
 
@@ -153,3 +155,28 @@ def test_no_float_atomics_and_a_rerun_is_bitwise_identical(cache_dir, monkeypatc
     assert "def key_grads(" in sources and "def query_grads(" in sources and "cuda.atomic" not in sources
     for a, b in zip(first, second):
         assert a.tobytes() == b.tobytes()
+
+
+PACKED = """func @f(%q: f32[1,2,7,4], %k: f32[1,1,7,4], %v: f32[1,1,7,3], %g: f32[1,2,7,3]) -> (f32[1,2,10,3], f32[1,4,7,4]) {
+  %4 = attention_tiled[causal=True, scale=0.5] %q, %k, %v : f32[1,2,10,3]
+  %5 = attention_tiled_grad[causal=True, scale=0.5] %q, %k, %v, %4, %g : f32[1,4,7,4]
+  return %4, %5
+}
+"""
+
+
+def test_packed_outputs_match_the_ops_reference(cache_dir, monkeypatch) -> None:
+    """The two ops' whole packed values (IR built by hand, no passes): O with the 7 logsumexps in 3 rows of
+    Dv=3 (2 spare cells), and dq | dk | dv in W = max(4, 3) columns (dv's spare column): every cell
+    against the ops' numpy reference, the spare ones +0.0."""
+    small_tiles(monkeypatch, (4, 4), 8)
+    rng = np.random.default_rng(7)
+    shapes = [(1, 2, 7, 4), (1, 1, 7, 4), (1, 1, 7, 3), (1, 2, 7, 3)]
+    inputs = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    got = [host(value) for value in build("cuda", parse_graph(PACKED), cache_dir).run(inputs)]
+    want = build("reference", parse_graph(PACKED), None).run(inputs)
+    for what, mine, theirs in zip(("attention_tiled", "attention_tiled_grad"), got, want):
+        assert_relative(mine, np.asarray(theirs), what)
+    saved, grads = got
+    assert not saved[:, :, 7:, :].reshape(1, 2, 9)[:, :, 7:].any()  # past the last logsumexp
+    assert not grads[:, 3:, :, 3:].any()  # dv's spare column
