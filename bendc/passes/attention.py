@@ -268,5 +268,6 @@ register_variant("attention_schedule", "attention_schedule_triangular",
 register_variant("attention_schedule", "attention_schedule_dense",
                  "attention_schedule with the dense schedule forced.", force="dense")
 register_variant("attention_schedule", "attention_schedule_tiled",
-                 "attention_schedule with the tiled schedule forced (cuda keeps triangular or dense where no tile fits).",
+                 "attention_schedule with the tiled schedule forced (cuda keeps triangular or dense where no "
+                 "tile fits).",
                  force="tiled")

@@ -157,12 +157,12 @@ def test_no_float_atomics_and_a_rerun_is_bitwise_identical(cache_dir, monkeypatc
         assert a.tobytes() == b.tobytes()
 
 
-PACKED = """func @f(%q: f32[1,2,7,4], %k: f32[1,1,7,4], %v: f32[1,1,7,3], %g: f32[1,2,7,3]) -> (f32[1,2,10,3], f32[1,4,7,4]) {
-  %4 = attention_tiled[causal=True, scale=0.5] %q, %k, %v : f32[1,2,10,3]
-  %5 = attention_tiled_grad[causal=True, scale=0.5] %q, %k, %v, %4, %g : f32[1,4,7,4]
-  return %4, %5
-}
-"""
+PACKED = ("func @f(%q: f32[1,2,7,4], %k: f32[1,1,7,4], %v: f32[1,1,7,3], %g: f32[1,2,7,3]) "
+          "-> (f32[1,2,10,3], f32[1,4,7,4]) {\n"
+          "  %4 = attention_tiled[causal=True, scale=0.5] %q, %k, %v : f32[1,2,10,3]\n"
+          "  %5 = attention_tiled_grad[causal=True, scale=0.5] %q, %k, %v, %4, %g : f32[1,4,7,4]\n"
+          "  return %4, %5\n"
+          "}\n")
 
 
 def test_packed_outputs_match_the_ops_reference(cache_dir, monkeypatch) -> None:

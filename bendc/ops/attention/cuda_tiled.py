@@ -341,8 +341,8 @@ def cuda_tiled(op):
     for m, k in o.cells:
         body += [f"if first + {o.row(m)} < {t} and {o.col(k)} < {width}:",
                  f"    out0[(bh * {rows} + first + {o.row(m)}) * {width} + {o.col(k)}] = o{m}_{k} / total[{o.row(m)}]"]
-    body += _row_loop(threads, bq, [f"if first + r < {t}:",
-                                    f"    out0[(bh * {rows} + {t}) * {width} + first + r] = top[r] + math.log(total[r])"])
+    lse = f"out0[(bh * {rows} + {t}) * {width} + first + r]"  # query first + r's logsumexp cell
+    body += _row_loop(threads, bq, [f"if first + r < {t}:", f"    {lse} = top[r] + math.log(total[r])"])
     if lse_cells > t:  # the unused tail of the last logsumexp row
         body += [f"if block == {nq - 1}:", "    e = t", f"    while e < {lse_cells - t}:",
                  f"        out0[(bh * {rows} + {t}) * {width} + {t} + e] = np.float32(0.0)", f"        e += {threads}"]
