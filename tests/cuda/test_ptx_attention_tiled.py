@@ -2,8 +2,9 @@
 compiled for sm_90 without a GPU (NVVM to PTX, nvJitLink to cubin) with tests/cuda/test_ptx.py's
 check_cubins: no spills, registers within bounds, float32 only. Each kernel's registers, spills and
 shared memory are printed (``pytest -s``); the launches declare the shared memory the tile choice
-(bendc/ops/attention/cuda_tiled.py) computed; and the SASS keeps every rounded multiply of the PTX
-as an FMUL (none fused into an FFMA: the FFMAs there come from libdevice's exp and log and the
+(bendc/ops/attention/cuda_tiled.py) computed; the PTX keeps a rounded multiply (mul.rn.f32) for
+each multiply-accumulate line of the generated source (NVVM did not contract them), and the SASS
+keeps each as an FMUL (nor did nvJitLink: the FFMAs there come from libdevice's exp and log and the
 division's refinement). Nothing here runs a kernel: no GPU timing or GPU results are claimed.
 """
 from __future__ import annotations
@@ -31,6 +32,16 @@ SHAPES = {"tiled_causal_d64": (True, (1, 4, 2, 512, 64, 64)),
 PROGRAMS = [tiled_attention_program(name, causal, *shape) for name, (causal, shape) in SHAPES.items()]
 
 
+PRODUCT = re.compile(r"^\s+(\w+) = \1 \+ a\d+ \* b\d+$", re.M)  # a tile product's multiply-accumulate
+
+
+def kernel_source(module: str, kernel: str) -> str:
+    """One kernel function's lines of a generated module."""
+    start = module.index(f"\ndef {kernel}(")
+    end = module.find("\n@jit", start)
+    return module[start:end if end >= 0 else len(module)]
+
+
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("cuda-kernels"))
@@ -50,9 +61,11 @@ def test_tiled_kernels_compile_without_spills(program: Program, cache_dir: str, 
         assert tuple(launch["block"]) == (THREADS, 1, 1), (name, launch)
         assert launch["shared_bytes"] == declared[launch["kernel"]], (name, launch)
         assert kernel.shared_bytes >= launch["shared_bytes"], (name, kernel.info_log)
+        products = len(PRODUCT.findall(kernel_source(step.source, launch["kernel"])))
         multiplies = len(re.findall(r"\bmul\.rn\.f32\b", kernel.ptx))
+        assert products > 0 and multiplies >= products, f"{name}: {products} acc + a * b lines, {multiplies} mul.rn.f32"
         sass = sass_ops(kernel.cubin, tmp_path)
-        assert multiplies > 0 and sass["FMUL"] >= multiplies, f"{name}: {multiplies} mul.rn.f32 in PTX, SASS {sass}"
+        assert sass["FMUL"] >= multiplies, f"{name}: {multiplies} mul.rn.f32 in PTX, SASS {sass}"
         print(f"\n  {name}: {kernel.registers} registers, {kernel.spill_stores + kernel.spill_loads} spill bytes, "
               f"{launch['shared_bytes']} bytes static shared ({kernel.shared_bytes} in the cubin), grid "
               f"{tuple(launch['grid'])}, block {tuple(launch['block'])}; SASS {dict(sass)}")
