@@ -16,8 +16,14 @@ On the CPU (and for the reference interpreter, which follows the CPU's rule) a s
 when its sequence is at least ``tiled_from`` positions (the crossover measured on a 2-core
 machine, fwd+bwd with B=4: at t=4 the schedules tie, from t=8 tiled wins, 1.1x-1.4x at t=8,
 2x and more from t=16, causal or not, D=4..64) or when P and G would take more than
-``memory_budget`` bytes; otherwise triangular when causal, dense when not. For cuda the pass
-keeps triangular or dense (the tiled schedule's cuda kernels belong to the GPU issue) and says so.
+``memory_budget`` bytes; otherwise triangular when causal, dense when not. On cuda a site is
+tiled over the same budget or from ``cuda_tiled_from`` (2) key tiles of the cuda forward kernel
+(ops/attention/cuda_tiled.py: 32 keys for D = 64 or 128, 64 for D <= 32): from there a query tile
+streams K and V in steps and, causal, skips the tiles above the diagonal, while the row schedules
+keep P and G. No GPU has measured that crossover; the report says so, and gives the cuda tiles,
+threads and shared memory per block (``bendc compile --target cuda`` adds each kernel's registers
+and spills). Head sizes no tile fits (the backward's shared memory, from D = 256) keep
+triangular or dense, forced or not.
 
 Triangular and dense write the schedule into the ``schedule`` attribute of the site and every
 node of its backward (``attention_probs``, ``attention_score_grad``, ``attention_vjp``, whose
@@ -28,8 +34,8 @@ gradient (the layout is in ops/attention/tiled.py).
 ``attention_schedule_triangular``, ``attention_schedule_dense`` and
 ``attention_schedule_tiled`` are the same pass with the choice forced (benchmarks measure one
 schedule against another with the same compiler); a forced triangular schedule falls back to
-dense where attention is not causal, and a forced tiled one to triangular or dense on cuda, and
-each says so.
+dense where attention is not causal, and a forced tiled one to triangular or dense on cuda where
+no tile fits the head sizes, and each says so.
 """
 from __future__ import annotations
 
@@ -50,11 +56,15 @@ class ScheduleOptions:
     """``force``: None to choose per call site, else 'triangular', 'dense' or 'tiled'.
     ``tiled_from``: the sequence length from which tiled wins on the CPU (measured with the
     schedules forced, see the module docstring). ``memory_budget``: the most bytes P and G together may take in the
-    triangular or dense schedule before a site is tiled whatever its length."""
+    triangular or dense schedule before a site is tiled whatever its length. ``cuda_tiled_from``:
+    on cuda, the key tiles of the tiled forward (ops/attention/cuda_tiled.py) from which a site is
+    tiled: with two or more a query tile streams K and V in steps and, causal, skips the tiles above
+    the diagonal; with one there is nothing to skip. Not a crossover measured on a GPU."""
 
     force: str | None = None
     tiled_from: int = 8
     memory_budget: int = 256 * MIB
+    cuda_tiled_from: int = 2
 
 
 def _size(count: int) -> str:
@@ -67,8 +77,9 @@ def _score_bytes(node: Node, schedule: str) -> int:
     return 2 * batch * heads * score_cells(t, schedule) * 4
 
 
-def choose(node: Node, options: ScheduleOptions, target: str = "cpu") -> tuple[str, str]:
-    """(schedule, reason) for one attention call site."""
+def choose(node: Node, options: ScheduleOptions, target: str = "cpu", depth: int | None = None) -> tuple[str, str]:
+    """(schedule, reason) for one attention call site (``depth``: q's head size D, which picks
+    the cuda tiles; O's when not given)."""
     causal = node.attr["causal"]
     t = node.type.shape[2]
     rows = "triangular" if causal else "dense"
@@ -81,23 +92,59 @@ def choose(node: Node, options: ScheduleOptions, target: str = "cpu") -> tuple[s
     why_rows = "causal: row i attends to positions j <= i only" if causal else \
         "not causal: every row attends to all positions"
     if target == "cuda":
-        forced = "forced tiled, but " if options.force == "tiled" else ""
-        return rows, f"{forced}{why_rows}; cuda has no tiled kernels yet (the GPU issue), so {rows} on cuda"
+        depth = node.type.shape[3] if depth is None else depth
+        forward, backward = _cuda_tiles(node, depth)
+        if forward is None or backward is None:
+            forced = "forced tiled, but " if options.force == "tiled" else ""
+            return rows, (f"{forced}{why_rows}; no cuda tile fits head sizes D={depth}, Dv={node.type.shape[3]} "
+                          f"in shared memory, so {rows} on cuda")
     if options.force == "tiled":
         return "tiled", "forced tiled (attention_schedule_tiled)"
     scores = _score_bytes(node, rows)
     if scores > options.memory_budget:
         return "tiled", (f"the {rows} schedule's P and G would take {_size(scores)}, over the "
                          f"{_size(options.memory_budget)} budget")
+    if target == "cuda":
+        return _cuda_length_rule(node, options, rows, why_rows, forward.keys, scores)
     if t >= options.tiled_from:
         return "tiled", (f"t={t} >= {options.tiled_from}, where blocked BLAS products beat the per-row kernels "
                          f"(crossover measured on the CPU; {rows} would keep {_size(scores)} of P and G)")
     return rows, f"{why_rows}; t={t} < {options.tiled_from}: the per-row kernels tie with tiles this short"
 
 
-def _describe(node: Node, schedule: str) -> str:
-    """Cells, work items and bytes of P (and G) per head for a schedule."""
+def _cuda_tiles(node: Node, depth: int):
+    """The cuda tiled kernels' (forward, backward) tiles for a call site's head sizes D and Dv
+    (O's last axis); None where none fits."""
+    from bendc.ops.attention.cuda_tiled import backward_tiles, forward_tiles
+
+    width = node.type.shape[3]
+    return forward_tiles(depth, width), backward_tiles(depth, width)
+
+
+def _cuda_length_rule(node: Node, options: ScheduleOptions, rows: str, why_rows: str, keys: int,
+                      scores: int) -> tuple[str, str]:
+    """cuda: tiled from ``cuda_tiled_from`` key tiles of the forward kernel (a rule from the work
+    the tiles skip, not a crossover measured on a GPU)."""
+    t = node.type.shape[2]
+    if t >= options.cuda_tiled_from * keys:
+        skips = " and skips the tiles above the diagonal" if node.attr["causal"] else ""
+        return "tiled", (f"t={t} >= {options.cuda_tiled_from} key tiles of {keys}: each query tile streams "
+                         f"K and V through shared memory{skips}, and {rows} would keep {_size(scores)} of P and G "
+                         "(a threshold from the work skipped, not measured on a GPU)")
+    return rows, (f"{why_rows}; t={t} < {options.cuda_tiled_from} key tiles of {keys}: too short for the "
+                  "tiles to skip work (a threshold not measured on a GPU)")
+
+
+def _describe(node: Node, schedule: str, target: str = "cpu", depth: int = 0) -> str:
+    """Cells, work items and bytes of P (and G) per head for a schedule (cuda's tiles need q's ``depth``)."""
     batch, heads, t, _ = node.type.shape
+    if schedule == "tiled" and target == "cuda":
+        forward, backward = _cuda_tiles(node, depth)
+        blocks = -(-t // forward.queries)
+        return (f"cuda forward: {forward.describe()}, {blocks} query tiles per head; backward (dK, dV per key "
+                f"tile, then dQ per query tile): {backward.describe()}; the forward saves O and a logsumexp per "
+                f"query ({batch * heads * t * 4} bytes), no T x T matrix; registers and spills: the compile "
+                "report's 'compiled:' lines (bendc compile --target cuda)")
     if schedule == "tiled":
         block = TILE
         blocks = -(-t // block)
@@ -174,11 +221,12 @@ def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOpti
     for node in graph.nodes():
         if node.op != "attention":
             continue
-        schedule, reason = choose(node, options, context.target)
+        depth = graph.node(node.inputs[0]).type.shape[3]
+        schedule, reason = choose(node, options, context.target, depth)
         followers = [n for n in graph.nodes() if n.op in ATTENTION_OPS and n.vjp_of == node.id]
         where = f" at {node.loc.short}" if node.loc is not None else ""
         text = (f"%{node.id} attention{where} {node.type} causal={node.attr['causal']}: {schedule}: "
-                f"{reason}; {_describe(node, schedule)}")
+                f"{reason}; {_describe(node, schedule, context.target, depth)}")
         if schedule == "tiled":
             tiled.append((node, followers, text))
             continue
@@ -213,12 +261,13 @@ def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOpti
 
 
 register("attention_schedule", "Choose each attention call site's schedule: tiled for long sequences or "
-         "over the memory budget (CPU), else triangular when causal, dense when not.",
+         "over the memory budget, else triangular when causal, dense when not.",
          ScheduleOptions())(attention_schedule)
 register_variant("attention_schedule", "attention_schedule_triangular",
                  "attention_schedule with the triangular schedule forced (causal sites).", force="triangular")
 register_variant("attention_schedule", "attention_schedule_dense",
                  "attention_schedule with the dense schedule forced.", force="dense")
 register_variant("attention_schedule", "attention_schedule_tiled",
-                 "attention_schedule with the tiled schedule forced (CPU; cuda keeps triangular or dense).",
+                 "attention_schedule with the tiled schedule forced (cuda keeps triangular or dense where no "
+                 "tile fits).",
                  force="tiled")

@@ -337,10 +337,25 @@ def transformer_example() -> Program:
                 normal(rng, 256, 32), normal(rng, 2, 8, 256, 64), normal(rng, 2, 2, 256, 64),
                 normal(rng, 2, 2, 256, 64))
 
-    # The triangular schedule forced (dense where not causal, as on cuda by default): traced through
-    # the reference target, whose rule would tile t=256 (a schedule cuda has no kernels for yet).
+    # The triangular schedule forced (dense where not causal): these are the row schedules' kernels at
+    # GPU shapes (the reference target's rule, and cuda's, would tile t=256; tiled_attention_program
+    # below covers the tiled kernels).
     return Program("transformer_example", transformer_layer, ("w", "q", "k", "v"), inputs,
                    frozenset({"row", "attention", "elementwise"}), passes=_triangular_passes())
+
+
+# ------------------------------------------------------------------ the tiled attention schedule on cuda (GPU issue, item 5)
+def _tiled_passes() -> tuple[str, ...]:
+    from bendc.passes import default_passes
+
+    return tuple("attention_schedule_tiled" if p == "attention_schedule" else p for p in default_passes())
+
+
+def tiled_attention_program(name: str, causal: bool, batch: int, heads: int, kv_heads: int, t: int, depth: int,
+                            width: int) -> Program:
+    """Causal or full GQA attention, forward and backward, with the tiled schedule forced."""
+    return Program(name, attention(causal), ("q", "k", "v"), _attention_inputs(batch, heads, kv_heads, t, depth, width),
+                   frozenset({"attention"}), passes=_tiled_passes())
 
 
 # ------------------------------------------------------------------ convolution and pooling (op-coverage issue)

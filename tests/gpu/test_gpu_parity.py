@@ -21,7 +21,7 @@ from bendc.errors import RuntimeCheckError  # noqa: E402
 from conftest import assert_bitwise, assert_close  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
-from cuda_programs import PROGRAMS, jitted, mlp_example, transformer_example  # noqa: E402
+from cuda_programs import PROGRAMS, jitted, mlp_example, tiled_attention_program, transformer_example  # noqa: E402
 
 rng = np.random.default_rng(11)
 
@@ -152,6 +152,19 @@ def test_norm_rope_and_attention_at_size() -> None:
     got = jitted(program, "cuda")(*inputs)
     want = jitted(program, "reference")(*inputs)
     for name, mine, theirs in zip(("y", "dw", "dq", "dk", "dv"), got, want):
+        assert_close(host(mine), theirs, name, rtol=1e-4, atol=1e-5)
+
+
+def test_tiled_attention_at_size() -> None:
+    """The tiled schedule's cuda kernels (bendc/ops/attention/cuda_tiled.py) at t 512, D 64, causal GQA,
+    forward and backward, against the reference (the tiled op's numpy semantics)."""
+    program = tiled_attention_program("tiled_causal_d64", True, 2, 8, 2, 512, 64, 64)
+    inputs = program.make_inputs(np.random.default_rng(6))
+    step = jitted(program, "cuda")
+    got = step(*inputs)
+    assert "attention_tiled_grad" in step.ir("final")
+    want = jitted(program, "reference")(*inputs)
+    for name, mine, theirs in zip(("o", "dq", "dk", "dv"), got, want):
         assert_close(host(mine), theirs, name, rtol=1e-4, atol=1e-5)
 
 

@@ -14,7 +14,7 @@ import pytest
 from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
 from bendc.ops.attention.layout import TILE
-from bendc.passes import PASSES, PassContext, Pipeline, default_passes
+from bendc.passes import PASSES, default_passes
 from test_attention import inputs, kernel_module, ops_with, run_bendc, run_torch
 
 RELATIVE = 2e-5
@@ -129,18 +129,6 @@ def test_pass_tiles_over_the_memory_budget():
     line = _site_line(big)
     assert ": tiled: the dense schedule's P and G would take 25600 bytes, over the 4096 bytes budget" in line
     assert "attention_tiled_grad" in big.ir("final")
-
-
-def test_cuda_keeps_rows():
-    """The reference target follows the cpu's rule; cuda keeps triangular/dense, even when tiled is forced."""
-    step, _ = run_bendc(inputs(1, 2, 1, 70, 4, seed=10), LEAVES, "reference", is_causal=True)
-    assert ": tiled: t=70 >= 8" in _site_line(step)
-    for name in ("attention_schedule", "attention_schedule_tiled"):
-        context = PassContext(target="cuda")
-        graph = Pipeline([name]).run(parse_graph(step.ir("autodiff")), context, lambda stage, g: None)
-        assert {a["schedule"] for op, a in ops_with(format_graph(graph)) if op.startswith("attention")} == {"triangular"}
-        text = next(text for pass_name, text in context.decisions if pass_name == "attention_schedule")
-        assert "cuda has no tiled kernels yet (the GPU issue), so triangular on cuda" in text
 
 
 # ------------------------------------------------------------------ the kernels' dealing

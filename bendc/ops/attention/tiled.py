@@ -20,14 +20,15 @@ in the last Hkv, each in its first D (Dv) of W = max(D, Dv) columns. Neither sto
 matrix: the kernels (templates/tiled.py) work on blocks of BLOCK queries by BLOCK keys, the
 tile products in BLAS, the softmax online (a running max and sum per query), causal blocks above
 the diagonal never computed and the diagonal block masked. Both ops exist only after the pass
-(no VJP), and only for the CPU: the cuda lowering of the tiled schedule is the GPU issue's.
+(no VJP). Their cuda kernels (cuda_tiled.py) write the same packed layouts: a block per query
+tile in the forward, and a race-free backward of two kernels (dK and dV per key tile, then dQ per
+query tile).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from bendc.errors import UnsupportedError
-from bendc.ops.attention import cpu
+from bendc.ops.attention import cpu, cuda_tiled
 from bendc.ops.attention.layout import mask
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
@@ -129,12 +130,6 @@ def _infer_tiled_grad(types, attrs):
 
 
 # ------------------------------------------------------------------ lowering
-def _no_cuda(op):
-    node = op.node
-    raise UnsupportedError(f"{node.op}: the tiled attention schedule has no cuda kernels yet (the GPU issue's); "
-                           "the attention_schedule pass keeps triangular or dense for cuda", loc=node.loc, op=node.op)
-
-
 def _cpu_tiled(attrs, ins, out):
     return cpu.tiled_source("tiled_forward", list(ins), out, attrs)
 
@@ -148,11 +143,12 @@ define_op(
     arity=3,
     infer=_infer_tiled,
     reference=_reference_tiled,
-    lowering=Lowering("attention", cpu=_cpu_tiled, cuda=_no_cuda),
+    lowering=Lowering("attention", cpu=_cpu_tiled, cuda=cuda_tiled.cuda_tiled),
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%a = attention_tiled[causal=True, scale=0.125] %q, %k, %v : f32[B,H,T+R,Dv]`: attention's tiled "
-        "schedule: O in rows 0..T-1 of each head, each query's logsumexp in the R = ceil(T/Dv) rows after. CPU only (its cuda renderer raises: the GPU issue).",
+        "schedule: O in rows 0..T-1 of each head, each query's logsumexp in the R = ceil(T/Dv) rows after. "
+        "CPU: BLAS tile products; cuda: a block per query tile, K and V streamed through shared memory.",
 )
 
 define_op(
@@ -160,9 +156,10 @@ define_op(
     arity=5,
     infer=_infer_tiled_grad,
     reference=_reference_tiled_grad,
-    lowering=Lowering("attention", cpu=_cpu_tiled_grad, cuda=_no_cuda),
+    lowering=Lowering("attention", cpu=_cpu_tiled_grad, cuda=cuda_tiled.cuda_tiled_grad),
     no_vjp="made by the attention_schedule pass after autodiff (attention's tiled schedule)",
     attr_names=("causal", "scale"),
     doc="`%gs = attention_tiled_grad[causal=True, scale=0.125] %q, %k, %v, %a, %g : f32[B,H+2Hkv,T,W]`: "
-        "dq, dk and dv (heads 0..H-1, then Hkv each; W = max(D, Dv) columns) from the saved logsumexp. CPU only.",
+        "dq, dk and dv (heads 0..H-1, then Hkv each; W = max(D, Dv) columns) from the saved logsumexp. "
+        "cuda: dK and dV per key tile, then dQ per query tile (no atomics).",
 )

@@ -1,0 +1,473 @@
+"""The tiled (flash-attention) schedule's CUDA kernels: ``attention_tiled`` (one kernel) and
+``attention_tiled_grad`` (two), written with the kernel kit. Their outputs are the CPU ops'
+packed layouts (ops/attention/tiled.py), so the IR and its ``index`` views are the same on both
+targets.
+
+Forward (``kernel``): a block per (batch, head, tile of BQ queries), the heaviest causal tiles
+first. The Q tile stays in shared memory; K and then V tiles of BK keys stream through one
+shared buffer. Per key tile: S = scale * Q K^T into shared memory (masked to -inf past T and,
+causal, above the diagonal), each query's running max (its own thread), P = exp(S - max) in
+place, the running sum, and O = O * exp(old max - new max) + P V in registers (each thread owns
+a fixed micro-tile of O). Causal blocks wholly above the diagonal are never loaded; blocks that
+cross it are masked. At the end O / sum and each query's logsumexp (max + log sum) go into the
+packed output.
+
+Backward, flash-attention-2's recompute from the saved logsumexp, split into two kernels so that
+no float is ever accumulated by two blocks (no atomics, the same sums in the same order on every
+run):
+
+- ``key_grads``: a block per (batch, key/value head, tile of BK keys) keeps that tile's dK and dV
+  in registers and walks the group's query heads in order and, for each, its query tiles in order
+  (causal: from the first one that reaches the tile's keys). Per query tile it recomputes
+  P^T = exp(scale K Q^T - lse) and dP^T = V dO^T, accumulates dV += P^T dO, forms
+  dS^T = P^T (dP^T - D) scale (D = rowsum(dO * O), from the saved O) and accumulates dK += dS^T Q.
+- ``query_grads``: a block per (batch, head, tile of BQ queries) keeps dQ in registers and walks
+  its key tiles (causal: up to the diagonal), recomputing P and dP the same way: dQ += dS K.
+
+Each block owns the output rows it writes, so the split is race-free; the price is computing
+S and dP twice (7 tile products per tile pair instead of flash-attention-2's 5 with atomic dQ).
+
+Tile sizes (:func:`forward_tiles`, :func:`backward_tiles`): the largest of CANDIDATES whose
+shared memory fits MAX_SHARED_BYTES and whose per-thread accumulators fit MAX_ACCUMULATORS,
+for THREADS threads. For D = Dv = 64: forward 64 x 32, backward 32 x 32; for D = Dv = 128:
+forward 32 x 32, backward 16 x 16 (queries x keys). Shared rows have an odd length (a column
+walk then hits 32 banks). Arithmetic is float32 (``np.float32`` constants), exp and log are
+``math.*`` (libdevice's expf and logf), and the generated module's ``@jit`` compiles without LTO,
+so products and sums round as written (no contraction).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bendc.errors import UnsupportedError
+from bendc.kernels import cuda_kit as kit
+
+THREADS = 128  # threads per block (4 warps)
+# (queries, keys) per tile, the preferred first: more queries per tile streams K and V fewer times.
+CANDIDATES = ((64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16), (8, 16))
+MAX_ACCUMULATORS = 64  # float32 values a thread keeps live in registers (accumulators and a tile's scores)
+
+
+def _odd(n: int) -> int:
+    """A shared row's length: n, or n + 1 when even (so a column walk spreads over the banks)."""
+    return n | 1
+
+
+def _power_of_two_at_least(n: int) -> int:
+    return kit.power_of_two_at_least(max(n, 1))
+
+
+@dataclass(frozen=True)
+class Split:
+    """A ``rows`` x ``cols`` tile over ``threads`` threads: thread t owns rows ty + TY*m (m < RM)
+    and columns tx + TX*k (k < CM), with ty = t // TX and tx = t % TX. Columns from ``cols`` to
+    ``width`` (= TX * CM) are padding: they read zeros and are never written out."""
+
+    rows: int
+    cols: int
+    tx: int
+    threads: int
+
+    @property
+    def ty(self) -> int:
+        return self.threads // self.tx
+
+    @property
+    def rm(self) -> int:
+        return self.rows // self.ty
+
+    @property
+    def cm(self) -> int:
+        return kit.ceil_div(self.cols, self.tx)
+
+    @property
+    def width(self) -> int:
+        return self.tx * self.cm
+
+    @property
+    def owned(self) -> int:
+        return self.rm * self.cm
+
+
+def split(rows: int, cols: int, threads: int) -> Split:
+    """The micro-tiling with the fewest shared reads per product step (RM + CM), the widest on a
+    tie. ``rows`` and ``threads`` are powers of two; TY never exceeds ``rows`` (a score tile,
+    whose sides are powers of two with threads <= rows * cols, is then never padded)."""
+    low, high = max(1, threads // rows), max(max(1, threads // rows), min(threads, _power_of_two_at_least(cols)))
+    options = []
+    tx = low
+    while tx <= high:
+        options.append(Split(rows, cols, tx, threads))
+        tx *= 2
+    return min(options, key=lambda s: (s.rm + s.cm, -s.tx))
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel family's tiles: ``queries`` x ``keys``, ``threads`` per block, static shared bytes
+    of each kernel and the float32 accumulators a thread keeps."""
+
+    queries: int
+    keys: int
+    threads: int
+    shared_bytes: tuple[int, ...]
+    accumulators: int
+
+    def describe(self) -> str:
+        shared = " and ".join(f"{n} bytes" for n in self.shared_bytes)
+        return (f"tiles of {self.queries} queries x {self.keys} keys, {self.threads} threads, "
+                f"{shared} of shared memory per block, {self.accumulators} accumulators per thread")
+
+
+# ------------------------------------------------------------------ shared-memory layouts
+def _forward_layout(bq: int, bk: int, depth: int, width: int, threads: int) -> dict:
+    s, o = split(bq, bk, threads), split(bq, width, threads)
+    arrays = {"q_tile": (bq, _odd(depth)), "kv_tile": (bk, _odd(max(depth, o.width))),
+              "s_tile": (bq, _odd(bk)), "top": (bq,), "total": (bq,), "alpha": (bq,)}
+    return {"s": s, "o": o, "arrays": arrays, "accumulators": o.owned + s.owned}
+
+
+def _key_grads_layout(bq: int, bk: int, depth: int, width: int, threads: int) -> dict:
+    st, dk, dv = split(bk, bq, threads), split(bk, depth, threads), split(bk, width, threads)
+    arrays = {"k_tile": (bk, _odd(depth)), "v_tile": (bk, _odd(width)),
+              "q_tile": (bq, _odd(max(depth, dk.width))), "g_tile": (bq, _odd(max(width, dv.width))),
+              "p_tile": (bk, _odd(bq)), "lse_tile": (bq,), "delta_tile": (bq,)}
+    return {"st": st, "dk": dk, "dv": dv, "arrays": arrays, "accumulators": dk.owned + dv.owned + 2 * st.owned}
+
+
+def _query_grads_layout(bq: int, bk: int, depth: int, width: int, threads: int) -> dict:
+    sq, dq = split(bq, bk, threads), split(bq, depth, threads)
+    arrays = {"q_tile": (bq, _odd(depth)), "g_tile": (bq, _odd(width)),
+              "k_tile": (bk, _odd(max(depth, dq.width))), "v_tile": (bk, _odd(width)),
+              "ds_tile": (bq, _odd(bk)), "lse_tile": (bq,), "delta_tile": (bq,)}
+    return {"sq": sq, "dq": dq, "arrays": arrays, "accumulators": dq.owned + 2 * sq.owned}
+
+
+def _bytes(layout: dict) -> int:
+    total = 0
+    for shape in layout["arrays"].values():
+        cells = 1
+        for size in shape:
+            cells *= size
+        total += 4 * cells
+    return total
+
+
+def _choose(layouts, depth: int, width: int) -> Tiles | None:
+    threads = THREADS
+    for bq, bk in CANDIDATES:
+        if threads > bq * bk:
+            continue
+        made = [layout(bq, bk, depth, width, threads) for layout in layouts]
+        shared = tuple(_bytes(m) for m in made)
+        accumulators = max(m["accumulators"] for m in made)
+        if max(shared) <= kit.MAX_SHARED_BYTES and accumulators <= MAX_ACCUMULATORS:
+            return Tiles(bq, bk, threads, shared, accumulators)
+    return None
+
+
+def forward_tiles(depth: int, width: int) -> Tiles | None:
+    """attention_tiled's tiles for head sizes D and Dv (None: no candidate fits)."""
+    return _choose([_forward_layout], depth, width)
+
+
+def backward_tiles(depth: int, width: int) -> Tiles | None:
+    """attention_tiled_grad's tiles (one choice for both kernels; None: no candidate fits)."""
+    return _choose([_key_grads_layout, _query_grads_layout], depth, width)
+
+
+# ------------------------------------------------------------------ generated lines
+def _indent(lines: list[str], levels: int = 1) -> list[str]:
+    return ["    " * levels + line for line in lines]
+
+
+def _shared(arrays: dict) -> list[str]:
+    """One declaration a line (the simulator aliases two shared arrays declared on one line)."""
+    return [f"{name} = cuda.shared.array({shape if len(shape) > 1 else shape[0]}, numba.float32)"
+            for name, shape in arrays.items()]
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A split as generated code sees it: the thread's rows ``{prefix}r{m}`` and columns
+    ``{prefix}c{k}`` (thread constants), and its cells (m, k)."""
+
+    split: Split
+    prefix: str
+
+    def row(self, m: int) -> str:
+        return f"{self.prefix}r{m}"
+
+    def col(self, k: int) -> str:
+        return f"{self.prefix}c{k}"
+
+    @property
+    def cells(self) -> list[tuple[int, int]]:
+        return [(m, k) for m in range(self.split.rm) for k in range(self.split.cm)]
+
+    def constants(self) -> list[str]:
+        s, p = self.split, self.prefix
+        return ([f"{p}y = t // {s.tx}", f"{p}x = t - {p}y * {s.tx}"]
+                + [f"{self.row(m)} = {p}y + {s.ty * m}" for m in range(s.rm)]
+                + [f"{self.col(k)} = {p}x + {s.tx * k}" for k in range(s.cm)])
+
+    def set(self, acc: str, value: str) -> list[str]:
+        return [f"{acc}{m}_{k} = {value}" for m, k in self.cells]
+
+    def product(self, acc: str, count: int, left: str, right: str) -> list[str]:
+        """{acc}{m}_{k} += left(row m, i) * right(i, column k) for i in order (``left`` and
+        ``right`` are templates over {row} and {col})."""
+        body = [f"a{m} = {left.format(row=self.row(m))}" for m in range(self.split.rm)]
+        body += [f"b{k} = {right.format(col=self.col(k))}" for k in range(self.split.cm)]
+        body += [f"{acc}{m}_{k} = {acc}{m}_{k} + a{m} * b{k}" for m, k in self.cells]
+        return [f"for i in range({count}):"] + _indent(body)
+
+    def write(self, acc: str, first: str, t: int, row_base: str, used: int, width: int) -> list[str]:
+        """The accumulators into output rows row_base + first + row (those < t), columns < used."""
+        lines = []
+        for m, k in self.cells:
+            lines += [f"if {first} + {self.row(m)} < {t} and {self.col(k)} < {used}:",
+                      f"    out0[({row_base} + {first} + {self.row(m)}) * {width} + {self.col(k)}] = {acc}{m}_{k}"]
+        return lines
+
+
+def _load(tile: str, shape: tuple[int, int], first: str, count: int, columns: int, read: str,
+          threads: int) -> list[str]:
+    """Fill a shared tile cooperatively: row r, column c is ``read`` (over ``row`` = first + r
+    and ``c``) where row < count and c < columns, else +0.0 (ragged rows and padding)."""
+    rows, width = shape
+    return ["e = t", f"while e < {rows * width}:",
+            f"    r = e // {width}", f"    c = e - r * {width}", f"    row = {first} + r",
+            "    x = np.float32(0.0)", f"    if row < {count} and c < {columns}:", f"        x = {read}",
+            f"    {tile}[r, c] = x", f"    e += {threads}"]
+
+
+def _row_loop(threads: int, rows: int, body: list[str]) -> list[str]:
+    """The tile's rows r dealt to threads in turn."""
+    return ["r = t", f"while r < {rows}:"] + _indent(body) + [f"    r += {threads}"]
+
+
+def _zero_tail(threads: int, rows: int, first: str, count: int, row_base: str, used: int, width: int) -> list[str]:
+    """+0.0 into columns used..width-1 of the block's output rows (the packed output's spare columns)."""
+    if used >= width:
+        return []
+    spare = width - used
+    return ["e = t", f"while e < {rows * spare}:", f"    r = e // {spare}", f"    row = {first} + r",
+            f"    if row < {count}:", f"        out0[({row_base} + row) * {width} + {used} + e - r * {spare}] = "
+            "np.float32(0.0)", f"    e += {threads}"]
+
+
+def _work(count: int, decode: list[str], body: list[str]) -> list[str]:
+    return (["work = cuda.blockIdx.x", f"while work < {count}:"] + _indent(decode + body)
+            + ["    cuda.syncthreads()  # shared memory is reused by the block's next item",
+               "    work += cuda.gridDim.x"])
+
+
+def _launch(op, kernel: str, blocks: int, threads: int, shared: int) -> kit.Launch:
+    return kit.Launch(kernel, (max(1, min(blocks, kit.MAX_ROWS)), 1, 1), (threads, 1, 1), shared)
+
+
+def _no_tiles(op, what: str):
+    node = op.node
+    raise UnsupportedError(f"{node.op} {node.type} on cuda: no {what} tile of {CANDIDATES} fits "
+                           f"{kit.MAX_SHARED_BYTES} bytes of shared memory and {MAX_ACCUMULATORS} "
+                           "accumulators per thread for these head sizes", loc=node.loc, op=node.op)
+
+
+def _masked(causal: bool, key: str, query: str, t: int, ragged_queries: bool = True) -> str:
+    """When score (query, key) is masked: a key past the sequence, causal a key after the query,
+    and (``ragged_queries``) a query past the sequence. The forward keeps those queries' rows
+    unmasked (finite, never written out); the backward needs them masked (their logsumexp is 0)."""
+    condition = f"{key} >= {t}" + (f" or {query} >= {t}" if ragged_queries else "")
+    return condition + (f" or {key} > {query}" if causal else "")
+
+
+def _lse_read(op, t: int, width: int, query: str) -> str:
+    """Query ``query``'s logsumexp in attention_tiled's packed value (operand 3)."""
+    return op.read(3, ["b", "h", f"({t} + ({query}) // {width})", f"(({query}) % {width})"])
+
+
+# ------------------------------------------------------------------ attention_tiled
+def cuda_tiled(op):
+    """attention_tiled: a block per (batch, head, query tile), online softmax over the key tiles."""
+    batch, heads, t, depth = op.shapes[0]
+    kv_heads, width = op.shapes[1][1], op.shapes[2][3]
+    group = heads // kv_heads
+    causal, scale = op.attrs["causal"], f"np.float32({op.attrs['scale']!r})"
+    tiles = forward_tiles(depth, width)
+    if tiles is None:
+        _no_tiles(op, "forward")
+    bq, bk, threads = tiles.queries, tiles.keys, tiles.threads
+    layout = _forward_layout(bq, bk, depth, width, threads)
+    s, o, arrays = Owned(layout["s"], "s"), Owned(layout["o"], "o"), layout["arrays"]
+    nq, nk = kit.ceil_div(t, bq), kit.ceil_div(t, bk)
+    rows = t + kit.ceil_div(t, width)  # a head's rows: O, then the logsumexps
+    lse_cells = kit.ceil_div(t, width) * width
+    last = f"(min(first + {bq}, {t}) - 1) // {bk} + 1" if causal else str(nk)
+    decode = [f"bh = work // {nq}", f"item = work - bh * {nq}", f"b = bh // {heads}", f"h = bh - b * {heads}",
+              f"hk = h // {group}  # the key/value head of query head h",
+              f"block = {nq - 1} - item  # the longest causal rows first" if causal else "block = item",
+              f"first = block * {bq}"]
+    mask = []
+    for m, k in s.cells:
+        mask += [f"s{m}_{k} = s{m}_{k} * {scale}",
+                 f"if {_masked(causal, f'k0 + {s.col(k)}', f'first + {s.row(m)}', t, False)}:",
+                 f"    s{m}_{k} = np.float32(-math.inf)", f"s_tile[{s.row(m)}, {s.col(k)}] = s{m}_{k}"]
+    key_tile = ([f"k0 = kb * {bk}", "cuda.syncthreads()  # the Q tile is in; the previous key tile's readers are done"]
+                + _load("kv_tile", arrays["kv_tile"], "k0", t, depth, op.read(1, ["b", "hk", "row", "c"]), threads)
+                + ["cuda.syncthreads()", "# S = scale * Q K^T, masked"]
+                + s.set("s", "np.float32(0.0)")
+                + s.product("s", depth, "q_tile[{row}, i]", "kv_tile[{col}, i]")
+                + mask
+                + ["cuda.syncthreads()", "# V replaces K; each query's new running max"]
+                + _load("kv_tile", arrays["kv_tile"], "k0", t, width, op.read(2, ["b", "hk", "row", "c"]), threads)
+                + _row_loop(threads, bq, ["mx = top[r]", f"for c in range({bk}):", "    x = s_tile[r, c]",
+                                          "    if x > mx:", "        mx = x",
+                                          "alpha[r] = math.exp(top[r] - mx)", "top[r] = mx"])
+                + ["cuda.syncthreads()", "# P = exp(S - max)"]
+                + [f"s_tile[{s.row(m)}, {s.col(k)}] = math.exp(s_tile[{s.row(m)}, {s.col(k)}] - top[{s.row(m)}])"
+                   for m, k in s.cells]
+                + ["cuda.syncthreads()", "# the running sums, and O = O * alpha + P V"]
+                + _row_loop(threads, bq, ["x = total[r] * alpha[r]", f"for c in range({bk}):",
+                                          "    x = x + s_tile[r, c]", "total[r] = x"])
+                + [f"a{m} = alpha[{o.row(m)}]" for m in range(o.split.rm)]
+                + [f"o{m}_{k} = o{m}_{k} * a{m}" for m, k in o.cells]
+                + o.product("o", bk, "s_tile[{row}, i]", "kv_tile[i, {col}]"))
+    body = (_load("q_tile", arrays["q_tile"], "first", t, depth, op.read(0, ["b", "h", "row", "c"]), threads)
+            + _row_loop(threads, bq, ["top[r] = np.float32(-math.inf)", "total[r] = np.float32(0.0)"])
+            + o.set("o", "np.float32(0.0)")
+            + [f"for kb in range({last}):"] + _indent(key_tile)
+            + ["cuda.syncthreads()  # the sums are final", "# O / sum and each query's logsumexp"])
+    for m, k in o.cells:
+        body += [f"if first + {o.row(m)} < {t} and {o.col(k)} < {width}:",
+                 f"    out0[(bh * {rows} + first + {o.row(m)}) * {width} + {o.col(k)}] = o{m}_{k} / total[{o.row(m)}]"]
+    lse = f"out0[(bh * {rows} + {t}) * {width} + first + r]"  # query first + r's logsumexp cell
+    body += _row_loop(threads, bq, [f"if first + r < {t}:", f"    {lse} = top[r] + math.log(total[r])"])
+    if lse_cells > t:  # the unused tail of the last logsumexp row
+        body += [f"if block == {nq - 1}:", "    e = t", f"    while e < {lse_cells - t}:",
+                 f"        out0[(bh * {rows} + {t}) * {width} + {t} + e] = np.float32(0.0)", f"        e += {threads}"]
+    kernel_body = (_shared(arrays) + ["t = cuda.threadIdx.x"] + s.constants() + o.constants()
+                   + _work(batch * heads * nq, decode, body))
+    source = kit.kernel_source("kernel", op.arguments, kernel_body,
+                               f"attention_tiled: a block per (batch, head, {bq} queries), {bk} keys a step.")
+    launch = _launch(op, "kernel", batch * heads * nq, threads, tiles.shared_bytes[0])
+    skipped = ", causal blocks above the diagonal skipped" if causal else ""
+    return kit.Kernels(f"attention_tiled: {batch * heads} heads x {nq} query tiles, a block each; "
+                       f"{tiles.describe()}{skipped}", source, [launch])
+
+
+# ------------------------------------------------------------------ attention_tiled_grad
+def _recompute(o: Owned, key: str, query: str, depth: int, width: int, t: int, causal: bool, scale: str,
+               reads: tuple[str, str, str, str]) -> list[str]:
+    """p{m}_{k} and ds{m}_{k} of the thread's cells of a score tile, cell (m, k) being key
+    k0 + key(m, k) and query q0 + query(m, k) (``key``, ``query``: templates over {row} and
+    {col}): P = exp(scale S - lse), 0 where masked; dS = P (dP - D) scale. ``reads``: the
+    left and right operands of S and of dP, as product templates."""
+    lines = o.set("p", "np.float32(0.0)") + o.product("p", depth, reads[0], reads[1])
+    lines += o.set("d", "np.float32(0.0)") + o.product("d", width, reads[2], reads[3])
+    for m, k in o.cells:
+        here_key, here_query = key.format(row=o.row(m), col=o.col(k)), query.format(row=o.row(m), col=o.col(k))
+        lines += [f"p{m}_{k} = math.exp(p{m}_{k} * {scale} - lse_tile[{here_query}])",
+                  f"if {_masked(causal, f'k0 + {here_key}', f'q0 + {here_query}', t)}:",
+                  f"    p{m}_{k} = np.float32(0.0)",
+                  f"ds{m}_{k} = p{m}_{k} * (d{m}_{k} - delta_tile[{here_query}]) * {scale}"]
+    return lines
+
+
+def _row_statistics(op, threads: int, bq: int, t: int, width: int) -> list[str]:
+    """Each query row's logsumexp and D = rowsum(dO * O) (from the saved O), in order of columns."""
+    return _row_loop(threads, bq, [
+        "i = q0 + r", "lse = np.float32(0.0)", "dot = np.float32(0.0)", f"if i < {t}:",
+        f"    lse = {_lse_read(op, t, width, 'i')}", f"    for c in range({width}):",
+        f"        dot = dot + {op.read(4, ['b', 'h', 'i', 'c'])} * {op.read(3, ['b', 'h', 'i', 'c'])}",
+        "lse_tile[r] = lse", "delta_tile[r] = dot"])
+
+
+def cuda_tiled_grad(op):
+    """attention_tiled_grad: dK and dV per key tile (``key_grads``), then dQ per query tile
+    (``query_grads``); each block writes only its own rows of the packed output."""
+    batch, heads, t, depth = op.shapes[0]
+    kv_heads, width = op.shapes[1][1], op.shapes[2][3]
+    group = heads // kv_heads
+    packed, columns = heads + 2 * kv_heads, max(depth, width)
+    causal, scale = op.attrs["causal"], f"np.float32({op.attrs['scale']!r})"
+    tiles = backward_tiles(depth, width)
+    if tiles is None:
+        _no_tiles(op, "backward")
+    bq, bk, threads = tiles.queries, tiles.keys, tiles.threads
+    nq, nk = kit.ceil_div(t, bq), kit.ceil_div(t, bk)
+    q_read, g_read = op.read(0, ["b", "h", "row", "c"]), op.read(4, ["b", "h", "row", "c"])
+    k_read, v_read = op.read(1, ["b", "hk", "row", "c"]), op.read(2, ["b", "hk", "row", "c"])
+
+    # key_grads: dK and dV of one key tile, over the group's query heads and their query tiles
+    layout = _key_grads_layout(bq, bk, depth, width, threads)
+    st, dk, dv = Owned(layout["st"], "st"), Owned(layout["dk"], "dk"), Owned(layout["dv"], "dv")
+    arrays = layout["arrays"]
+    dk_base, dv_base = f"(b * {packed} + {heads} + hk) * {t}", f"(b * {packed} + {heads + kv_heads} + hk) * {t}"
+    decode = [f"bkv = work // {nk}", f"kb = work - bkv * {nk}  # causal: the longest key columns first",
+              f"b = bkv // {kv_heads}", f"hk = bkv - b * {kv_heads}", f"k0 = kb * {bk}"]
+    query_tile = (["cuda.syncthreads()  # K and V are in; the previous query tile's readers are done"]
+                  + _load("q_tile", arrays["q_tile"], "q0", t, depth, q_read, threads)
+                  + _load("g_tile", arrays["g_tile"], "q0", t, width, g_read, threads)
+                  + _row_statistics(op, threads, bq, t, width)
+                  + ["cuda.syncthreads()", "# P^T and dS^T of the tile, recomputed from the logsumexp"]
+                  + _recompute(st, "{row}", "{col}", depth, width, t, causal, scale,
+                               ("k_tile[{row}, i]", "q_tile[{col}, i]", "v_tile[{row}, i]", "g_tile[{col}, i]"))
+                  + [f"p_tile[{st.row(m)}, {st.col(k)}] = p{m}_{k}" for m, k in st.cells]
+                  + ["cuda.syncthreads()", "# dV += P^T dO"]
+                  + dv.product("dv", bq, "p_tile[{row}, i]", "g_tile[i, {col}]")
+                  + ["cuda.syncthreads()", "# dS^T replaces P^T"]
+                  + [f"p_tile[{st.row(m)}, {st.col(k)}] = ds{m}_{k}" for m, k in st.cells]
+                  + ["cuda.syncthreads()", "# dK += dS^T Q"]
+                  + dk.product("dk", bq, "p_tile[{row}, i]", "q_tile[i, {col}]"))
+    body = (_load("k_tile", arrays["k_tile"], "k0", t, depth, k_read, threads)
+            + _load("v_tile", arrays["v_tile"], "k0", t, width, v_read, threads)
+            + dk.set("dk", "np.float32(0.0)") + dv.set("dv", "np.float32(0.0)")
+            + [f"for member in range({group}):", f"    h = hk * {group} + member",
+               f"    for qb in range({f'k0 // {bq}' if causal else '0'}, {nq}):", f"        q0 = qb * {bq}"]
+            + _indent(query_tile, 2)
+            + ["# dK and dV of the tile's keys (+0.0 in the spare columns)"]
+            + dk.write("dk", "k0", t, dk_base, depth, columns)
+            + _zero_tail(threads, bk, "k0", t, dk_base, depth, columns)
+            + dv.write("dv", "k0", t, dv_base, width, columns)
+            + _zero_tail(threads, bk, "k0", t, dv_base, width, columns))
+    key_body = (_shared(arrays) + ["t = cuda.threadIdx.x"] + st.constants() + dk.constants() + dv.constants()
+                + _work(batch * kv_heads * nk, decode, body))
+    source = kit.kernel_source("key_grads", op.arguments, key_body,
+                               f"attention_tiled_grad: dK and dV, a block per (batch, key/value head, {bk} keys).")
+    launches = [_launch(op, "key_grads", batch * kv_heads * nk, threads, tiles.shared_bytes[0])]
+
+    # query_grads: dQ of one query tile, over its key tiles
+    layout = _query_grads_layout(bq, bk, depth, width, threads)
+    sq, dq, arrays = Owned(layout["sq"], "sq"), Owned(layout["dq"], "dq"), layout["arrays"]
+    dq_base = f"(b * {packed} + h) * {t}"
+    last = f"(min(q0 + {bq}, {t}) - 1) // {bk} + 1" if causal else str(nk)
+    decode = [f"bh = work // {nq}", f"item = work - bh * {nq}", f"b = bh // {heads}", f"h = bh - b * {heads}",
+              f"hk = h // {group}",
+              f"q0 = ({nq - 1} - item) * {bq}  # the longest causal rows first" if causal else f"q0 = item * {bq}"]
+    key_tile = ([f"k0 = kb * {bk}",
+                 "cuda.syncthreads()  # Q, dO and the statistics are in; the previous key tile's readers are done"]
+                + _load("k_tile", arrays["k_tile"], "k0", t, depth, k_read, threads)
+                + _load("v_tile", arrays["v_tile"], "k0", t, width, v_read, threads)
+                + ["cuda.syncthreads()", "# P and dS of the tile, recomputed from the logsumexp"]
+                + _recompute(sq, "{col}", "{row}", depth, width, t, causal, scale,
+                             ("q_tile[{row}, i]", "k_tile[{col}, i]", "g_tile[{row}, i]", "v_tile[{col}, i]"))
+                + [f"ds_tile[{sq.row(m)}, {sq.col(k)}] = ds{m}_{k}" for m, k in sq.cells]
+                + ["cuda.syncthreads()", "# dQ += dS K"]
+                + dq.product("dq", bk, "ds_tile[{row}, i]", "k_tile[i, {col}]"))
+    body = (_load("q_tile", arrays["q_tile"], "q0", t, depth, q_read, threads)
+            + _load("g_tile", arrays["g_tile"], "q0", t, width, g_read, threads)
+            + _row_statistics(op, threads, bq, t, width)
+            + dq.set("dq", "np.float32(0.0)")
+            + [f"for kb in range({last}):"] + _indent(key_tile)
+            + ["# dQ of the tile's queries (+0.0 in the spare columns)"]
+            + dq.write("dq", "q0", t, dq_base, depth, columns)
+            + _zero_tail(threads, bq, "q0", t, dq_base, depth, columns))
+    query_body = (_shared(arrays) + ["t = cuda.threadIdx.x"] + sq.constants() + dq.constants()
+                  + _work(batch * heads * nq, decode, body))
+    source += kit.kernel_source("query_grads", op.arguments, query_body,
+                                f"attention_tiled_grad: dQ, a block per (batch, head, {bq} queries).")
+    launches.append(_launch(op, "query_grads", batch * heads * nq, threads, tiles.shared_bytes[1]))
+    return kit.Kernels(f"attention_tiled_grad: dK and dV over {batch * kv_heads} key/value heads x {nk} key "
+                       f"tiles, then dQ over {batch * heads} heads x {nq} query tiles, a block each (no atomics); "
+                       f"{tiles.describe()}", source, launches)

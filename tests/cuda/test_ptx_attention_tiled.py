@@ -1,0 +1,71 @@
+"""The tiled attention schedule's cuda kernels at realistic shapes (t=512, D=64 and D=128, GQA, Dv != D),
+compiled for sm_90 without a GPU (NVVM to PTX, nvJitLink to cubin) with tests/cuda/test_ptx.py's
+check_cubins: no spills, registers within bounds, float32 only. Each kernel's registers, spills and
+shared memory are printed (``pytest -s``); the launches declare the shared memory the tile choice
+(bendc/ops/attention/cuda_tiled.py) computed; the PTX keeps a rounded multiply (mul.rn.f32) for
+each multiply-accumulate line of the generated source (NVVM did not contract them), and the SASS
+keeps each as an FMUL (nor did nvJitLink: the FFMAs there come from libdevice's exp and log and the
+division's refinement). Nothing here runs a kernel: no GPU timing or GPU results are claimed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+
+import pytest
+
+if importlib.util.find_spec("numba_cuda") is None:
+    pytest.skip("numba-cuda is not installed (pip install 'bendc[cuda]')", allow_module_level=True)
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    pytest.skip("PTX needs the real numba.cuda: run without NUMBA_ENABLE_CUDASIM", allow_module_level=True)
+
+from bendc.ops.attention.cuda_tiled import THREADS, backward_tiles, forward_tiles  # noqa: E402
+from cuda_programs import Program, tiled_attention_program  # noqa: E402
+from test_ptx import check_cubins  # noqa: E402
+from test_sass import sass_ops  # noqa: E402
+
+# causal, (batch, heads, kv heads, t, D, Dv) per program
+SHAPES = {"tiled_causal_d64": (True, (1, 4, 2, 512, 64, 64)),
+          "tiled_full_d128": (False, (1, 4, 2, 512, 128, 128)),
+          "tiled_causal_d128_v64": (True, (1, 4, 1, 512, 128, 64))}
+PROGRAMS = [tiled_attention_program(name, causal, *shape) for name, (causal, shape) in SHAPES.items()]
+
+
+PRODUCT = re.compile(r"^\s+(\w+) = \1 \+ a\d+ \* b\d+$", re.M)  # a tile product's multiply-accumulate
+
+
+def kernel_source(module: str, kernel: str) -> str:
+    """One kernel function's lines of a generated module."""
+    start = module.index(f"\ndef {kernel}(")
+    end = module.find("\n@jit", start)
+    return module[start:end if end >= 0 else len(module)]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("cuda-kernels"))
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
+def test_tiled_kernels_compile_without_spills(program: Program, cache_dir: str, tmp_path) -> None:
+    compiled = [entry for entry in check_cubins(program, cache_dir, float64_ops=frozenset())
+                if entry[0].op.startswith("attention_tiled")]
+    assert sorted(launch["kernel"] for _, launch, _ in compiled) == ["kernel", "key_grads", "query_grads"]
+    _, (_, _, _, _, depth, width) = SHAPES[program.name]
+    forward, backward = forward_tiles(depth, width), backward_tiles(depth, width)
+    declared = {"kernel": forward.shared_bytes[0], "key_grads": backward.shared_bytes[0],
+                "query_grads": backward.shared_bytes[1]}
+    for step, launch, kernel in compiled:
+        name = f"{program.name} {step.name}.{launch['kernel']}"
+        assert tuple(launch["block"]) == (THREADS, 1, 1), (name, launch)
+        assert launch["shared_bytes"] == declared[launch["kernel"]], (name, launch)
+        assert kernel.shared_bytes >= launch["shared_bytes"], (name, kernel.info_log)
+        products = len(PRODUCT.findall(kernel_source(step.source, launch["kernel"])))
+        multiplies = len(re.findall(r"\bmul\.rn\.f32\b", kernel.ptx))
+        assert products > 0 and multiplies >= products, f"{name}: {products} acc + a * b lines, {multiplies} mul.rn.f32"
+        sass = sass_ops(kernel.cubin, tmp_path)
+        assert sass["FMUL"] >= multiplies, f"{name}: {multiplies} mul.rn.f32 in PTX, SASS {sass}"
+        print(f"\n  {name}: {kernel.registers} registers, {kernel.spill_stores + kernel.spill_loads} spill bytes, "
+              f"{launch['shared_bytes']} bytes static shared ({kernel.shared_bytes} in the cubin), grid "
+              f"{tuple(launch['grid'])}, block {tuple(launch['block'])}; SASS {dict(sass)}")
