@@ -383,8 +383,9 @@ def _row_read(op: kit.CudaNode, operand: int, row: str, column: str, prefix: str
     matrix = reshaped(op.accesses[operand], shape, (rows, length))
     if matrix is not None:
         return [], f"{op.names[operand]}[{matrix.flat([row, column])}]"
-    split = [f"{prefix}n = {row} // {groups}", f"{prefix}c = {row} % {groups} * {per_group} + {column} // {spatial}",
-             f"{prefix}s = {column} % {spatial}"]
+    split = [f"{prefix}n = ({row}) // {groups}",
+             f"{prefix}c = ({row}) % {groups} * {per_group} + ({column}) // {spatial}",
+             f"{prefix}s = ({column}) % {spatial}"]
     spatial_split, spatial_names = kit.unflatten(f"{prefix}s", shape[2:], f"{prefix}a")
     return split + spatial_split, op.read(operand, [f"{prefix}n", f"{prefix}c"] + spatial_names)
 
