@@ -28,11 +28,14 @@ backward per layer. The fused kernels make one pass for the statistics, one for 
 L1-resident row.
 
 Numbers. Everything inside a row is float64, rounded once to float32 per output element:
-- the statistics: mean = sum(x)/L, then the biased variance sum((x - mean)^2)/L around it (two
-  passes, so it is never negative), rstd = 1/sqrt(var + eps). Each sum runs LANES independent
-  partial sums (lane k takes elements k, k+LANES, ...; the tail past the last full block one more
-  sum) combined in a fixed order: LLVM vectorizes the lanes, and the result does not depend on
-  the thread count;
+- the statistics, in one pass: with d = x - x0 (x0 the row's first element), S1 = sum(d) and
+  S2 = sum(d*d); mean = x0 + S1/L, var = (S2 - S1*(S1/L))/L (at least 0), rstd = 1/sqrt(var + eps).
+  The shift keeps the cancellation small: (x0 - mean)^2 <= L*var, so var's relative error is at
+  most ~1e-16 * L^2 / LANES (1e-12 at the example's L = 1024), far below float32's rounding; the
+  second pass a centered variance needs cost ~15% of the kernels. Each sum runs LANES
+  independent partial sums (lane k takes elements k, k+LANES, ... of the full blocks; the tail
+  past the last full block one more sum) added in lane order: LLVM vectorizes the lanes, and
+  the result does not depend on the thread count;
 - the forward: y = (x - mean) * (rstd * w[c]) + b[c] (without weight the scale is rstd, without
   bias nothing is added);
 - the backward, PyTorch's formula: per channel ds = sum_s dy*x, db = sum_s dy (lanes); per row,
@@ -47,8 +50,9 @@ usual tolerances of PyTorch's (tests/ops/test_group_norm.py). The reference inte
 the same float64 sums in the same order, so the cpu kernels match it bit for bit.
 
 On cuda each op is one block per row: float64 partial sums combined in a shared-memory tree
-(``.f64`` on purpose: tests/cuda/test_ptx.py allows it for these ops), so results agree with the
-reference to float64 rounding (tests use the usual tolerances). The backward's dweight and
+(``.f64`` on purpose: tests/cuda/test_ptx.py allows it for these ops), the variance centered
+(a second tree over (x - mean)^2, as norm_rstd's), so results agree with the reference to
+float64 rounding (tests use the usual tolerances). The backward's dweight and
 dbias are a second kernel, one block per channel, each thread summing over samples (recomputing
 its row's statistics and the channel's two sums), combined in a tree: no atomics, a fixed order.
 """
@@ -146,15 +150,20 @@ def lane_sum(a: np.ndarray) -> np.ndarray:
 
 
 def _row_stats(x: np.ndarray, groups: int, eps: float):
-    """x (N, C, *) -> rows (N, G, D, S) in float64, mean and rstd (N, G, 1, 1)."""
+    """x (N, C, *) -> rows (N, G, D, S) in float64, mean and rstd (N, G, 1, 1): one pass of sums
+    of d and d*d, d = x - x0 (x0 the row's first element), as the cpu kernels."""
     batch, channels = x.shape[:2]
     rows = np.asarray(x, np.float64).reshape(batch, groups, channels // groups, -1)
     length = rows.shape[2] * rows.shape[3]
     flat = rows.reshape(batch, groups, length)
+    shift = flat[..., 0] if length else np.zeros((batch, groups))
+    deviation = flat - shift[..., None]
+    total, squares = lane_sum(deviation), lane_sum(deviation * deviation)
     with np.errstate(divide="ignore", invalid="ignore"):
-        mean = lane_sum(flat) / length
-        deviation = flat - mean[..., None]
-        rstd = 1.0 / np.sqrt(lane_sum(deviation * deviation) / length + eps)
+        mean = shift + total / length
+        variance = (squares - total * (total / length)) / length
+        variance = np.where(variance < 0.0, 0.0, variance)
+        rstd = 1.0 / np.sqrt(variance + eps)
     return rows, mean[..., None, None], rstd[..., None, None]
 
 
@@ -241,28 +250,42 @@ def vjp_group_norm(b, node, grad, needs):
 # ------------------------------------------------------------------ CPU kernels
 def _lane_lines(names: list[str], terms: list[str], length: str, indent: str) -> list[str]:
     """Source lines summing ``terms`` (expressions of ``i``) over ``range(length)`` into ``names``
-    (float64) in lane_sum's order. The lanes are a small array and their count the kernel's
-    argument ``lanes`` (= LANES), not a literal: LLVM would unroll a literal 32-trip loop before its
-    loop vectorizer runs (numba leaves the SLP vectorizer off), and the scalar code is ~2x slower."""
-    lines = [f"{name}_lanes = np.zeros(lanes)" for name in names] + [f"{name}_tail = 0.0" for name in names]
+    (float64) in lane_sum's order, the lanes of the k-th sum in the row's array ``lanes_k``
+    (allocated once per row, _row_lines). The lane count is the kernel's argument ``lanes``, not a
+    literal: LLVM would unroll a literal 32-trip loop before its loop vectorizer runs (numba leaves
+    the SLP vectorizer off), and the scalar code is ~2x slower."""
+    lines = ["for k in range(lanes):"] + [f"    lanes_{k}[k] = 0.0" for k in range(len(names))]
+    lines += [f"{name}_tail = 0.0" for name in names]
     lines += [f"for block in range({length} // lanes):", "    base = block * lanes", "    for k in range(lanes):",
               "        i = base + k"]
-    lines += [f"        {name}_lanes[k] += {term}" for name, term in zip(names, terms)]
+    lines += [f"        lanes_{k}[k] += {term}" for k, term in enumerate(terms)]
     lines.append(f"for i in range({length} - {length} % lanes, {length}):")
     lines += [f"    {name}_tail += {term}" for name, term in zip(names, terms)]
     lines += [f"{name} = 0.0" for name in names] + ["for k in range(lanes):"]
-    lines += [f"    {name} += {name}_lanes[k]" for name in names]
+    lines += [f"    {name} += lanes_{k}[k]" for k, name in enumerate(names)]
     lines += [f"{name} += {name}_tail" for name in names]
     return [indent + line for line in lines]
 
 
+def _row_lines(parallel: bool, sums: int) -> list[str]:
+    """The loop over (sample, group) rows and what each row starts with: its group, its elements
+    as ``row`` and ``sums`` lane arrays (a local array: LLVM knows it aliases nothing, so the lane
+    loops vectorize without runtime alias checks; once per row, as an allocation per channel cost
+    more than the sums)."""
+    return ([f"    for r in {'prange' if parallel else 'range'}(x2.shape[0]):", "        g = r % groups",
+             "        row = x2[r]"] + [f"        lanes_{k} = np.empty(lanes)" for k in range(sums)])
+
+
 def _stats_lines(indent: str) -> list[str]:
-    """Row r's mean and rstd (float64) from ``row`` (x[r] flat, ``size`` elements)."""
-    return (_lane_lines(["total"], ["np.float64(row[i])"], "size", indent)
-            + [f"{indent}mean = total / size"]
-            + _lane_lines(["squares"], ["(np.float64(row[i]) - mean) * (np.float64(row[i]) - mean)"], "size",
-                          indent)
-            + [f"{indent}rstd = 1.0 / math.sqrt(squares / size + eps)"])
+    """Row r's mean and rstd (float64) from ``row`` (x[r] flat, ``size`` elements), _row_stats's
+    single pass."""
+    d = "(np.float64(row[i]) - shift)"
+    return ([f"{indent}shift = np.float64(row[0]) if size > 0 else 0.0"]
+            + _lane_lines(["total", "squares"], [d, f"{d} * {d}"], "size", indent)
+            + [f"{indent}mean = shift + total / size",
+               f"{indent}variance = (squares - total * (total / size)) / size",
+               f"{indent}if variance < 0.0:", f"{indent}    variance = 0.0",
+               f"{indent}rstd = 1.0 / math.sqrt(variance + eps)"])
 
 
 def _cpu_group_norm(attrs, ins, out):
@@ -273,9 +296,7 @@ def _cpu_group_norm(attrs, ins, out):
     scale = "rstd * np.float64(w[g * per_group + j])" if weight else "rstd"
     shift = " + shift" if bias else ""
     lines = [njit_decorator(parallel), "def _rows(x3, x2, w, b, y3, groups, eps, lanes):",
-             "    per_group, spatial = x3.shape[1], x3.shape[2]", "    size = x2.shape[1]",
-             f"    for r in {'prange' if parallel else 'range'}(x2.shape[0]):",
-             "        g = r % groups", "        row = x2[r]"]
+             "    per_group, spatial = x3.shape[1], x3.shape[2]", "    size = x2.shape[1]"] + _row_lines(parallel, 2)
     lines += _stats_lines("        ")
     lines += ["        for j in range(per_group):", f"            scale = {scale}"]
     if bias:
@@ -307,9 +328,7 @@ def _cpu_group_norm_grad(attrs, ins, out):
     weight, grad_input, grad_affine = attrs["weight"], attrs["grad_input"], attrs["grad_affine"]
     wj = "np.float64(w[g * per_group + j])" if weight else "1.0"
     lines = [njit_decorator(parallel), "def _rows(x3, x2, g3, w, dx3, ds, db, stats, groups, eps, lanes):",
-             "    per_group, spatial = x3.shape[1], x3.shape[2]", "    size = x2.shape[1]",
-             f"    for r in {'prange' if parallel else 'range'}(x2.shape[0]):",
-             "        g = r % groups", "        row = x2[r]"]
+             "    per_group, spatial = x3.shape[1], x3.shape[2]", "    size = x2.shape[1]"] + _row_lines(parallel, 2)
     lines += _stats_lines("        ")
     lines += ["        stats[r, 0] = mean", "        stats[r, 1] = rstd",
               "        sdw = 0.0", "        sbw = 0.0", "        for j in range(per_group):",
