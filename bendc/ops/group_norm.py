@@ -155,7 +155,7 @@ def _row_stats(x: np.ndarray, groups: int, eps: float):
     """x (N, C, *) -> rows (N, G, D, S) in float64, mean and rstd (N, G, 1, 1): one pass of sums
     of d and d*d, d = x - x0 (x0 the row's first element), as the cpu kernels."""
     batch, channels = x.shape[:2]
-    rows = np.asarray(x, np.float64).reshape(batch, groups, channels // groups, -1)
+    rows = np.asarray(x, np.float64).reshape(batch, groups, channels // groups, numel(x.shape[2:]))
     length = rows.shape[2] * rows.shape[3]
     flat = rows.reshape(batch, groups, length)
     shift = flat[..., 0] if length else np.zeros((batch, groups))

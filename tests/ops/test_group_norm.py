@@ -248,3 +248,19 @@ def test_group_norm_op_errors_name_the_shapes():
         builder.emit("group_norm_grad", (x, x), groups=3, eps=1e-5, weight=False, grad_input=False,
                      grad_affine=False)
     assert OPS["group_norm_grad"].no_vjp
+
+
+def test_group_norm_empty_inputs(target):
+    """No spatial elements: torch's values (dweight NaN from the empty groups' 0/0 mean, dbias 0).
+    No samples: dweight and dbias are sums over no samples, 0 (torch 2.13 gives NaN for dweight)."""
+    for shape in ((2, 4, 0), (0, 4, 3)):
+        x, g = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        w, b = normal((4,), 360), normal((4,), 361)
+        got, _ = _bendc(target, x, w, b, g, 2, True, True, 1e-5)
+        assert [v.shape for v in got] == [shape, shape, (4,), (4,)]
+        assert_bitwise(got[3], np.zeros(4, np.float32), f"dbias of {shape}")
+        if shape[0]:
+            want = _torch(x, w, b, g, 2, True, True, 1e-5)
+            assert np.isnan(got[2]).all() and np.isnan(want[2]).all(), (got[2], want[2])
+        else:
+            assert_bitwise(got[2], np.zeros(4, np.float32), f"dweight of {shape}")
