@@ -60,6 +60,8 @@ its row's statistics and the channel's two sums), combined in a tree: no atomics
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 from bendc.ir.types import numel
@@ -91,7 +93,7 @@ def _check_attrs(x, attrs, op: str) -> None:
         raise InferError(f"{op} eps must be a float, got {eps!r}")
 
 
-def _check_affine(x, affine, what: str, op: str) -> None:
+def _check_affine(x, affine, what: Sequence[str], op: str) -> None:
     for t, name in zip(affine, what):
         if t.shape != (x.shape[1],):
             raise InferError(f"{op} {name} must be of shape [{x.shape[1]}] (one per channel of {x}), got {t}")
