@@ -158,8 +158,7 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
     """torch's group_norm: x (N, C, *) normalized per (sample, group of C / num_groups channels),
     then ``* weight + bias`` per channel (each optional, of shape (C,)).
 
-    Traced as x.reshape(N, G, C/G, S) (a view), the statistics over the last two
-    dims, and the affine read as (G, C/G, 1): one kernel over (N, G, C/G, S).
+    Records one ``group_norm`` op (bendc/ops/group_norm.py); its VJP is one ``group_norm_grad``.
     """
     tracer = _tracer("group_norm", x, weight, bias)
     with tracer.at_user_line("group_norm") as builder:
@@ -172,21 +171,15 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
         if x.ndim < 2:
             raise ShapeError(f"input {x.type} must be (N, C, *) with at least 2 dimensions",
                              loc=builder.loc, op="group_norm")
-        batch, channels = x.shape[:2]
+        channels = x.shape[1]
         if groups <= 0 or channels % groups:
             raise ShapeError(f"num_groups {groups} must divide the {channels} channels of {x.type}",
                              loc=builder.loc, op="group_norm")
         weight = _affine_operand(weight, "weight", (channels,), "group_norm", tracer)
         bias = _affine_operand(bias, "bias", (channels,), "group_norm", tracer)
-        spatial = math.prod(x.shape[2:])
-        grouped = x.reshape(batch, groups, channels // groups, spatial)
-        out = _normalize(grouped, (2, 3), eps)
-        per_channel = (groups, channels // groups, 1)
-        if weight is not None:
-            out = out * weight.reshape(per_channel)
-        if bias is not None:
-            out = out + bias.reshape(per_channel)
-        return out.reshape(x.shape)
+        affine = tuple(v.id for v in (weight, bias) if v is not None)
+        return tracer.emit("group_norm", (x.id,) + affine, groups=groups, eps=eps, weight=weight is not None,
+                           bias=bias is not None)
 
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -9,5 +9,6 @@ from bendc.ops import random, activation, loss  # noqa: E402,F401  (dropout, act
 from bendc.ops import extrema, scan  # noqa: E402,F401  (reductions beyond sum: max/min/arg*, cumsum)
 from bendc.ops import pointwise  # noqa: E402,F401  (comparisons, casts, clamp, powers, tril/triu: issue 14)
 from bendc.ops import conv  # noqa: E402,F401  (convolution and pooling)
+from bendc.ops import group_norm  # noqa: E402,F401  (group norm: fused forward and backward)
 
 __all__ = ["OPS", "InferError", "Lowering", "OpDef", "define_op"]

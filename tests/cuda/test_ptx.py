@@ -34,8 +34,9 @@ ARCH = "sm_90"
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block
 MAX_THREADS = 1024
 # Kernels that compute in float64 on purpose: the norm statistics accumulate in float64 and round
-# once, as the CPU kernels and the reference do (bendc/ops/norm.py). Every other kernel is float32.
-FLOAT64_OPS = frozenset({"norm_mean", "norm_rstd"})
+# once, as the CPU kernels and the reference do (bendc/ops/norm.py), and group norm's fused rows
+# are float64 inside (bendc/ops/group_norm.py). Every other kernel is float32.
+FLOAT64_OPS = frozenset({"norm_mean", "norm_rstd", "group_norm", "group_norm_grad"})
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +155,13 @@ def test_compile_plan_covers_every_launch(cache_dir: str) -> None:
     assert [(c.step, c.kernel) for c in compiled] == [
         (s.name, l["kernel"]) for s in kernels.plan.steps for l in s.launches]
     assert all(c.describe().startswith(f"{c.step}.{c.kernel} (sm_90): ") for c in compiled)
+
+
+# group norm as fused ops (tests/cuda/group_norm_programs.py): every variant of their kernels
+from group_norm_programs import PROGRAMS as GROUP_NORM_PROGRAMS  # noqa: E402
+
+
+@pytest.mark.parametrize("program", GROUP_NORM_PROGRAMS, ids=lambda p: p.name)
+def test_group_norm_kernels_compile_to_cubin_without_spills(program: Program, cache_dir: str) -> None:
+    ops = {(step.op, launch["kernel"]) for step, launch, _ in check_cubins(program, cache_dir)}
+    assert ("group_norm", "kernel") in ops and any(op == "group_norm_grad" for op, _ in ops), ops

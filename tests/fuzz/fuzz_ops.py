@@ -67,9 +67,13 @@ OP_TABLE: dict[str, OpEntry] = {
                        ("rows",)),
     "log_softmax": OpEntry(D, "x.log_softmax(dim), F.log_softmax; F.cross_entropy", "torch.log_softmax",
                            ("rows", "cross_entropy")),
-    "norm_mean": OpEntry(D, "F.layer_norm(x, x.shape[-k:], w?, b?), F.group_norm(x (N,C,*), G, w?, b?)",
-                         "torch.nn.functional.layer_norm / group_norm", ("norm",)),
-    "norm_rstd": OpEntry(D, "F.layer_norm, F.group_norm (as norm_mean)", "as norm_mean", ("norm",)),
+    "norm_mean": OpEntry(D, "F.layer_norm(x, x.shape[-k:], w?, b?)", "torch.nn.functional.layer_norm", ("norm",)),
+    "norm_rstd": OpEntry(D, "F.layer_norm (as norm_mean)", "as norm_mean", ("norm",)),
+    # group norm as fused ops (bendc/ops/group_norm.py)
+    "group_norm": OpEntry(D, "F.group_norm(x (N,C,*), G, w?, b?) (G divides C)", "torch.nn.functional.group_norm",
+                          ("norm", "group_norm_family")),
+    "group_norm_grad": OpEntry(I, "backward of F.group_norm (dx, dweight and dbias packed)",
+                               "autograd of group_norm", ("norm", "group_norm_family")),
     # ---------------------------------------------------------------- layout
     "reshape": OpEntry(D, "x.reshape(shape) / x.view (-1 allowed; same shape is an identity), x.unsqueeze(d), "
                           "1-D matmul operands", "same", ("layout", "matmul")),

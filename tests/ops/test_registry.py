@@ -171,6 +171,11 @@ SAMPLES: dict[str, Sample] = {
                                                      "input_size": (5, 6)}),
     "adaptive_avg_pool2d": Sample((T("f32[2,3,5,7]"),), {"output_size": (3, 2)}),
     "adaptive_avg_pool2d_grad": Sample((T("f32[2,3,3,2]"),), {"output_size": (3, 2), "input_size": (5, 7)}),
+    # group norm as fused ops (bendc/ops/group_norm.py)
+    "group_norm": Sample((T("f32[2,4,3]"), T("f32[4]"), T("f32[4]")),
+                         {"groups": 2, "eps": 1e-5, "weight": True, "bias": True}),
+    "group_norm_grad": Sample((T("f32[2,4,3]"), T("f32[2,4,3]"), T("f32[4]")),
+                              {"groups": 2, "eps": 1e-5, "weight": True, "grad_input": True, "grad_affine": True}),
 }
 
 
