@@ -4,8 +4,9 @@ A fused elementwise group becomes one ``@njit`` function over its cells (a
 loop nest over the group's iteration space, ``prange`` on the outer loop when
 the group is large); every value is a named float32 temporary, constants are
 typed (``np.float32(...)``), there is no fastmath, so + - * / round as
-PyTorch's do. Other steps use the op's own CPU lowering (numpy's BLAS for
-matrix products, numpy reductions, numba row kernels).
+PyTorch's do; epilogue sums accumulate in float64 (in lanes over the
+innermost loop: cpu_kit.sum_layout). Other steps use the op's own CPU lowering
+(numpy's BLAS for matrix products, numba row and reduction kernels).
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_do
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.kernels.templates import helper_functions
-from bendc.kernels.cpu_kit import (LANE, PARALLEL_CELLS, REDUCTION_CHUNKS, SUM_LANES, UNROLLED_EXTENT, element,
-                                   lane_names, lane_tree, loop_nest, njit_decorator, vectorizable_math)
+from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, element, loop_nest, njit_decorator, sum_layout, sum_lines,
+                                   vectorizable_math)
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -94,30 +95,8 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         return reads[key]
 
     sums = epilogues(graph, step.nodes)
-    reduced = {id: set(reduced_axes(graph, graph.node(id))) for id in sums}
-    summed_axes = set().union(*reduced.values())
-    # The first loop of more than one cell runs in parallel. When an epilogue sums over it (its
-    # cells would race on the output), its range is split in a fixed number of chunks (set by the
-    # shape, not the thread count: the same sums on every machine), each summing into its own
-    # partial output; the partials are added in chunk order after the loop.
-    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None)
-    if step.cells < PARALLEL_CELLS:
-        parallel_axis = None
-    chunks = min(REDUCTION_CHUNKS, domain[parallel_axis]) if parallel_axis in summed_axes else 0
-    # An epilogue that sums over the innermost loop sums in lanes (cpu_kit.SUM_LANES float64 scalars)
-    # across the trailing loops it reduces (its run, from run[id] in), stored once after them.
-    inner = len(domain) - 1
-    run: dict[int, int] = {}
-    if domain and domain[-1] > 1:
-        for id in sums:
-            if inner in reduced[id]:
-                run[id] = inner
-                while run[id] > 0 and run[id] - 1 in reduced[id]:
-                    run[id] -= 1
-    lanes = 0
-    if run:
-        tiny = len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT and parallel_axis != inner  # written out whole
-        lanes = domain[-1] if tiny else SUM_LANES
+    # The loops' parallel split and each epilogue sum's accumulation: cpu_kit.sum_layout.
+    layout = sum_layout(domain, [set(reduced_axes(graph, graph.node(id))) for id in sums])
     before: dict[int, list[str]] = {}
     after: dict[int, list[str]] = {}
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
@@ -126,44 +105,18 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
     for number, id in enumerate(step.nodes):
         node = graph.node(id)
         if id in sums:
-            # Accumulate the operand in float64 and round once at the end: a float32 running sum over
-            # many cells drifts far from the pairwise sums of numpy and PyTorch (~100x their error
-            # over 65536 cells).
             kept = reduction_index(graph, node, loops)
             note(written, out_of[id], kept)
-            flat, wide = f"z{number}", f"w{number}"
-            value = f"np.float64({local[node.inputs[0]]})"
-            if chunks:  # one float64 partial sum per chunk, added in chunk order after the loop
-                total = f"p{number}"
-                cell = element(total, ['chunk', *kept])
-                prologue.append(f"{total} = np.zeros(({chunks},) + {out_of[id]}.shape, np.float64)")
-                epilogue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
-                             f"{wide} = {total}.reshape(({chunks}, {flat}.size))",
-                             f"for q in range({flat}.size):", f"    s{number} = np.float64(0.0)",
-                             f"    for chunk in range({chunks}):", f"        s{number} += {wide}[chunk, q]",
-                             f"    {flat}[q] = np.float32(s{number})"]
-            elif id in run and reduced[id] <= set(range(run[id], len(domain))):
-                cell = None  # each output cell is one run of lane sums: stored, rounded, once
-            else:  # in cell order into a float64 copy of the output
-                total = f"a{number}"
-                cell = element(total, kept)
-                prologue.append(f"{total} = np.zeros({out_of[id]}.shape, np.float64)")
-                epilogue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
-                             f"{wide} = {total}.reshape({total}.size)",
-                             f"for q in range({flat}.size):", f"    {flat}[q] = np.float32({wide}[q])"]
-            if id not in run:
-                body.append(f"{cell} += {value}  # %{id} = {node.op}")
-                continue
-            names = lane_names(f"s{number}", lanes)
-            axes = ", ".join(loops[run[id]:])
-            before.setdefault(run[id], []).extend(
-                [f"# %{id} = {node.op} over {axes}: {lanes} float64 lanes, lane l adding the cells "
-                 f"{loops[inner]} = l, l+{lanes}, ... (the rest: lane 0), added in a fixed tree after the loop"]
-                + [" = ".join(names) + " = np.float64(0.0)"])
-            tree = lane_tree(names)
-            after.setdefault(run[id], []).append(
-                f"{element(out_of[id], kept)} = np.float32({tree})" if cell is None else f"{cell} += {tree}")
-            body.append(f"s{number}_{LANE} += {value}  # %{id} = {node.op}, lane {LANE}")
+            which = sums.index(id)
+            source = sum_lines(number, local[node.inputs[0]], out_of[id], kept, set(reduced_axes(graph, node)),
+                               loops, layout, layout.runs[which], f"%{id} = {node.op}")
+            prologue += source.prologue
+            epilogue += source.epilogue
+            body.append(source.body)
+            for axis, text in source.before.items():
+                before.setdefault(axis, []).extend(text)
+            for axis, text in source.after.items():
+                after.setdefault(axis, []).extend(text)
             continue
         operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
         local[id] = f"v{number}"
@@ -184,9 +137,9 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
     if len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT:  # a tiny inner loop: unrolled whole
         extents[-1] = str(domain[-1])
     args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
-    lines = [njit_decorator(parallel_axis is not None), f"def kernel({args}):"]
+    lines = [njit_decorator(layout.parallel_axis is not None), f"def kernel({args}):"]
     lines.extend("    " + line for line in hoisted + prologue)
-    lines.extend(loop_nest(extents, loops, parallel_axis, body, chunks=chunks, lanes=lanes, before=before,
-                           after=after))
+    lines.extend(loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
+                           before=before, after=after))
     lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Mapping, Sequence
 
@@ -129,6 +130,118 @@ def lane_sum(total: str, term: str, index: str, extent: str, indent: str = "") -
              indent + " = ".join(names) + " = np.float64(0.0)"]
             + lane_loop(index, "0", extent, SUM_LANES, [f"{total}_{LANE} += {term}"], indent)
             + [f"{indent}{total} = {lane_tree(names)}"])
+
+
+@dataclass(frozen=True)
+class SumLayout:
+    """How a loop nest that sums runs: its parallel loop, whether that loop is split in chunks (when
+    a sum runs over it: its cells would race on the output), and which sums go in lanes."""
+
+    parallel_axis: int | None
+    chunks: int                     # the parallel loop in this many chunks, summed apart (0: unsplit)
+    runs: tuple[int | None, ...]    # per sum: the first of the trailing loops it sums in lanes, or None
+    lanes: int                      # lanes of the innermost loop (0: no sum runs over it)
+
+
+def sum_layout(domain: Sequence[int], reduced: Sequence[set[int]]) -> SumLayout:
+    """The layout of a nest over ``domain`` whose sums reduce the axes ``reduced`` (one set a sum).
+
+    The first loop of more than one cell runs in parallel when the nest has PARALLEL_CELLS cells or
+    more. When a sum runs over it, its range is split in a fixed number of chunks (set by the
+    shape, not the thread count: the same sums on every machine), each summing into its own
+    partial output, added in chunk order after the loop. A sum over the innermost loop sums in
+    lanes across the trailing loops it reduces (its run), stored once after them; a tiny innermost
+    loop (UNROLLED_EXTENT, written out whole) is one lane a cell."""
+    cells = 1
+    for size in domain:
+        cells *= size
+    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None) if cells >= PARALLEL_CELLS else None
+    chunks = min(REDUCTION_CHUNKS, domain[parallel_axis]) if any(parallel_axis in r for r in reduced) else 0
+    inner = len(domain) - 1
+    runs: list[int | None] = []
+    for axes in reduced:
+        first = None
+        if domain and domain[-1] > 1 and inner in axes:
+            first = inner
+            while first > 0 and first - 1 in axes:
+                first -= 1
+        runs.append(first)
+    lanes = 0
+    if any(first is not None for first in runs):
+        tiny = len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT and parallel_axis != inner
+        lanes = domain[-1] if tiny else SUM_LANES
+    return SumLayout(parallel_axis, chunks, tuple(runs), lanes)
+
+
+@dataclass
+class SumLines:
+    """The source of one sum in a loop nest (``loop_nest``'s body line, before and after lines)."""
+
+    prologue: list[str] = field(default_factory=list)
+    body: str = ""
+    before: dict[int, list[str]] = field(default_factory=dict)
+    after: dict[int, list[str]] = field(default_factory=dict)
+    epilogue: list[str] = field(default_factory=list)
+
+
+def sum_lines(number: int, value: str, out: str, kept: Sequence[str], axes: set[int], loops: Sequence[str],
+              layout: SumLayout, run: int | None, what: str) -> SumLines:
+    """Sum ``value`` (a float32 expression of the body) over ``axes`` into ``out[kept]``, accumulated
+    in float64 and rounded once to float32 (a float32 running sum over many cells drifts far from
+    the pairwise sums of numpy and PyTorch: ~100x their error over 65536 cells). ``number`` names
+    its temporaries; ``what`` labels its lines.
+
+    With chunks, each chunk sums into its own float64 partial output, added in chunk order after
+    the loops; a sum in lanes whose run covers all its axes stores each output cell once; other
+    sums add into a float64 copy of the output, rounded after the loops."""
+    lines = SumLines()
+    wide = f"np.float64({value})"
+    flat, partial = f"z{number}", f"w{number}"
+    cell = None
+    if layout.chunks:
+        total, chunks = f"p{number}", layout.chunks
+        cell = element(total, ["chunk", *kept])
+        lines.prologue.append(f"{total} = np.zeros(({chunks},) + {out}.shape, np.float64)")
+        lines.epilogue += [f"{flat} = {out}.reshape({out}.size)", f"{partial} = {total}.reshape(({chunks}, {flat}.size))",
+                           f"for q in range({flat}.size):", f"    s{number} = np.float64(0.0)",
+                           f"    for chunk in range({chunks}):", f"        s{number} += {partial}[chunk, q]",
+                           f"    {flat}[q] = np.float32(s{number})"]
+    elif run is None or not axes <= set(range(run, len(loops))):
+        total = f"a{number}"
+        cell = element(total, kept)
+        lines.prologue.append(f"{total} = np.zeros({out}.shape, np.float64)")
+        lines.epilogue += [f"{flat} = {out}.reshape({out}.size)", f"{partial} = {total}.reshape({total}.size)",
+                           f"for q in range({flat}.size):", f"    {flat}[q] = np.float32({partial}[q])"]
+    if run is None:  # in cell order
+        lines.body = f"{cell} += {wide}  # {what}"
+        return lines
+    names = lane_names(f"s{number}", layout.lanes)
+    lines.before[run] = [f"# {what} over {', '.join(loops[run:])}: {layout.lanes} float64 lanes, lane l adding the "
+                         f"cells {loops[-1]} = l, l+{layout.lanes}, ... (the rest: lane 0), added in a fixed tree "
+                         "after the loop", " = ".join(names) + " = np.float64(0.0)"]
+    tree = lane_tree(names)
+    lines.after[run] = [f"{element(out, kept)} = np.float32({tree})" if cell is None else f"{cell} += {tree}"]
+    lines.body = f"s{number}_{LANE} += {wide}  # {what}, lane {LANE}"
+    return lines
+
+
+def sum_kernel(shape: Sequence[int], axes: Sequence[int], kept: Sequence[str], what: str) -> str:
+    """A kernel ``kernel(in0, out0)`` summing in0 (of ``shape``) over ``axes`` into out0 at ``kept``
+    (an index over the loops i0, i1, ...: reduced axes dropped or 0), as a fused kernel's epilogue
+    sum does (sum_layout, sum_lines); extents from in0's shape."""
+    loops = [f"i{axis}" for axis in range(len(shape))]
+    layout = sum_layout(shape, [set(axes)])
+    lines = sum_lines(0, "r0", "out0", kept, set(axes), loops, layout, layout.runs[0], what)
+    body = [f"r0 = {element('in0', loops)}", lines.body]
+    extents: list[int | str] = [f"in0.shape[{axis}]" for axis in range(len(shape))]
+    if len(shape) > 1 and shape[-1] <= UNROLLED_EXTENT:
+        extents[-1] = shape[-1]
+    source = [njit_decorator(layout.parallel_axis is not None), "def kernel(in0, out0):"]
+    source += ["    " + line for line in lines.prologue]
+    source += loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
+                        before=lines.before, after=lines.after)
+    source += ["    " + line for line in lines.epilogue]
+    return "\n".join(source) + "\n"
 
 
 def lane_row_sums(rows: np.ndarray) -> np.ndarray:
