@@ -95,9 +95,8 @@ def lane_tree(names: Sequence[str]) -> str:
     """The lanes added pairwise in a fixed order: ((s_0 + s_1) + (s_2 + s_3)) + ((s_4 + ...)."""
     terms = list(names)
     while len(terms) > 1:
-        pairs = [f"({terms[k]} + {terms[k + 1]})" for k in range(0, len(terms) - 1, 2)]
-        terms = pairs + ([terms[-1]] if len(terms) % 2 else [])
-    return terms[0][1:-1] if terms[0].startswith("(") and len(names) > 1 else terms[0]
+        terms = [f"({terms[k]} + {terms[k + 1]})" for k in range(0, len(terms) - 1, 2)] + terms[len(terms) // 2 * 2:]
+    return terms[0][1:-1] if len(names) > 1 else terms[0]  # the outermost pair needs no parentheses
 
 
 def lane_loop(index: str, start: str, stop: str, lanes: int, body: list[str], indent: str) -> list[str]:
