@@ -63,7 +63,7 @@ from __future__ import annotations
 import numpy as np
 
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, lane_row_sums, lane_sum
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, PARALLEL_SUM_CELLS, lane_row_sums, lane_sum
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
@@ -154,7 +154,7 @@ def _cpu_stat(rstd: bool):
         x = ins[0]
         dims = tuple(attrs["dims"])
         rows, columns = _stat_geometry(x.shape, dims)
-        parallel = x.numel >= PARALLEL_CELLS and rows > 1
+        parallel = x.numel >= PARALLEL_SUM_CELLS and rows > 1  # only sums: parallel from more cells
         loop = "prange" if parallel else "range"
         lines = lane_sum("total", "np.float64(x[r, c])", "c", "x.shape[1]") + ["mean = total / x.shape[1]"]
         if rstd:
