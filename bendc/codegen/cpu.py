@@ -4,8 +4,9 @@ A fused elementwise group becomes one ``@njit`` function over its cells (a
 loop nest over the group's iteration space, ``prange`` on the outer loop when
 the group is large); every value is a named float32 temporary, constants are
 typed (``np.float32(...)``), there is no fastmath, so + - * / round as
-PyTorch's do. Other steps use the op's own CPU lowering (numpy's BLAS for
-matrix products, numpy reductions, numba row kernels).
+PyTorch's do; epilogue sums accumulate in float64 (in lanes over the
+innermost loop: cpu_kit.sum_layout). Other steps use the op's own CPU lowering
+(numpy's BLAS for matrix products, numba row and reduction kernels).
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_do
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.kernels.templates import helper_functions
-from bendc.kernels.cpu_kit import (PARALLEL_CELLS, REDUCTION_CHUNKS, UNROLLED_EXTENT, chunked_loop_nest, element,
-                                   loop_nest, njit_decorator, vectorizable_math)
+from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, element, loop_nest, njit_decorator, sum_layout, sum_lines,
+                                   vectorizable_math)
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -94,46 +95,28 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
         return reads[key]
 
     sums = epilogues(graph, step.nodes)
-    summed_axes = set()
-    for id in sums:
-        summed_axes.update(reduced_axes(graph, graph.node(id)))
-    # The first loop of more than one cell runs in parallel. When an epilogue sums over it (its
-    # cells would race on the output), its range is split in a fixed number of chunks (set by the
-    # shape, not the thread count: the same sums on every machine), each summing into its own
-    # partial output; the partials are added in chunk order after the loop.
-    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None)
-    if step.cells < PARALLEL_CELLS:
-        parallel_axis = None
-    chunks = min(REDUCTION_CHUNKS, domain[parallel_axis]) if parallel_axis in summed_axes else 0
+    # The loops' parallel split and each epilogue sum's accumulation: cpu_kit.sum_layout.
+    layout = sum_layout(domain, [set(reduced_axes(graph, graph.node(id))) for id in sums])
+    before: dict[int, list[str]] = {}
+    after: dict[int, list[str]] = {}
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
     prologue: list[str] = []
     epilogue: list[str] = []
     for number, id in enumerate(step.nodes):
         node = graph.node(id)
         if id in sums:
-            # Accumulate the operand into the reduction's output cell in float64, in cell order, and
-            # round once at the end: a float32 running sum over many cells drifts far from the
-            # pairwise sums of numpy and PyTorch (~100x their error over 65536 cells).
             kept = reduction_index(graph, node, loops)
             note(written, out_of[id], kept)
-            flat, wide = f"z{number}", f"w{number}"
-            value = f"np.float64({local[node.inputs[0]]})"
-            if chunks:  # one float64 partial sum per chunk, added in chunk order after the loop
-                total = f"p{number}"
-                prologue.append(f"{total} = np.zeros(({chunks},) + {out_of[id]}.shape, np.float64)")
-                body.append(f"{element(total, ['chunk', *kept])} += {value}  # %{id} = {node.op}")
-                epilogue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
-                             f"{wide} = {total}.reshape(({chunks}, {flat}.size))",
-                             f"for q in range({flat}.size):", f"    s{number} = np.float64(0.0)",
-                             f"    for chunk in range({chunks}):", f"        s{number} += {wide}[chunk, q]",
-                             f"    {flat}[q] = np.float32(s{number})"]
-            else:
-                total = f"a{number}"
-                prologue.append(f"{total} = np.zeros({out_of[id]}.shape, np.float64)")
-                body.append(f"{element(total, kept)} += {value}  # %{id} = {node.op}")
-                epilogue += [f"{flat} = {out_of[id]}.reshape({out_of[id]}.size)",
-                             f"{wide} = {total}.reshape({total}.size)",
-                             f"for q in range({flat}.size):", f"    {flat}[q] = np.float32({wide}[q])"]
+            which = sums.index(id)
+            source = sum_lines(number, local[node.inputs[0]], out_of[id], kept, set(reduced_axes(graph, node)),
+                               loops, layout, layout.runs[which], f"%{id} = {node.op}")
+            prologue += source.prologue
+            epilogue += source.epilogue
+            body.append(source.body)
+            for axis, text in source.before.items():
+                before.setdefault(axis, []).extend(text)
+            for axis, text in source.after.items():
+                after.setdefault(axis, []).extend(text)
             continue
         operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
         local[id] = f"v{number}"
@@ -154,11 +137,9 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
     if len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT:  # a tiny inner loop: unrolled whole
         extents[-1] = str(domain[-1])
     args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
-    lines = [njit_decorator(parallel_axis is not None), f"def kernel({args}):"]
+    lines = [njit_decorator(layout.parallel_axis is not None), f"def kernel({args}):"]
     lines.extend("    " + line for line in hoisted + prologue)
-    if chunks:
-        lines.extend(chunked_loop_nest(extents, loops, parallel_axis, chunks, body))
-    else:
-        lines.extend(loop_nest(extents, loops, parallel_axis, body))
+    lines.extend(loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
+                           before=before, after=after))
     lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Sequence
+from typing import Mapping, Sequence
+
+import numpy as np
 
 # CPU kernels over at least this many cells run their cells in parallel (prange);
 # smaller ones stay serial, where threads cost more than they give.
 PARALLEL_CELLS = 1 << 16
+# A kernel that only sums (an unfused sum, the norm statistics: ~0.3 ns a cell in lanes) runs in
+# parallel from this many cells: a parallel launch on numba's workqueue layer (runtime/cpu.py) cost
+# 35-50 us here, more than a sum of 2^16 (20 us) or 2^17 cells takes serially (the CNN step's
+# bias-gradient sums: 0.11 ms parallel at one thread vs 0.04 ms serial).
+PARALLEL_SUM_CELLS = 1 << 20
 
 # The innermost loop of a nest keeps its extent as a literal when it is at most this (LLVM then
 # unrolls it whole: 1.5-2.7x faster than a trip count read from a shape at extents 2 and 4, measured
@@ -37,34 +45,226 @@ def element(array: str, index: Sequence[str]) -> str:
 
 
 def loop_nest(domain: Sequence[int | str], loops: Sequence[str], parallel_axis: int | None, body: list[str],
-              indent: str = "    ") -> list[str]:
+              indent: str = "    ", *, chunks: int = 0, lanes: int = 0, before: Mapping[int, list[str]] | None = None,
+              after: Mapping[int, list[str]] | None = None) -> list[str]:
     """``for`` loops over ``domain`` (``prange`` on ``parallel_axis``) around ``body``; an extent is
-    a literal or an expression (``out0.shape[0]``: the source then serves every size)."""
+    a literal or an expression (``out0.shape[0]``: the source then serves every size).
+
+    ``chunks``: ``for chunk in prange(chunks)`` around the nest, where ``parallel_axis`` runs over
+    the chunk's part of its range (chunk c: [c*d//chunks, (c+1)*d//chunks)). ``lanes``: the
+    innermost loop runs ``lanes`` cells an iteration (``lane_loop``). ``before`` / ``after``: lines
+    placed just before / after the loop of an axis, at its indentation (a row's lane sums start
+    before the loops they run across and are stored after them)."""
+    before, after = before or {}, after or {}
     lines = []
-    for axis, size in enumerate(domain):
-        loop = "prange" if axis == parallel_axis else "range"
-        lines.append(f"{indent}for {loops[axis]} in {loop}({size}):")
+    if chunks:
+        lines.append(f"{indent}for chunk in prange({chunks}):")
         indent += "    "
-    lines.extend(indent + line for line in body)
-    return lines
 
-
-def chunked_loop_nest(domain: Sequence[int | str], loops: Sequence[str], axis: int, chunks: int, body: list[str],
-                      indent: str = "    ") -> list[str]:
-    """``for chunk in prange(chunks)`` around ``for`` loops over ``domain``, where ``axis`` runs
-    over the chunk's part of its range (chunk c: [c*d//chunks, (c+1)*d//chunks))."""
-    size = domain[axis]
-    lines = [f"{indent}for chunk in prange({chunks}):"]
-    indent += "    "
-    for number, extent in enumerate(domain):
-        if number == axis:
-            lines.append(f"{indent}for {loops[number]} in range(chunk * {size} // {chunks}, "
-                         f"(chunk + 1) * {size} // {chunks}):")
+    def nest(axis: int, indent: str) -> list[str]:
+        if axis == len(domain):
+            return [indent + line for line in body]
+        size = domain[axis]
+        start, stop = "0", str(size)
+        if chunks and axis == parallel_axis:
+            start, stop = f"chunk * {size} // {chunks}", f"(chunk + 1) * {size} // {chunks}"
+        if lanes and axis == len(domain) - 1:
+            inner = lane_loop(loops[axis], start, stop, lanes, body, indent)
         else:
-            lines.append(f"{indent}for {loops[number]} in range({extent}):")
-        indent += "    "
-    lines.extend(indent + line for line in body)
+            loop = "prange" if axis == parallel_axis and not chunks else "range"
+            bounds = stop if start == "0" else f"{start}, {stop}"
+            inner = [f"{indent}for {loops[axis]} in {loop}({bounds}):"] + nest(axis + 1, indent + "    ")
+        return ([indent + line for line in before.get(axis, [])] + inner
+                + [indent + line for line in after.get(axis, [])])
+
+    return lines + nest(0, indent)
+
+
+# ------------------------------------------------------------------ sums in lanes
+# A sum over a kernel's innermost loop accumulates in SUM_LANES float64 partial sums (lanes) held in
+# scalars: lane l adds the cells l, l+8, l+16, ... of the loop below its last multiple of 8 (carried
+# across the enclosing loops the sum also runs over), the rest of the loop (fewer than 8 cells)
+# continues lane 0, and the lanes are added in a fixed tree at the end (lane_tree). One running sum
+# waits on each add's latency; eight independent ones pipeline: 2.9x faster over rows of 1024
+# (numba runs LLVM without its SLP vectorizer and strict floating point forbids reassociating, so
+# the lanes stay scalar registers). The order is set by the shape alone: no thread count, no CPU.
+SUM_LANES = 8
+LANE = "@LANE@"  # in a lane loop's body: replaced by the lane's number
+
+
+def lane_names(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}_{lane}" for lane in range(count)]
+
+
+def lane_tree(names: Sequence[str]) -> str:
+    """The lanes added pairwise in a fixed order: ((s_0 + s_1) + (s_2 + s_3)) + ((s_4 + ...)."""
+    terms = list(names)
+    while len(terms) > 1:
+        terms = [f"({terms[k]} + {terms[k + 1]})" for k in range(0, len(terms) - 1, 2)] + terms[len(terms) // 2 * 2:]
+    return terms[0][1:-1] if len(names) > 1 else terms[0]  # the outermost pair needs no parentheses
+
+
+def lane_loop(index: str, start: str, stop: str, lanes: int, body: list[str], indent: str) -> list[str]:
+    """The innermost loop ``for index in range(start, stop)`` in blocks of ``lanes`` cells: the body
+    written once per lane (LANE replaced by its number, ``index`` set to the lane's cell), then
+    the rest of the range with lane 0. A literal extent equal to ``lanes`` (a tiny loop) is one
+    block, written out."""
+    def lane(number: int, cell: str, deeper: str) -> list[str]:
+        return [f"{deeper}{index} = {cell}"] + [deeper + line.replace(LANE, str(number)) for line in body]
+
+    if start == "0" and stop == str(lanes):
+        return [line for number in range(lanes) for line in lane(number, str(number), indent)]
+    length = stop if start == "0" else f"({stop} - {start})"
+    base = "" if start == "0" else f"{start} + "
+    block = f"{index}_block"
+    lines = [f"{indent}for {block} in range({length} // {lanes}):"]
+    for number in range(lanes):
+        lines += lane(number, f"{base}{lanes} * {block} + {number}", indent + "    ")
+    lines.append(f"{indent}for {index} in range({base}{length} // {lanes} * {lanes}, {stop}):  # the rest: lane 0")
+    lines += [indent + "    " + line.replace(LANE, "0") for line in body]
     return lines
+
+
+def lane_sum(total: str, term: str, index: str, extent: str, indent: str = "") -> list[str]:
+    """Lines setting ``total`` (float64) to the sum of ``term`` over ``index`` in range(extent), in lanes
+    (SUM_LANES scalars ``total_0``, ``total_1``, ...): a row kernel's sum. ``term`` is float64."""
+    names = lane_names(total, SUM_LANES)
+    return ([f"{indent}# {total}: {SUM_LANES} float64 lanes, lane l adding {index} = l, l+{SUM_LANES}, ... "
+             "(the rest: lane 0), added in a fixed tree",
+             indent + " = ".join(names) + " = np.float64(0.0)"]
+            + lane_loop(index, "0", extent, SUM_LANES, [f"{total}_{LANE} += {term}"], indent)
+            + [f"{indent}{total} = {lane_tree(names)}"])
+
+
+@dataclass(frozen=True)
+class SumLayout:
+    """How a loop nest that sums runs: its parallel loop, whether that loop is split in chunks (when
+    a sum runs over it: its cells would race on the output), and which sums go in lanes."""
+
+    parallel_axis: int | None
+    chunks: int                     # the parallel loop in this many chunks, summed apart (0: unsplit)
+    runs: tuple[int | None, ...]    # per sum: the first of the trailing loops it sums in lanes, or None
+    lanes: int                      # lanes of the innermost loop (0: no sum runs over it)
+
+
+def sum_layout(domain: Sequence[int], reduced: Sequence[set[int]], parallel_cells: int = PARALLEL_CELLS
+               ) -> SumLayout:
+    """The layout of a nest over ``domain`` whose sums reduce the axes ``reduced`` (one set a sum).
+
+    The first loop of more than one cell runs in parallel when the nest has ``parallel_cells`` cells
+    or more. When a sum runs over it, its range is split in a fixed number of chunks (set by the
+    shape, not the thread count: the same sums on every machine), each summing into its own
+    partial output, added in chunk order after the loop. A sum over the innermost loop sums in
+    lanes across the trailing loops it reduces (its run), stored once after them; a tiny innermost
+    loop (UNROLLED_EXTENT, written out whole) is one lane a cell."""
+    cells = 1
+    for size in domain:
+        cells *= size
+    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None) if cells >= parallel_cells else None
+    chunks = min(REDUCTION_CHUNKS, domain[parallel_axis]) if any(parallel_axis in r for r in reduced) else 0
+    inner = len(domain) - 1
+    runs: list[int | None] = []
+    for axes in reduced:
+        first = None
+        if domain and domain[-1] > 1 and inner in axes:
+            first = inner
+            while first > 0 and first - 1 in axes:
+                first -= 1
+        runs.append(first)
+    lanes = 0
+    if any(first is not None for first in runs):
+        tiny = len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT and parallel_axis != inner
+        lanes = domain[-1] if tiny else SUM_LANES
+    return SumLayout(parallel_axis, chunks, tuple(runs), lanes)
+
+
+@dataclass
+class SumLines:
+    """The source of one sum in a loop nest (``loop_nest``'s body line, before and after lines)."""
+
+    prologue: list[str] = field(default_factory=list)
+    body: str = ""
+    before: dict[int, list[str]] = field(default_factory=dict)
+    after: dict[int, list[str]] = field(default_factory=dict)
+    epilogue: list[str] = field(default_factory=list)
+
+
+def sum_lines(number: int, value: str, out: str, kept: Sequence[str], axes: set[int], loops: Sequence[str],
+              layout: SumLayout, run: int | None, what: str) -> SumLines:
+    """Sum ``value`` (a float32 expression of the body) over ``axes`` into ``out[kept]``, accumulated
+    in float64 and rounded once to float32 (a float32 running sum over many cells drifts far from
+    the pairwise sums of numpy and PyTorch: ~100x their error over 65536 cells). ``number`` names
+    its temporaries; ``what`` labels its lines.
+
+    With chunks, each chunk sums into its own float64 partial output, added in chunk order after
+    the loops; a sum in lanes whose run covers all its axes stores each output cell once; other
+    sums add into a float64 copy of the output, rounded after the loops."""
+    lines = SumLines()
+    wide = f"np.float64({value})"
+    flat, partial = f"z{number}", f"w{number}"
+    cell = None
+    if layout.chunks:
+        total, chunks = f"p{number}", layout.chunks
+        cell = element(total, ["chunk", *kept])
+        lines.prologue.append(f"{total} = np.zeros(({chunks},) + {out}.shape, np.float64)")
+        lines.epilogue += [f"{flat} = {out}.reshape({out}.size)", f"{partial} = {total}.reshape(({chunks}, {flat}.size))",
+                           f"for q in range({flat}.size):", f"    s{number} = np.float64(0.0)",
+                           f"    for chunk in range({chunks}):", f"        s{number} += {partial}[chunk, q]",
+                           f"    {flat}[q] = np.float32(s{number})"]
+    elif run is None or not axes <= set(range(run, len(loops))):
+        total = f"a{number}"
+        cell = element(total, kept)
+        lines.prologue.append(f"{total} = np.zeros({out}.shape, np.float64)")
+        lines.epilogue += [f"{flat} = {out}.reshape({out}.size)", f"{partial} = {total}.reshape({total}.size)",
+                           f"for q in range({flat}.size):", f"    {flat}[q] = np.float32({partial}[q])"]
+    if run is None:  # in cell order
+        lines.body = f"{cell} += {wide}  # {what}"
+        return lines
+    names = lane_names(f"s{number}", layout.lanes)
+    lines.before[run] = [f"# {what} over {', '.join(loops[run:])}: {layout.lanes} float64 lanes, lane l adding the "
+                         f"cells {loops[-1]} = l, l+{layout.lanes}, ... (the rest: lane 0), added in a fixed tree "
+                         "after the loop", " = ".join(names) + " = np.float64(0.0)"]
+    tree = lane_tree(names)
+    lines.after[run] = [f"{element(out, kept)} = np.float32({tree})" if cell is None else f"{cell} += {tree}"]
+    lines.body = f"s{number}_{LANE} += {wide}  # {what}, lane {LANE}"
+    return lines
+
+
+def sum_kernel(shape: Sequence[int], axes: Sequence[int], kept: Sequence[str], what: str) -> str:
+    """A kernel ``kernel(in0, out0)`` summing in0 (of ``shape``) over ``axes`` into out0 at ``kept``
+    (an index over the loops i0, i1, ...: reduced axes dropped or 0), as a fused kernel's epilogue
+    sum does (sum_layout, sum_lines; parallel from PARALLEL_SUM_CELLS); extents from in0's shape."""
+    loops = [f"i{axis}" for axis in range(len(shape))]
+    layout = sum_layout(shape, [set(axes)], PARALLEL_SUM_CELLS)
+    lines = sum_lines(0, "r0", "out0", kept, set(axes), loops, layout, layout.runs[0], what)
+    body = [f"r0 = {element('in0', loops)}", lines.body]
+    extents: list[int | str] = [f"in0.shape[{axis}]" for axis in range(len(shape))]
+    if len(shape) > 1 and shape[-1] <= UNROLLED_EXTENT:
+        extents[-1] = shape[-1]
+    source = [njit_decorator(layout.parallel_axis is not None), "def kernel(in0, out0):"]
+    source += ["    " + line for line in lines.prologue]
+    source += loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
+                        before=lines.before, after=lines.after)
+    source += ["    " + line for line in lines.epilogue]
+    return "\n".join(source) + "\n"
+
+
+def lane_row_sums(rows: np.ndarray) -> np.ndarray:
+    """What the kernels' lane sums give for each row of a 2-d float64 array, in the same order (the
+    reference interpreter's statistics use it, so they match the cpu kernels bit for bit)."""
+    count, columns = rows.shape
+    full = columns // SUM_LANES * SUM_LANES
+    lanes = np.zeros((count, SUM_LANES))
+    if full:  # a sequential sum per lane (cumsum adds in order), from +0.0 as the kernels' are
+        blocks = rows[:, :full].reshape(count, full // SUM_LANES, SUM_LANES)
+        lanes = 0.0 + np.cumsum(blocks, axis=1)[:, -1, :]
+    for column in range(full, columns):
+        lanes[:, 0] += rows[:, column]
+    terms = [lanes[:, lane] for lane in range(SUM_LANES)]
+    while len(terms) > 1:
+        terms = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)] + (
+            [terms[-1]] if len(terms) % 2 else [])
+    return terms[0]
 
 
 # ------------------------------------------------------------------ transcendentals

@@ -29,7 +29,7 @@ import numpy as np
 
 from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, REDUCTION_CHUNKS, njit_decorator
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, REDUCTION_CHUNKS, lane_sum, njit_decorator
 from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, normalize_dims, require_float
 from bendc.ops.reduce import TREE_MIN_EXTENT
 
@@ -432,10 +432,9 @@ def _cpu_logsumexp(attrs, ins, out):
             "                m = v\n"
             "        if m == np.float32(np.inf) or m == np.float32(-np.inf):\n"
             "            m = np.float32(0.0)\n"
-            "        total = np.float64(0.0)\n"
-            "        for c in range(x.shape[1]):\n"
-            "            total += np.float64(math.exp(x[r, c] - m))\n"
-            "        out[r] = math.log(np.float32(total)) + m\n\n\n") + _cpu_lines_call(shape, dims)
+            + "".join(f"        {line}\n" for line in lane_sum("total", "np.float64(math.exp(x[r, c] - m))", "c",
+                                                                 "x.shape[1]"))
+            + "        out[r] = math.log(np.float32(total)) + m\n\n\n") + _cpu_lines_call(shape, dims)
 
 
 def _cuda_logsumexp(op):

@@ -43,15 +43,18 @@ computed in float64. The fusion the composed IR allows around a layer norm
 (the residual add, the activation) matters less there: group norm sits between
 a conv and an activation whose gradient needs its output anyway.
 
-The statistics accumulate in float64, sequentially along each row (the mean,
-then the biased variance around it), and round once to float32: within an ulp
-of PyTorch's float Welford moments. The reference interpreter sums in the
-same order (``cumsum``), so the cpu kernels match it bit for bit.
+The statistics accumulate in float64 along each row (the mean, then the
+biased variance around it), in the CPU kernels' eight lanes
+(``cpu_kit.SUM_LANES``: eight independent partial sums added in a fixed tree,
+which pipeline where one running sum would wait on every add), and round once
+to float32: within an ulp of PyTorch's float Welford moments. The reference
+interpreter sums in the same order (``cpu_kit.lane_row_sums``), so the cpu
+kernels match it bit for bit.
 
 On cuda (``Lowering.cuda``) each statistic is one block per row: float64
 partial sums combined in a shared-memory tree, rounded once (float64 on
 purpose: tests/cuda/test_ptx.py allows ``.f64`` for these two ops only); the
-tree's order differs from the sequential sum by float64 rounding only, far
+tree's order differs from the CPU's lanes by float64 rounding only, far
 below float32's.
 
 rope is a row op, not an elementwise one: the elementwise renderer reads each
@@ -68,7 +71,7 @@ from __future__ import annotations
 import numpy as np
 
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, PARALLEL_SUM_CELLS, lane_row_sums, lane_sum
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
@@ -99,15 +102,15 @@ def _infer_stat(name: str):
 
 
 def _row_moments(x: np.ndarray, dims: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per row (float64, sequential sums): the mean and the sum of squared deviations."""
+    """Per row (float64, in the cpu kernels' lane order): the mean and the sum of squared deviations."""
     rows, columns = _stat_geometry(x.shape, dims)
     flat = np.ascontiguousarray(x, dtype=np.float64).reshape(rows, columns)
     if columns == 0:
         nan = np.full(rows, np.nan)
         return nan, nan, columns
-    mean = np.cumsum(flat, axis=1)[:, -1] / columns
+    mean = lane_row_sums(flat) / columns
     deviation = flat - mean[:, None]
-    squares = np.cumsum(deviation * deviation, axis=1)[:, -1]
+    squares = lane_row_sums(deviation * deviation)
     return mean, squares, columns
 
 
@@ -154,31 +157,26 @@ def vjp_norm_rstd(b, node, grad, needs):
 
 
 def _cpu_stat(rstd: bool):
-    """A row kernel: float64 sequential mean (and squared deviations), rounded once to float32."""
+    """A row kernel: the float64 mean (and squared deviations) in lanes, rounded once to float32."""
     def render(attrs, ins, out):
         x = ins[0]
         dims = tuple(attrs["dims"])
         rows, columns = _stat_geometry(x.shape, dims)
-        parallel = x.numel >= PARALLEL_CELLS and rows > 1
+        parallel = x.numel >= PARALLEL_SUM_CELLS and rows > 1  # only sums: parallel from more cells
         loop = "prange" if parallel else "range"
+        lines = lane_sum("total", "np.float64(x[r, c])", "c", "x.shape[1]") + ["mean = total / x.shape[1]"]
         if rstd:
-            finish = (
-                "        squares = 0.0\n"
-                f"        for c in range({columns}):\n"
-                "            deviation = np.float64(x[r, c]) - mean\n"
-                "            squares += deviation * deviation\n"
-                f"        out[r] = np.float32(1.0 / math.sqrt(squares / {columns} + {float(attrs['eps'])!r}))\n")
+            eps = float(attrs["eps"])
+            lines += lane_sum("squares", "(np.float64(x[r, c]) - mean) * (np.float64(x[r, c]) - mean)", "c",
+                              "x.shape[1]")
+            lines.append(f"out[r] = np.float32(1.0 / math.sqrt(squares / x.shape[1] + {eps!r}))")
         else:
-            finish = "        out[r] = np.float32(mean)\n"
+            lines.append("out[r] = np.float32(mean)")
         return (
             f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
             f"def _rows(x, out):\n"
             f"    for r in {loop}(x.shape[0]):\n"
-            f"        total = 0.0\n"
-            f"        for c in range({columns}):\n"
-            f"            total += np.float64(x[r, c])\n"
-            f"        mean = total / {columns}\n"
-            + finish + "\n\n"
+            + "".join(f"        {line}\n" for line in lines) + "\n\n"
             "def kernel(in0, out0):\n"
             f"    rows = in0.size // {max(columns, 1)}  # from the shape: one source for every batch size\n"
             f"    _rows(np.ascontiguousarray(in0).reshape((rows, {columns})), out0.reshape(rows))\n"
@@ -193,7 +191,7 @@ def _cuda_stat(rstd: bool):
     The statistics accumulate in float64 as the CPU kernel and the reference do
     (so the PTX of these kernels holds ``.f64`` arithmetic, on purpose: the PTX
     test allows it for norm_mean and norm_rstd only) and round once to float32.
-    The tree adds in another order than the CPU's sequential sum; in float64 the
+    The tree adds in another order than the CPU's lanes; in float64 the
     difference is ~1e-16 relative, below float32 rounding, so the results agree
     with the reference to the last bit except at a rounding tie (tested with the
     usual tolerances). norm_rstd recomputes the mean in the same order as

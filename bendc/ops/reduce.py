@@ -6,7 +6,7 @@ import numpy as np
 
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, lane_sum, sum_kernel
 from bendc.kernels.access import dense
 from bendc.ops.base import OPS, InferError, Lowering, define_op, normalize_dims, require_float
 
@@ -29,7 +29,8 @@ def _infer_sum(types, attrs):
 
 
 def _reference_sum(values, attrs):
-    """float64 accumulation rounded once to float32, as the cpu kernels' chunked sums: numpy's
+    """float64 accumulation rounded once to float32, as the cpu kernels' sums (in another order:
+    numpy's pairwise float64 sum; the two round to the same float32 but at a near-tie): numpy's
     float32 sum is sequential along a strided axis and drifts past torch's cascade sum."""
     (x,) = values
     total = np.sum(x, axis=tuple(attrs["dims"]), keepdims=attrs["keepdim"], dtype=np.float64)
@@ -45,24 +46,15 @@ def vjp_sum(b, node, grad, needs):
     return (b.expand(grad, shape),)
 
 
-# An unfused sum over more elements than this accumulates in float64 and rounds once (numpy's
-# float32 sum of 65536 elements measured 28x torch's cascade-sum error; the fused chunked sums
-# already accumulate in float64). Smaller ones keep numpy's float32 sum, 2-4x faster.
-WIDE_SUM = 4096
-
-
-def _sum_call(dims, keepdim: bool, out: str, reduced: int) -> str:
-    if reduced > WIDE_SUM:
-        return f"    {out}[...] = np.sum(in0, axis={dims!r}, keepdims={keepdim!r}, dtype=np.float64)\n"
-    return f"    np.sum(in0, axis={dims!r}, keepdims={keepdim!r}, out={out})\n"
-
-
 def _cpu_sum(attrs, ins, out):
+    """An unfused sum is a fused kernel's epilogue sum over a loop nest reading x (cpu_kit.sum_kernel:
+    float64, in lanes over the innermost loop, chunked when parallel; rounded once to float32)."""
     dims = tuple(attrs["dims"])
     if not dims:
         return "def kernel(in0, out0):\n    out0[...] = in0\n"
-    reduced = int(np.prod([ins[0].shape[d] for d in dims]))
-    return "def kernel(in0, out0):\n" + _sum_call(dims, attrs["keepdim"], "out0", reduced)
+    keep = attrs["keepdim"]
+    kept = [("0" if axis in dims else f"i{axis}") for axis in range(ins[0].ndim) if keep or axis not in dims]
+    return sum_kernel(ins[0].shape, dims, kept, "sum")
 
 
 def _sum_reduced_axes(in_shape, attrs):
@@ -151,13 +143,13 @@ def vjp_sum_to_size(b, node, grad, needs):
 
 
 def _cpu_sum_to_size(attrs, ins, out):
+    """As _cpu_sum: the leading dims dropped, the others kept (size 1 where summed)."""
     shape = tuple(attrs["shape"])
     lead, axes = sum_to_size_axes(ins[0].shape, shape)
     if not axes:
         return f"def kernel(in0, out0):\n    out0[...] = in0.reshape({shape!r})\n"
-    kept = tuple(1 if axis in axes else d for axis, d in enumerate(ins[0].shape))
-    reduced = int(np.prod([ins[0].shape[a] for a in axes]))
-    return "def kernel(in0, out0):\n" + _sum_call(axes, True, f"out0.reshape({kept!r})", reduced)
+    kept = [("0" if axis in axes else f"i{axis}") for axis in range(lead, ins[0].ndim)]
+    return sum_kernel(ins[0].shape, axes, kept, "sum_to_size")
 
 
 def _sum_to_size_reduced_axes(in_shape, attrs):
@@ -195,14 +187,15 @@ def _reference_softmax(values, attrs):
     dim = attrs["dim"]
     shifted = x - np.max(x, axis=dim, keepdims=True)
     e = np.exp(shifted)
-    return np.asarray(e / np.sum(e, axis=dim, keepdims=True, dtype=np.float32), dtype=np.float32)
+    total = np.sum(e, axis=dim, keepdims=True, dtype=np.float64).astype(np.float32)  # as the cpu kernel
+    return np.asarray(e / total, dtype=np.float32)
 
 
 def _reference_log_softmax(values, attrs):
     (x,) = values
     dim = attrs["dim"]
     shifted = x - np.max(x, axis=dim, keepdims=True)
-    log_total = np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True, dtype=np.float32))
+    log_total = np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True, dtype=np.float64).astype(np.float32))
     return np.asarray(shifted - log_total, dtype=np.float32)
 
 
@@ -223,7 +216,7 @@ def vjp_log_softmax(b, node, grad, needs):
 
 
 def _cpu_row(log: bool):
-    """Rows of the reduced dim: max, sum of exp(x - max), then the result."""
+    """Rows of the reduced dim: max, sum of exp(x - max) (float64 lanes, rounded once), then the result."""
     def render(attrs, ins, out):
         shape = ins[0].shape
         dim = attrs["dim"]
@@ -242,9 +235,10 @@ def _cpu_row(log: bool):
             f"        for c in range(1, {columns}):\n"
             f"            if x[r, c] > m:\n"
             f"                m = x[r, c]\n"
-            f"        total = np.float32(0.0)\n"
-            f"        for c in range({columns}):\n"
-            f"            total += math.exp(x[r, c] - m)\n"
+            # the sum of exp(x - max) in float64 lanes (cpu_kit.lane_sum), rounded once to float32
+            + "".join(f"        {line}\n" for line in lane_sum("wide", "np.float64(math.exp(x[r, c] - m))", "c",
+                                                                 "x.shape[1]"))
+            + "        total = np.float32(wide)\n"
             + ("        log_total = math.log(total)\n" if log else "")
             + f"        for c in range({columns}):\n" + finish + "\n\n"
         )
