@@ -67,6 +67,16 @@ def chunked_loop_nest(domain: Sequence[int | str], loops: Sequence[str], axis: i
     return lines
 
 
+def sum_partials(partial: str, out: str, chunks: int | str, name: str) -> list[str]:
+    """Statements writing ``out`` (float32) as the sum of the float64 partial sums
+    ``partial[chunk, ...]`` added in chunk order (``name`` tells the temporaries apart)."""
+    flat, wide, total = f"z{name}", f"w{name}", f"s{name}"
+    return [f"{flat} = {out}.reshape({out}.size)", f"{wide} = {partial}.reshape(({chunks}, {flat}.size))",
+            f"for q in range({flat}.size):", f"    {total} = np.float64(0.0)",
+            f"    for chunk in range({chunks}):", f"        {total} += {wide}[chunk, q]",
+            f"    {flat}[q] = np.float32({total})"]
+
+
 # ------------------------------------------------------------------ transcendentals
 _LIBM_CALL = re.compile(r"\bmath\.(exp|log|tanh|erf)\(")
 _TEMPLATE_MARKER = "# ---------------------------------------------------------------- TEMPLATE\n"
