@@ -245,86 +245,18 @@ def vjp_conv2d_grad_weight(b, node, grad, needs):
 
 
 # ------------------------------------------------------------------ conv on the CPU: im2col + BLAS
-_CPU_CONV_HELPERS = '''
-{decorator}
-def _columns(image, col, padded):
-    """The walk of every tap over every output position, one (sample, channel) plane per cell, the
-    columns laid out per sample, col (N, G, C/G*KH*KW, Ho*Wo): each (sample, group) is one
-    contiguous matrix of the batched product. padded (N*C, PH, PW) holds each plane with its
-    padding (zeros on entry), so each tap is one strided window of it, with no bounds tests.
-    {what}"""
-    batch, channels, height, width = image.shape
-    cg = channels // col.shape[1]
-    ph, pw = padded.shape[1], padded.shape[2]
-    # the rows and columns of the padded plane that hold the image
-    r0 = min({top}, ph)
-    r1 = max(r0, min(ph, {top} + height))
-    q0 = min({left}, pw)
-    q1 = max(q0, min(pw, {left} + width))
-    for plane in {loop}(batch * channels):
-        n = plane // channels
-        c = plane % channels
-        row0 = (c % cg) * {kh} * {kw}
-        pad = padded[plane]
-        {before}
-        for i in range({kh}):
-            for j in range({kw}):
-                line = col[n, c // cg, row0 + i * {kw} + j]
-                # Ho and Wo are literals here: LLVM unrolls the short rows (2x faster at 8x8)
-                for oh in range({ho}):
-                    for ow in range({wo}):
-                        {tap}
-        {after}
-'''
-_IM2COL = dict(
-    what="im2col: col[n, g, (c' * kh + i) * kw + j, oh * wo + ow] = image[n, g * cg + c', ih, iw] (0 in the padding).",
-    before="pad[r0:r1, q0:q1] = image[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}]",
-    tap="line[oh * {wo} + ow] = pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}]",
-    after="")
-_COL2IM = dict(
-    what="col2im: image[n, c, ih, iw] = the sum of the column entries it fed, in tap order.",
-    before="",
-    tap="pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}] += line[oh * {wo} + ow]",
-    after=("image[n, c] = np.float32(0.0)\n"
-           "        image[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}] = pad[r0:r1, q0:q1]"))
-
-
-def _cpu_conv_prelude(attrs, kernel: tuple[int, int], output: tuple[int, int], parallel: bool, scatter: bool) -> str:
-    """_columns for this conv's geometry, every size but the batch and the channels a literal."""
-    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
-    top, _, left, _ = attrs["padding"]
-    sizes = dict(kh=kernel[0], kw=kernel[1], ho=output[0], wo=output[1], sh=sh, sw=sw, dh=dh, dw=dw, top=top,
-                 left=left)
-    parts = {name: text.format(**sizes) for name, text in (_COL2IM if scatter else _IM2COL).items()}
-    return _CPU_CONV_HELPERS.format(decorator=njit_decorator(parallel), loop="prange" if parallel else "range",
-                                    **sizes, **parts)
-
-
-def _cpu_padded(attrs) -> str:
-    """The source of the zeroed (N*C, PH, PW) buffer _columns pads each plane into: the extent the
-    taps reach, (ho - 1) * stride + (k - 1) * dilation + 1 on each axis."""
-    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
-    return (f"np.zeros((batch * image_channels, (ho - 1) * {sh} + (kh - 1) * {dh} + 1, "
-            f"(wo - 1) * {sw} + (kw - 1) * {dw} + 1), np.float32)")
-
-
-# The forward: per sample, im2col and one BLAS product per group (numba's np.dot, inside the
-# kernel), the bias and any fused epilogue applied to the sample's block while it is in cache.
-CONV_BLOCKS = 16  # a parallel forward splits the batch in at most this many blocks of samples
-# A sample's im2col loops keep Ho and Wo as literals up to this many output positions (LLVM unrolls
-# the rows whole: faster at 8x8); above, they are read from the shapes, and each tap's row loop is
+# Each conv product is one numba kernel over blocks of samples (a parallel cell each, with its own
+# zero-bordered planes and columns): each sample's planes are copied into the padded planes, so
+# every tap is one strided window of them (no bounds tests), and the columns (G, C/G*KH*KW, Ho*Wo)
+# of a sample are multiplied by BLAS (numba's np.dot) inside the kernel, while they are in cache.
+CONV_BLOCKS = 16  # a parallel kernel splits the batch in at most this many blocks of samples
+# A sample's tap loops keep Ho and Wo as literals up to this many output positions (LLVM unrolls
+# the rows whole: faster at 8x8); above, they are read from the shapes and each tap's row loop is
 # vectorized instead (16x16, 1 channel: 2.5x faster than unrolled, measured at the CNN's sizes).
 UNROLLED_POSITIONS = 64
-_CPU_CONV_FORWARD = '''
-{decorator}
-def _conv(x, weight, {parameters}):
-    """Per block of samples (a parallel cell each, with its own zero-bordered planes and columns):
-    each sample's columns (G, C/G*KH*KW, Ho*Wo) written through the padded copy of its planes
-    (each tap one strided window, no bounds tests), then per group (O/G, C/G*KH*KW) @
-    (C/G*KH*KW, Ho*Wo) by BLAS into the sample's output block, then the bias{what}."""
-    batch, channels, height, width = x.shape
-    groups, og, taps = weight.shape
-    cg = channels // groups
+
+_CONV_GEOMETRY = """    batch, channels, height, width = {image}.shape
+    cg = channels // {groups}
     ho = (height + {pad_h} - {span_h} - 1) // {sh} + 1
     wo = (width + {pad_w} - {span_w} - 1) // {sw} + 1
     ph = (ho - 1) * {sh} + {span_h} + 1
@@ -334,35 +266,76 @@ def _conv(x, weight, {parameters}):
     r1 = max(r0, min(ph, {top} + height))
     q0 = min({left}, pw)
     q1 = max(q0, min(pw, {left} + width))
-    blocks = {blocks}{setup}
-    for block in {loop}(blocks):
-        padded = np.zeros((channels, ph, pw), np.float32)
-        col = np.empty((groups, taps, ho * wo), np.float32){scratch}
-        for n in range(block * batch // blocks, (block + 1) * batch // blocks):
-            for c in range(channels):
+    blocks = {blocks}"""
+_PAD_SAMPLE = """            for c in range(channels):
                 for ih in range(r0, r1):
                     for iw in range(q0, q1):
-                        padded[c, ih, iw] = x[n, c, ih - {top}, iw - {left}]
-{columns}
-            result = {result}
-            for g in range(groups):
-                np.dot(weight[g], col[g], result[g]){bias}{call}{finish}
-'''
-_UNROLLED_TAPS = """                pad = padded[c]
+                        padded[c, ih, iw] = x[n, c, ih - {top}, iw - {left}]"""
+# one tap's walk over the output positions: im2col reads the padded plane, col2im adds into it
+_UNROLLED_TAPS = """            for c in range(channels):
+                pad = padded[c]
                 row0 = (c % cg) * {kh} * {kw}
                 for i in range({kh}):
                     for j in range({kw}):
                         line = col[c // cg, row0 + i * {kw} + j]
                         for oh in range({ho}):
                             for ow in range({wo}):
-                                line[oh * {wo} + ow] = pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}]"""
-_VECTOR_TAPS = """                g = c // cg
+                                {unrolled}"""
+_VECTOR_TAPS = """            for c in range(channels):
+                g = c // cg
                 row0 = (c % cg) * {kh} * {kw}
                 for i in range({kh}):
                     for j in range({kw}):
                         for oh in range(ho):
                             for ow in range(wo):
-                                col[g, row0 + i * {kw} + j, oh * wo + ow] = padded[c, i * {dh} + oh * {sh}, j * {dw} + ow * {sw}]"""
+                                {vector}"""
+_IM2COL = dict(unrolled="line[{base}oh * {wo} + ow] = pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}]",
+               vector="col[g, row0 + i * {kw} + j, {base}oh * wo + ow] = padded[c, i * {dh} + oh * {sh}, j * {dw} + ow * {sw}]")
+_COL2IM = dict(unrolled="pad[i * {dh} + oh * {sh}, j * {dw} + ow * {sw}] += line[oh * {wo} + ow]",
+               vector="padded[c, i * {dh} + oh * {sh}, j * {dw} + ow * {sw}] += col[g, row0 + i * {kw} + j, oh * wo + ow]")
+
+
+def _conv_sizes_cpu(attrs, kernel: tuple[int, int], output: tuple[int, int], parallel: bool) -> dict:
+    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+    top, bottom, left, right = attrs["padding"]
+    return dict(kh=kernel[0], kw=kernel[1], ho=output[0], wo=output[1], sh=sh, sw=sw, dh=dh, dw=dw, top=top,
+                left=left, pad_h=top + bottom, pad_w=left + right, span_h=(kernel[0] - 1) * dh,
+                span_w=(kernel[1] - 1) * dw, groups=attrs["groups"], loop="prange" if parallel else "range",
+                blocks=f"min(batch, {CONV_BLOCKS})" if parallel else "1", decorator=njit_decorator(parallel))
+
+
+def _cpu_geometry(sizes: dict, image: str) -> str:
+    """The kernel's first lines: the sizes, the padded plane's extent (what the taps reach), the
+    image's place in it, the blocks."""
+    return _CONV_GEOMETRY.format(image=image, **sizes)
+
+
+def _cpu_taps(sizes: dict, walk: dict, base: str = "") -> str:
+    """The loops of every tap of every channel of sample ``n`` over the output positions, with the
+    statement ``walk`` (_IM2COL or _COL2IM; ``base`` offsets the columns of sample n in col)."""
+    unrolled = sizes["ho"] * sizes["wo"] <= UNROLLED_POSITIONS
+    template = _UNROLLED_TAPS if unrolled else _VECTOR_TAPS
+    statement = walk["unrolled" if unrolled else "vector"].format(base=base, **sizes)
+    return template.format(unrolled=statement, vector=statement, **sizes)
+
+
+_CPU_CONV_FORWARD = '''
+{decorator}
+def _conv(x, weight, {parameters}):
+    """Per block of samples: each sample's columns, then per group (O/G, C/G*KH*KW) @
+    (C/G*KH*KW, Ho*Wo) by BLAS into the sample's output block, then the bias{what}."""
+{geometry}
+    groups, og, taps = weight.shape{setup}
+    for block in {loop}(blocks):
+        padded = np.zeros((channels, ph, pw), np.float32)
+        col = np.empty((groups, taps, ho * wo), np.float32){scratch}
+        for n in range(block * batch // blocks, (block + 1) * batch // blocks):
+{pad}
+{columns}
+            result = {result}
+            for g in range(groups):
+                np.dot(weight[g], col[g], result[g]){bias}{call}{finish}
+'''
 
 
 def _cpu_conv2d(attrs, ins, out, epilogue: Epilogue | None = None) -> str:
@@ -371,11 +344,8 @@ def _cpu_conv2d(attrs, ins, out, epilogue: Epilogue | None = None) -> str:
     elementwise epilogue (if the fusion pass gave the conv one) applied to the block while it is
     in cache; the conv's own result is then written only where something else reads it."""
     groups = attrs["groups"]
-    (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
-    top, bottom, left, right = attrs["padding"]
     o, _, kh, kw = ins[1].shape
-    ho, wo = out.shape[2:]
-    parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
+    sizes = _conv_sizes_cpu(attrs, (kh, kw), out.shape[2:], max(ins[0].numel, out.numel) >= PARALLEL_CELLS)
     has_bias = len(ins) == 3
     own = tuple(f"in{k}" for k in range(len(ins)))
     writes_value = epilogue is None or epilogue.value_output is not None
@@ -385,24 +355,21 @@ def _cpu_conv2d(attrs, ins, out, epilogue: Epilogue | None = None) -> str:
     bias = ("\n            for g in range(groups):\n                for oc in range(og):\n"
             "                    b = bias[g * og + oc]\n                    for q in range(ho * wo):\n"
             "                        result[g, oc, q] += b") if has_bias else ""
-    call = ("" if epilogue is None else
-            f"\n            {epilogue.call('n', '1', f'result.reshape(1, {o}, ho, wo)', 'block')}")
-    setup = "".join("\n    " + line for line in epilogue.setup("blocks")) if epilogue is not None else ""
-    finish = "".join("\n    " + line for line in epilogue.finish("blocks")) if epilogue is not None else ""
+    call = setup = finish = ""
+    if epilogue is not None:
+        call = f"\n            {epilogue.call('n', '1', f'result.reshape(1, {o}, ho, wo)', 'block')}"
+        setup = "".join("\n    " + line for line in epilogue.setup("blocks"))
+        finish = "".join("\n    " + line for line in epilogue.finish("blocks"))
     scratch = ("" if writes_value else
                "\n        block_out = np.empty((groups, og, ho * wo), np.float32)  # the conv's result: not written")
-    sizes = dict(kh=kh, kw=kw, ho=ho, wo=wo, sh=sh, sw=sw, dh=dh, dw=dw)
-    taps = (_UNROLLED_TAPS if ho * wo <= UNROLLED_POSITIONS else _VECTOR_TAPS).format(**sizes)
     source = _CPU_CONV_FORWARD.format(
-        decorator=njit_decorator(parallel), parameters=", ".join(parameters), loop="prange" if parallel else "range",
-        what=", then the fused epilogue on the block" if epilogue is not None else "", top=top, left=left,
-        pad_h=top + bottom, pad_w=left + right, span_h=(kh - 1) * dh, span_w=(kw - 1) * dw, sh=sh, sw=sw,
-        blocks=f"min(batch, {CONV_BLOCKS})" if parallel else "1", scratch=scratch, columns=taps,
-        result="value[n].reshape(groups, og, ho * wo)" if writes_value else "block_out", bias=bias, call=call,
-        setup=setup, finish=finish)
+        parameters=", ".join(parameters), what=", then the fused epilogue on the block" if epilogue else "",
+        geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes), columns=_cpu_taps(sizes, _IM2COL),
+        scratch=scratch, result="value[n].reshape(groups, og, ho * wo)" if writes_value else "block_out",
+        bias=bias, call=call, setup=setup, finish=finish, decorator=sizes["decorator"], loop=sizes["loop"])
     value = ("out0" if epilogue is None else epilogue.value_output) if writes_value else None
     arguments = ["x", "weight"] + (["np.ascontiguousarray(in2)"] if has_bias else []) + ([value] if value else [])
-    if epilogue is not None:
+    if epilogue is not None and epilogue.arrays():
         arguments.append(epilogue.arrays())
     signature = epilogue.parameters(own) if epilogue is not None else ", ".join(own + ("out0",))
     return (("" if epilogue is None else epilogue.source) + source + f'''
@@ -410,47 +377,90 @@ def _cpu_conv2d(attrs, ins, out, epilogue: Epilogue | None = None) -> str:
 def kernel({signature}):
     x = np.ascontiguousarray(in0)
     weight = np.ascontiguousarray(in1).reshape({groups}, {o // groups}, in1.shape[1] * {kh * kw})
-    _conv({", ".join(a for a in arguments if a)})
+    _conv({", ".join(arguments)})
 ''')
 
 
+_CPU_CONV_GRAD_INPUT = '''
+{decorator}
+def _grad_input(grad, weight, dx):
+    """Per block of samples: per group the sample's columns (C/G*KH*KW, O/G) @ (O/G, Ho*Wo) by
+    BLAS, then col2im: each dx plane the sum of the column entries it fed, in tap order."""
+{geometry}
+    groups, taps, og = weight.shape
+    for block in {loop}(blocks):
+        padded = np.empty((channels, ph, pw), np.float32)
+        col = np.empty((groups, taps, ho * wo), np.float32)
+        for n in range(block * batch // blocks, (block + 1) * batch // blocks):
+            for g in range(groups):
+                np.dot(weight[g], grad[n, g], col[g])
+            padded[:] = np.float32(0.0)
+{columns}
+            for c in range(channels):
+                dx[n, c] = np.float32(0.0)
+                for ih in range(r0, r1):
+                    for iw in range(q0, q1):
+                        dx[n, c, ih - {top}, iw - {left}] = padded[c, ih, iw]
+'''
+
+
 def _cpu_conv2d_grad_input(attrs, ins, out) -> str:
-    """W^T @ g per (sample, group) (batched BLAS, g read in place), then col2im into dx (parallel numba)."""
+    """One numba kernel over blocks of samples: per sample W^T @ g by BLAS, then col2im into dx
+    (each plane summed in tap order in the sample's padded planes, in cache)."""
     groups = attrs["groups"]
-    parallel = max(ins[0].numel, out.numel) >= PARALLEL_CELLS
-    return (_cpu_conv_prelude(attrs, ins[1].shape[2:], ins[0].shape[2:], parallel, True) + f'''
+    o, cg, kh, kw = ins[1].shape
+    sizes = _conv_sizes_cpu(attrs, (kh, kw), ins[0].shape[2:], max(ins[0].numel, out.numel) >= PARALLEL_CELLS)
+    source = _CPU_CONV_GRAD_INPUT.format(geometry=_cpu_geometry(sizes, "dx"), columns=_cpu_taps(sizes, _COL2IM),
+                                         **sizes)
+    return source + f'''
 
 def kernel(in0, in1, out0):
     grad = np.ascontiguousarray(in0)
     batch, channels, ho, wo = grad.shape
-    _, cg, kh, kw = in1.shape
-    weight = np.ascontiguousarray(in1).reshape({groups}, channels // {groups}, cg * kh * kw)
-    # per (sample, group): (C/G*KH*KW, O/G) @ (O/G, Ho*Wo), BLAS
-    col = np.matmul(weight.transpose(0, 2, 1), grad.reshape(batch, {groups}, channels // {groups}, ho * wo))
-    image_channels = out0.shape[1]
-    _columns(out0, col, {_cpu_padded(attrs)})
-''')
+    # per group W^T, (C/G*KH*KW, O/G)
+    weight = np.ascontiguousarray(np.ascontiguousarray(in1).reshape({groups}, {o // groups}, {cg * kh * kw}).transpose(0, 2, 1))
+    _grad_input(grad.reshape(batch, {groups}, {o // groups}, ho * wo), weight, out0)
+'''
+
+
+_CPU_CONV_COLUMNS = '''
+{decorator}
+def _columns(x, columns):
+    """Per block of samples: each sample's columns, columns[n] (G, C/G*KH*KW, Ho*Wo)."""
+{geometry}
+    for block in {loop}(blocks):
+        padded = np.zeros((channels, ph, pw), np.float32)
+        for n in range(block * batch // blocks, (block + 1) * batch // blocks):
+            col = columns[n]
+{pad}
+{columns}
+'''
 
 
 def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:
-    """g @ columns^T per (sample, group) (batched BLAS, g read in place), then the per-sample
-    products summed over the batch; the columns recomputed from x."""
+    """The columns recomputed from x (numba, per sample), then g @ columns^T per (sample, group)
+    by numpy's batched BLAS (g read in place), summed over the batch. (One product per block of
+    samples inside the kernel, as the forward does, measured slower: 4x at 1 channel, where the
+    product is (8, 16384) @ (16384, 9); numba's per-sample np.dot calls cost more than numpy's
+    batched loop at 8 channels.)"""
     groups = attrs["groups"]
     parallel = max(ins[0].numel, ins[1].numel) >= PARALLEL_CELLS
-    return (_cpu_conv_prelude(attrs, out.shape[2:], ins[1].shape[2:], parallel, False) + f'''
+    sizes = _conv_sizes_cpu(attrs, out.shape[2:], ins[1].shape[2:], parallel)
+    source = _CPU_CONV_COLUMNS.format(geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes),
+                                      columns=_cpu_taps(sizes, _IM2COL), **sizes)
+    return source + f'''
 
 def kernel(in0, in1, out0):
     x = np.ascontiguousarray(in0)
     grad = np.ascontiguousarray(in1)
     batch, channels, ho, wo = grad.shape
     _, cg, kh, kw = out0.shape
-    image_channels = x.shape[1]
     col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
-    _columns(x, col, {_cpu_padded(attrs)})
+    _columns(x, col)
     # per (sample, group): (O/G, Ho*Wo) @ (Ho*Wo, C/G*KH*KW), BLAS; then the sum over the samples
     partial = np.matmul(grad.reshape(batch, {groups}, channels // {groups}, ho * wo), col.transpose(0, 1, 3, 2))
     np.sum(partial, axis=0, out=out0.reshape({groups}, channels // {groups}, cg * kh * kw))
-''')
+'''
 
 
 # ------------------------------------------------------------------ conv on cuda
