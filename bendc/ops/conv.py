@@ -268,9 +268,7 @@ _CONV_GEOMETRY = """    batch, channels, height, width = {image}.shape
     q1 = max(q0, min(pw, {left} + width))
     blocks = {blocks}"""
 _PAD_SAMPLE = """            for c in range(channels):
-                for ih in range(r0, r1):
-                    for iw in range(q0, q1):
-                        padded[c, ih, iw] = x[n, c, ih - {top}, iw - {left}]"""
+                padded[c, r0:r1, q0:q1] = x[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}]"""
 # one tap's walk over the output positions: im2col reads the padded plane, col2im adds into it
 _UNROLLED_TAPS = """            for c in range(channels):
                 pad = padded[c]
