@@ -10,18 +10,21 @@ How F.conv2d, F.conv1d and the pools use them::
 conv1d is conv2d on (N, C, 1, L) views. Padding is (top, bottom, left, right): torch's
 ``padding="same"`` pads an even kernel more on the bottom and right.
 
-Lowering. On the CPU each conv product is im2col feeding numpy's BLAS: a parallel numba kernel
-copies each (sample, channel) plane into a zero-bordered padded plane and writes the columns per
-sample, (N, G, C/G*KH*KW, Ho*Wo), each tap one strided window of the padded plane (no bounds tests;
-the output size, kernel, stride and dilation are literals of the source, so the short rows unroll);
-then one batched BLAS product per (sample, group) writes straight into (N, O, Ho, Wo), the bias
-added in place after. The input gradient is W^T @ g per (sample, group) (g read in place)
-followed by col2im, accumulated per (sample, channel) plane in tap order, so no two threads write
-one element; the weight gradient is g @ columns^T per (sample, group), summed over the batch, the
-columns recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE
-tiles of the weight and of the im2col matrix (computed on the fly, never stored) in shared memory;
-the gradients are one output element per thread, each a gather over the elements that feed it (no
-atomics, so the sums have a fixed order).
+Lowering. On the CPU each conv product is one numba kernel over blocks of samples (a parallel cell
+each): a sample's planes are copied into zero-bordered padded planes, so each tap is one strided
+window of them (no bounds tests), and the sample's columns (G, C/G*KH*KW, Ho*Wo) feed BLAS inside
+the kernel (numba's np.dot), in cache. The forward multiplies each group's weight by the sample's
+columns straight into the sample's block of (N, O, Ho, Wo), adds the bias in place, and then
+applies the elementwise group that reads the conv's result, when the fusion pass folded one into
+the conv (``Lowering.epilogue``, cpu only: bendc/kernels/epilogue.py), to that block; the conv's
+own result is then written only if another kernel reads it. The input gradient is W^T @ g per
+(sample, group) followed by col2im in the sample's padded planes, each plane summed in tap order,
+so no two threads write one element; the weight gradient is g @ columns^T per (sample, group) by
+numpy's batched BLAS, summed over the batch, the columns recomputed from x rather than saved. On
+cuda the forward is an implicit GEMM: TILE x TILE tiles of the weight and of the im2col matrix
+(computed on the fly, never stored) in shared memory; the gradients are one output element per
+thread, each a gather over the elements that feed it (no atomics, so the sums have a fixed order).
+The cuda kernels take no epilogue: there the elementwise group stays a kernel of its own.
 
 Pools are one cell per output element; their gradients route each output's gradient back in
 output order, on the CPU as a scatter per (sample, channel) plane, on cuda as a gather per input
