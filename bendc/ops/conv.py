@@ -399,9 +399,7 @@ def _grad_input(grad, weight, dx):
 {columns}
             for c in range(channels):
                 dx[n, c] = np.float32(0.0)
-                for ih in range(r0, r1):
-                    for iw in range(q0, q1):
-                        dx[n, c, ih - {top}, iw - {left}] = padded[c, ih, iw]
+                dx[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}] = padded[c, r0:r1, q0:q1]
 '''
 
 
