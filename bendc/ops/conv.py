@@ -16,15 +16,15 @@ window of them (no bounds tests), and the sample's columns (G, C/G*KH*KW, Ho*Wo)
 the kernel (numba's np.dot), in cache. The forward multiplies each group's weight by the sample's
 columns straight into the sample's block of (N, O, Ho, Wo), adds the bias in place, and then
 applies the elementwise group that reads the conv's result, when the fusion pass folded one into
-the conv (``Lowering.epilogue``, cpu only: bendc/kernels/epilogue.py), to that block; the conv's
-own result is then written only if another kernel reads it. The input gradient is W^T @ g per
-(sample, group) followed by col2im in the sample's padded planes, each plane summed in tap order,
-so no two threads write one element; the weight gradient is g @ columns^T per (sample, group) by
-numpy's batched BLAS, summed over the batch, the columns recomputed from x rather than saved. On
-cuda the forward is an implicit GEMM: TILE x TILE tiles of the weight and of the im2col matrix
-(computed on the fly, never stored) in shared memory; the gradients are one output element per
-thread, each a gather over the elements that feed it (no atomics, so the sums have a fixed order).
-The cuda kernels take no epilogue: there the elementwise group stays a kernel of its own.
+the conv (``Lowering.epilogue``, cpu only: the cuda kernels take no epilogue; see
+bendc/kernels/epilogue.py), to that block; the conv's own result is then written only if another
+kernel reads it. The input gradient is W^T @ g per (sample, group) (g read in place)
+followed by col2im, accumulated per (sample, channel) plane in tap order, so no two threads write
+one element; the weight gradient is g @ columns^T per (sample, group), summed over the batch, the
+columns recomputed from x rather than saved. On cuda the forward is an implicit GEMM: TILE x TILE
+tiles of the weight and of the im2col matrix (computed on the fly, never stored) in shared memory;
+the gradients are one output element per thread, each a gather over the elements that feed it (no
+atomics, so the sums have a fixed order).
 
 Pools are one cell per output element; their gradients route each output's gradient back in
 output order, on the CPU as a scatter per (sample, channel) plane, on cuda as a gather per input
