@@ -45,9 +45,9 @@ from __future__ import annotations
 import numpy as np
 
 from bendc.ir.types import numel
+from bendc.kernels.epilogue import Epilogue
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
-from bendc.kernels.epilogue import Epilogue
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 CONV_TILE = 16
