@@ -14,6 +14,12 @@ row ``first``), the group's other operands (``in3, in4``: whole arrays, read bro
 the group's outputs (``out1, out2``: whole arrays) and adding its sums into the block's float64
 partial sums (``p3[block:block + 1]``: one block's). The leading axis of the group's iteration space is the leading axis
 of the op's result.
+
+conv2d is the op that takes one today. The fusion pass and codegen ask nothing of an op but
+``Lowering.epilogue`` and a ``cpu`` renderer that takes ``epilogue=``; matmul would opt in by
+computing its product block by block of leading rows inside a numba kernel (np.dot per block,
+its operands contiguous or transposed) and calling the epilogue on each block, where it now makes
+one numpy call for the whole product.
 """
 from __future__ import annotations
 
