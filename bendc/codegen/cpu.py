@@ -14,6 +14,7 @@ from bendc.codegen.fused import epilogues, member_expression, operand_reference,
 from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_domain
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
+from bendc.kernels.epilogue import Epilogue
 from bendc.kernels.templates import helper_functions
 from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, element, loop_nest, njit_decorator, sum_layout, sum_lines,
                                    vectorizable_math)
@@ -54,7 +55,12 @@ def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str
         node = nodes[0]
         summary = f"{node.op} ({step.kind})"
         lowering = OPS[node.op].lowering
-        body = lowering.cpu(node.attr, [graph.node(i).type for i in node.inputs], node.type)
+        types = [graph.node(i).type for i in node.inputs]
+        if len(nodes) > 1:  # an op computing a fused group as its epilogue (bendc/passes/fusion.py)
+            summary += f" with {len(nodes) - 1} fused elementwise ops as its epilogue"
+            body = lowering.cpu(node.attr, types, node.type, epilogue=render_epilogue(step, graph, node.id))
+        else:
+            body = lowering.cpu(node.attr, types, node.type)
     body, helpers = vectorizable_math(body)
     header = HEADER.format(name=step.name, summary=summary, nodes=listing)
     if helpers:
@@ -64,36 +70,89 @@ def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str
 
 
 # ------------------------------------------------------------------ elementwise
-def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
-    loops = [f"i{axis}" for axis in range(len(domain))]
-    arg_of = {value: f"in{k}" for k, value in enumerate(step.inputs)}
-    local: dict[int, str] = {}
-    reads: dict[tuple[int, str], str] = {}
-    body: list[str] = []
-    hoisted: list[str] = []
+class _Cells:
+    """The statements computing a fused group's members at one cell of its domain: input reads
+    (``r0``, ..., a one-element input read once before the loops), members (``v0``, ...). Shared
+    by the elementwise kernel and the epilogue an op's kernel applies to its result, which reads
+    that result (``block``) from the op's block of rows: its leading loop relative (``row`` for
+    ``i0``)."""
 
-    # Each loop's extent is read from the shape of an argument that the loop indexes (outputs
-    # first): the source then serves every size of the domain, so a new batch size reuses the
-    # compiled kernel (numba's types carry no sizes). A loop that indexes nothing keeps its literal.
-    written: dict[int, str] = {}
-    read_at: dict[int, str] = {}
+    def __init__(self, graph: Graph, domain: tuple[int, ...], arg_of: dict[int, str], block: int | None = None):
+        self.graph, self.domain, self.arg_of, self.block = graph, domain, arg_of, block
+        self.loops = [f"i{axis}" for axis in range(len(domain))]
+        self.local: dict[int, str] = {}
+        self.reads: dict[tuple[int, str], str] = {}
+        self.body: list[str] = []
+        self.hoisted: list[str] = []
+        # Each loop's extent is read from the shape of an argument that the loop indexes (outputs
+        # first): the source then serves every size of the domain, so a new batch size reuses the
+        # compiled kernel (numba's types carry no sizes). A loop that indexes nothing keeps its literal.
+        self.written: dict[int, str] = {}
+        self.read_at: dict[int, str] = {}
 
-    def note(extents: dict[int, str], array: str, index: list[str]) -> None:
+    def note(self, extents: dict[int, str], array: str, index: list[str]) -> None:
         for position, name in enumerate(index):
-            if name in loops:
-                extents.setdefault(loops.index(name), f"{array}.shape[{position}]")
+            if name in self.loops:
+                extents.setdefault(self.loops.index(name), f"{array}.shape[{position}]")
 
-    def read(value: int, index: list[str]) -> str:
+    def read(self, value: int, index: list[str]) -> str:
+        if value == self.block:
+            index = ["row" if name == "i0" else name for name in index]
         key = (value, ",".join(index))
-        if key not in reads:
-            reads[key] = f"r{len(reads)}"
-            note(read_at, arg_of[value], index)
+        if key not in self.reads:
+            self.reads[key] = f"r{len(self.reads)}"
+            self.note(self.read_at, self.arg_of[value], index)
             # A one-element input is read once, before the loops (numba's parfor lowering
             # cannot type a 0-d array's [()] inside a prange body).
-            where = hoisted if graph.node(value).type.numel == 1 else body
-            where.append(f"{reads[key]} = {element(arg_of[value], index)}  # %{value}")
-        return reads[key]
+            where = self.hoisted if self.graph.node(value).type.numel == 1 else self.body
+            where.append(f"{self.reads[key]} = {element(self.arg_of[value], index)}  # %{value}")
+        return self.reads[key]
 
+    def member(self, number: int, id: int) -> None:
+        """The statement computing member ``id`` (the ``number``-th of the step) at the cell."""
+        node = self.graph.node(id)
+        operands = [operand_reference(self.graph, o, node, self.local, self.domain, self.loops, self.read)
+                    for o in node.inputs]
+        self.local[id] = f"v{number}"
+        self.body.append(f"v{number} = {member_expression(node, operands, self.domain, self.loops)}  "
+                         f"# %{id} = {node.op}")
+
+    def accumulate(self, id: int, total: str, lead: list[str], out: str | None = None) -> None:
+        """Add epilogue sum ``id``'s operand at the cell into the float64 accumulator ``total``
+        (``total[lead..., kept...]``, ``kept`` the output cell the reduction keeps; loop extents
+        read from ``out``, the sum's output, where given), in cell order: rounded once at the end,
+        as a float32 running sum over many cells drifts far from the pairwise sums of numpy and
+        PyTorch (~100x their error over 65536 cells)."""
+        node = self.graph.node(id)
+        kept = reduction_index(self.graph, node, self.loops)
+        if out is None:
+            self.note(self.written, total, [*lead, *kept])
+        else:
+            self.note(self.written, out, kept)
+        self.body.append(f"{element(total, [*lead, *kept])} += np.float64({self.local[node.inputs[0]]})  "
+                         f"# %{id} = {node.op}")
+
+    def write(self, id: int, array: str, prologue: list[str]) -> None:
+        """Store member ``id`` into its output ``array`` at the cell."""
+        shape = self.graph.node(id).type.shape
+        if not shape:  # a 0-d output through a 1-element view: numba's parfor lowering cannot type out[()] = v
+            prologue.append(f"{array}_cell = {array}.reshape(1)")
+            self.body.append(f"{array}_cell[0] = {self.local[id]}")
+            return
+        index = ["0"] * len(shape) if self.graph.node(id).type.numel == 1 else self.loops
+        self.note(self.written, array, index)
+        self.body.append(f"{element(array, index)} = {self.local[id]}")
+
+    def extents(self) -> list[str]:
+        extents = [self.written.get(axis, self.read_at.get(axis, str(size))) for axis, size in enumerate(self.domain)]
+        if len(self.domain) > 1 and self.domain[-1] <= UNROLLED_EXTENT:  # a tiny inner loop: unrolled whole
+            extents[-1] = str(self.domain[-1])
+        return extents
+
+
+def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
+    cells = _Cells(graph, domain, {value: f"in{k}" for k, value in enumerate(step.inputs)})
+    loops, body, local = cells.loops, cells.body, cells.local
     sums = epilogues(graph, step.nodes)
     # The loops' parallel split and each epilogue sum's accumulation: cpu_kit.sum_layout.
     layout = sum_layout(domain, [set(reduced_axes(graph, graph.node(id))) for id in sums])
@@ -103,43 +162,73 @@ def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> st
     prologue: list[str] = []
     epilogue: list[str] = []
     for number, id in enumerate(step.nodes):
+        if id not in sums:
+            cells.member(number, id)
+            continue
         node = graph.node(id)
-        if id in sums:
-            kept = reduction_index(graph, node, loops)
-            note(written, out_of[id], kept)
-            which = sums.index(id)
-            source = sum_lines(number, local[node.inputs[0]], out_of[id], kept, set(reduced_axes(graph, node)),
-                               loops, layout, layout.runs[which], f"%{id} = {node.op}")
-            prologue += source.prologue
-            epilogue += source.epilogue
-            body.append(source.body)
-            for axis, text in source.before.items():
-                before.setdefault(axis, []).extend(text)
-            for axis, text in source.after.items():
-                after.setdefault(axis, []).extend(text)
-            continue
-        operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
-        local[id] = f"v{number}"
-        body.append(f"v{number} = {member_expression(node, operands, domain, loops)}  # %{id} = {node.op}")
+        kept = reduction_index(graph, node, loops)
+        cells.note(cells.written, out_of[id], kept)
+        source = sum_lines(number, local[node.inputs[0]], out_of[id], kept, set(reduced_axes(graph, node)),
+                           loops, layout, layout.runs[sums.index(id)], f"%{id} = {node.op}")
+        prologue += source.prologue
+        epilogue += source.epilogue
+        body.append(source.body)
+        for axis, text in source.before.items():
+            before.setdefault(axis, []).extend(text)
+        for axis, text in source.after.items():
+            after.setdefault(axis, []).extend(text)
     for id in step.outputs:
-        if id in sums:
-            continue
-        shape = graph.node(id).type.shape
-        if not shape:  # a 0-d output through a 1-element view: numba's parfor lowering cannot type out[()] = v
-            prologue.append(f"{out_of[id]}_cell = {out_of[id]}.reshape(1)")
-            body.append(f"{out_of[id]}_cell[0] = {local[id]}")
-            continue
-        index = ["0"] * len(shape) if graph.node(id).type.numel == 1 else loops
-        note(written, out_of[id], index)
-        body.append(f"{element(out_of[id], index)} = {local[id]}")
+        if id not in sums:
+            cells.write(id, out_of[id], prologue)
 
-    extents = [written.get(axis, read_at.get(axis, str(size))) for axis, size in enumerate(domain)]
-    if len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT:  # a tiny inner loop: unrolled whole
-        extents[-1] = str(domain[-1])
-    args = ", ".join([arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
+    extents = cells.extents()
+    args = ", ".join([cells.arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
     lines = [njit_decorator(layout.parallel_axis is not None), f"def kernel({args}):"]
-    lines.extend("    " + line for line in hoisted + prologue)
+    lines.extend("    " + line for line in cells.hoisted + prologue)
     lines.extend(loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
                            before=before, after=after))
     lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ epilogues of an op's kernel
+def render_epilogue(step: Step, graph: Graph, producer: int) -> Epilogue:
+    """The fused group of an epilogue step as ``_epilogue(first, count, value, ...)`` over rows
+    ``first .. first + count - 1`` of its domain (bendc/kernels/epilogue.py), serial: the op's
+    kernel calls it from its own (parallel) loop over blocks of its result, each block's sums
+    into a partial of its own."""
+    members = [i for i in step.nodes if i != producer]
+    domain = elementwise_domain(graph, members)
+    own = len(graph.node(producer).inputs)
+    arg_of = {value: f"in{own + k}" for k, value in enumerate(step.inputs[own:])}
+    arg_of[producer] = "value"
+    out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
+    sums = epilogues(graph, members)
+    partial_of = {id: f"p{k}" for k, id in enumerate(sums)}
+    cells = _Cells(graph, domain, arg_of, block=producer)
+    for number, id in enumerate(members):
+        if id in sums:
+            cells.accumulate(id, partial_of[id], ["0"])
+        else:
+            cells.member(number, id)
+    prologue: list[str] = []
+    for id in step.outputs:
+        if id != producer and id not in sums:
+            cells.write(id, out_of[id], prologue)
+    extents = cells.extents()
+    inputs = tuple(arg_of[v] for v in step.inputs[own:])
+    outputs = tuple(out_of[o] for o in step.outputs if o != producer)
+    written = tuple(out_of[o] for o in step.outputs if o != producer and o not in sums)
+    parameters = ", ".join(("first", "count", "value") + inputs + written + tuple(partial_of[i] for i in sums))
+    lines = [njit_decorator(False), f"def _epilogue({parameters}):",
+             f'    """The fused elementwise group of {_listing(members)}, rows first .. first + count - 1."""']
+    lines.extend("    " + line for line in cells.hoisted + prologue)
+    lines.append("    for row in range(count):")
+    lines.append("        i0 = first + row")
+    lines.extend(loop_nest(extents[1:], cells.loops[1:], None, cells.body, indent="        "))
+    return Epilogue("\n".join(lines) + "\n", inputs, outputs, out_of.get(producer),
+                    tuple((out_of[i], partial_of[i]) for i in sums))
+
+
+def _listing(ids: list[int]) -> str:
+    return " ".join(f"%{i}" for i in ids)

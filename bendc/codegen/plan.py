@@ -180,13 +180,21 @@ def collective_step(plan: KernelPlan, step: Step, graph: Graph):
 
 
 def _const_needs_step(graph: Graph, id: int) -> bool:
-    """Constants are inlined into fused kernels; others read them from a step."""
-    return id in graph.outputs or any(graph.node(u).kernel is None for u in graph.users(id))
+    """Constants are inlined into fused kernels; others read them from a step (an op computing a
+    fused group as its epilogue reads its own operands as arrays)."""
+    return id in graph.outputs or any(graph.node(u).kernel is None or OPS[graph.node(u).op].lowering.epilogue
+                                      for u in graph.users(id))
+
+
+def epilogue_producer(graph: Graph, ids: list[int]) -> int | None:
+    """The member of a fused group whose own kernel computes the rest of the group as its epilogue
+    (bendc/passes/fusion.py, absorb_producers), or None."""
+    return next((i for i in ids if OPS[graph.node(i).op].lowering.epilogue), None)
 
 
 def _make_step(graph: Graph, unit: tuple, ids: list[int]) -> Step:
     step = _make_step_body(graph, unit, ids)
-    first = graph.node(ids[0])
+    first = graph.node(step.nodes[0])
     step.op = first.op
     step.loc = str(first.loc) if first.loc is not None else ""
     return step
@@ -197,6 +205,9 @@ def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
     lines = sorted({n.loc.short for n in nodes if n.loc is not None})
     if unit[0] == "k":
         member_set = set(ids)
+        producer = epilogue_producer(graph, ids)
+        if producer is not None:
+            return _epilogue_step(graph, unit, ids, producer, lines)
         inputs: list[int] = []
         for node in nodes:
             for operand in node.inputs:
@@ -218,10 +229,31 @@ def _make_step_body(graph: Graph, unit: tuple, ids: list[int]) -> Step:
                 [node.id], node.type.numel, lines=lines)
 
 
+def _epilogue_step(graph: Graph, unit: tuple, ids: list[int], producer: int, lines: list[str]) -> Step:
+    """An op with a fused group as its epilogue: the op's own kernel, given its operands in order
+    (x @ x reads x twice), then the group's other inputs; its result first among the outputs when
+    it is read beyond the group."""
+    node = graph.node(producer)
+    rest = [i for i in ids if i != producer]
+    member_set = set(ids)
+    inputs = list(node.inputs)
+    extra: list[int] = []
+    for id in rest:
+        for operand in graph.node(id).inputs:
+            if operand not in member_set and graph.node(operand).op != "const" and operand not in extra:
+                extra.append(operand)
+    outputs = [i for i in [producer] + rest if i in graph.outputs or any(u not in member_set for u in graph.users(i))]
+    lowering = OPS[node.op].lowering
+    return Step(f"{node.op}{node.id}_k{unit[1]}", lowering.kind, "write", [producer] + rest, inputs + extra, outputs,
+                node.type.numel, lines=lines)
+
+
 def elementwise_domain(graph: Graph, ids: list[int]) -> tuple[int, ...]:
-    """The iteration space of a fused group: its members' shape (numel-1 members aside)."""
+    """The iteration space of a fused group: its members' shape (numel-1 members aside; an op
+    computing the group as its epilogue aside)."""
     shapes = {graph.node(i).type.shape for i in ids
-              if graph.node(i).type.numel != 1 and graph.node(i).op not in ("sum", "sum_to_size")}
+              if graph.node(i).type.numel != 1 and graph.node(i).op not in ("sum", "sum_to_size")
+              and not OPS[graph.node(i).op].lowering.epilogue}
     assert len(shapes) <= 1, f"group {ids} mixes iteration spaces {shapes}"
     return shapes.pop() if shapes else ()
 

@@ -207,10 +207,7 @@ def sum_lines(number: int, value: str, out: str, kept: Sequence[str], axes: set[
         total, chunks = f"p{number}", layout.chunks
         cell = element(total, ["chunk", *kept])
         lines.prologue.append(f"{total} = np.zeros(({chunks},) + {out}.shape, np.float64)")
-        lines.epilogue += [f"{flat} = {out}.reshape({out}.size)", f"{partial} = {total}.reshape(({chunks}, {flat}.size))",
-                           f"for q in range({flat}.size):", f"    s{number} = np.float64(0.0)",
-                           f"    for chunk in range({chunks}):", f"        s{number} += {partial}[chunk, q]",
-                           f"    {flat}[q] = np.float32(s{number})"]
+        lines.epilogue += sum_partials(total, out, chunks, str(number))
     elif run is None or not axes <= set(range(run, len(loops))):
         total = f"a{number}"
         cell = element(total, kept)
@@ -265,6 +262,16 @@ def lane_row_sums(rows: np.ndarray) -> np.ndarray:
         terms = [terms[k] + terms[k + 1] for k in range(0, len(terms) - 1, 2)] + (
             [terms[-1]] if len(terms) % 2 else [])
     return terms[0]
+
+
+def sum_partials(partial: str, out: str, chunks: int | str, name: str) -> list[str]:
+    """Statements writing ``out`` (float32) as the sum of the float64 partial sums
+    ``partial[chunk, ...]`` added in chunk order (``name`` tells the temporaries apart)."""
+    flat, wide, total = f"z{name}", f"w{name}", f"s{name}"
+    return [f"{flat} = {out}.reshape({out}.size)", f"{wide} = {partial}.reshape(({chunks}, {flat}.size))",
+            f"for q in range({flat}.size):", f"    {total} = np.float64(0.0)",
+            f"    for chunk in range({chunks}):", f"        {total} += {wide}[chunk, q]",
+            f"    {flat}[q] = np.float32({total})"]
 
 
 # ------------------------------------------------------------------ transcendentals

@@ -81,6 +81,11 @@ class Lowering:
     # numbers): its ``scalar`` also takes ``index``, an integer expression for the row-major linear
     # index of the op's own result element at the cell (bendc/codegen/fused.py, ``cell_index``).
     cell_index: bool = False
+    # An op whose CPU kernel can apply the elementwise work that follows it (bendc/kernels/epilogue.py):
+    # the fusion pass folds the elementwise group reading its result into its step on the cpu target,
+    # and its ``cpu`` renderer is then also given ``epilogue=`` (an Epilogue) to call on each block of
+    # its result, its leading axis split in blocks of rows.
+    epilogue: bool = False
 
     @property
     def convention(self) -> str:

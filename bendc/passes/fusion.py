@@ -5,7 +5,10 @@ domain shape) become one kernel with several inputs and outputs. ``expand``
 and size-1 ``reshape`` nodes join a group as broadcast reads of their
 operand. Groups never span a matrix product, reduction, gather or scatter;
 every pair of adjacent nodes that is not fused is recorded with the reason.
-Scalar constants are inlined into the kernels that read them.
+Scalar constants are inlined into the kernels that read them. On the cpu
+target an op whose kernel takes an elementwise epilogue (``Lowering.epilogue``:
+conv2d) joins the group that reads its result: its kernel applies the group to
+each block of its result while the block is in cache (bendc/kernels/epilogue.py).
 
 The pass only annotates: each grouped node gets ``kernel=k`` (printed
 ``# [k3] ...``); the kernel plan reads the groups from the graph.
@@ -45,6 +48,7 @@ class Group:
     domain: tuple[int, ...]
     members: set[int] = field(default_factory=set)
     epilogues: list[int] = field(default_factory=list)  # sums accumulated while the cells are computed
+    producer: int | None = None  # an op whose kernel computes the group as its epilogue (absorb_producers)
 
 
 def _merged_domain(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -253,6 +257,47 @@ def break_cycles(graph: Graph, groups: dict[int, Group], context: PassContext | 
     raise InternalError("fuse: kernels still need each other after splitting every group")
 
 
+def _epilogue_refusal(graph: Graph, group: Group, producer: Node) -> str | None:
+    """Why the kernel of ``producer`` cannot compute ``group`` as its epilogue, or None when it can:
+    the group runs over the producer's result (size-1 dimensions aside, as a size-1 reshape reads
+    it), its leading axis the result's, so that each block of result rows is a block of group rows."""
+    shape, domain = producer.type.shape, group.domain
+    if producer.type.dtype != "f32":
+        return f"{producer.op} writes {producer.type.dtype}"
+    if [d for d in shape if d != 1] != [d for d in domain if d != 1] or numel(domain) == 1:
+        return f"the kernel of the group runs over [{','.join(map(str, domain))}], not over its result {producer.type}"
+    if domain[0] != shape[0]:
+        return f"the group's leading axis ({domain[0]}) is not the leading axis of its result {producer.type}"
+    return None
+
+
+def absorb_producers(graph: Graph, groups: dict[int, Group], context: PassContext | None) -> None:
+    """An op whose CPU kernel takes an elementwise epilogue (``Lowering.epilogue``) joins a group
+    reading its result: the kernel applies the group to each block of its result right after
+    computing it, instead of writing the result for another kernel to read back (it is still
+    written where other kernels read it). The cpu target only: the cuda kernels take no epilogue."""
+    if context is None or context.target != "cpu":
+        return
+    taken: set[int] = set()
+    for gid in sorted(groups):
+        group = groups[gid]
+        operands = {o for m in group.members for o in graph.node(m).inputs if o not in group.members}
+        for id in sorted(operands):
+            producer = graph.node(id)
+            if producer.op in ("param", "const") or not OPS[producer.op].lowering.epilogue or id in taken:
+                continue
+            reason = _epilogue_refusal(graph, group, producer)
+            if reason is None:
+                group.members.add(id)
+                if kernel_cycle(graph, groups) is None:
+                    group.producer = id
+                    taken.add(id)
+                    break
+                group.members.discard(id)
+                reason = "the group needs a value computed after it"
+            context.decide("fuse", f"not fused %{id} -> kernel of {_listing(group.members)}: {reason}")
+
+
 def _listing(ids) -> str:
     return " ".join(f"%{m}" for m in sorted(ids))
 
@@ -262,6 +307,7 @@ def fuse(graph: Graph, context: PassContext) -> Graph:
     groups = fusion_groups(graph, context)
     attach_epilogues(graph, groups, context)
     break_cycles(graph, groups, context)
+    absorb_producers(graph, groups, context)
     # Number kernels by their first member, so the printed IR reads in order.
     ordered = sorted(groups.values(), key=lambda g: min(g.members))
     for number, group in enumerate(ordered):
@@ -275,6 +321,11 @@ def fuse(graph: Graph, context: PassContext) -> Graph:
         members = " ".join(f"%{m}" for m in sorted(group.members))
         lines = sorted({graph.node(m).loc.short for m in group.members if graph.node(m).loc})
         epilogues = "".join(f", epilogue {graph.node(e).op} %{e}" for e in group.epilogues)
+        if group.producer is not None:
+            producer = graph.node(group.producer)
+            epilogues += (f", computed by the kernel of {producer.op} %{producer.id} as its epilogue, block by block "
+                          f"of its result (%{producer.id} " + ("also written" if group.producer in outputs else
+                                                               "never written") + ")")
         context.decide("fuse", f"k{number}: {len(group.members)} nodes ({members}) over "
                                f"[{','.join(map(str, group.domain))}]{epilogues}, {len(internal)} intermediates "
                                f"kept in registers, {saved} bytes of memory traffic saved; lines {', '.join(lines)}")
