@@ -227,23 +227,23 @@ def test_a_large_adam_step_with_a_traced_step_count_runs_in_parallel():
         return F.adam_step(w, w.grad, m, v, t, 1e-3)
 
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((512, 128), dtype=np.float32)
+    w = rng.standard_normal((1024, 256), dtype=np.float32)  # over PARALLEL_ELEMENTWISE_CELLS
     m, v = np.zeros_like(w), np.zeros_like(w)
     results = {target: bendc.jit(step, leaves=("w",), target=target)(w, m, v, np.array(3, np.int64))
                for target in TARGETS}
     for expected, actual in zip(results["reference"], results["cpu"]):
-        assert_bitwise(actual, expected, "adam over 65536 cells")
+        assert_bitwise(actual, expected, "adam over 2^18 cells")
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_scalar_output_of_a_large_fused_kernel(target):
-    """A 0-d value computed inside a fused kernel over >= 65536 cells and returned (found by the
+    """A 0-d value computed inside a fused kernel over >= 2^18 cells (prange) and returned (found by the
     fuzzer: numba's parfor lowering cannot type ``out[()] = v`` in a prange body)."""
     def step(x, h):
         scale = 1.0 - h
         return scale, x * scale + 2.0
 
-    x, h = rng((256, 256), 11), np.array(0.25, np.float32)
+    x, h = rng((512, 512), 11), np.array(0.25, np.float32)
     got = bendc.jit(step, target=target)(x, h)
     want = torch_run(step, {"x": x, "h": h}, ())
     assert_bitwise(got[0], want[0])

@@ -23,6 +23,11 @@ PARALLEL_CELLS = 1 << 16
 # 35-50 us here, more than a sum of 2^16 (20 us) or 2^17 cells takes serially (the CNN step's
 # bias-gradient sums: 0.11 ms parallel at one thread vs 0.04 ms serial).
 PARALLEL_SUM_CELLS = 1 << 20
+# A fused elementwise kernel runs in parallel from this many cells. The same launch cost (66-75 us
+# for an empty prange over 64 cells, at 1 or 2 threads: the workqueue's workers nap between polls)
+# against ~0.2-1 ns a cell serially: at 2^17 cells two threads save less than the launch costs. The
+# CNN step (examples/cnn.py, kernels of 2^16-2^17 cells) went from 5.35 to 2.36 ms at one thread.
+PARALLEL_ELEMENTWISE_CELLS = 1 << 18
 
 # The innermost loop of a nest keeps its extent as a literal when it is at most this (LLVM then
 # unrolls it whole: 1.5-2.7x faster than a trip count read from a shape at extents 2 and 4, measured

@@ -1,4 +1,5 @@
-"""Every generated CPU kernel over at least PARALLEL_CELLS cells runs on all threads
+"""Every generated CPU kernel over at least PARALLEL_CELLS cells (a fused elementwise kernel: over
+PARALLEL_ELEMENTWISE_CELLS) runs on all threads
 (``parallel=True`` with a prange loop): kernels whose epilogue sums over their first axis (a bias
 gradient fused into GELU's backward, a full sum) split that axis into chunks with partial sums."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 
 import bendc
 import bendc.functional as F
-from bendc.kernels.cpu_kit import PARALLEL_CELLS
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, PARALLEL_ELEMENTWISE_CELLS
 from conftest import assert_close
 
 _LAUNCH = re.compile(r"^\[cpu\] (\w+): \w+, (\d+) cells", re.M)
@@ -21,7 +22,8 @@ def serial_large_kernels(step) -> list[str]:
     cells = {name: int(count) for name, count in _LAUNCH.findall(step.report())}
     serial = []
     for name, source in step.kernels().items():
-        if "@njit" not in source or cells.get(name, 0) < PARALLEL_CELLS:
+        fused = "fused elementwise ops" in source.split("Generated from", 1)[0]
+        if "@njit" not in source or cells.get(name, 0) < (PARALLEL_ELEMENTWISE_CELLS if fused else PARALLEL_CELLS):
             continue
         if "parallel=True" not in source or "prange(" not in source:
             serial.append(f"{name} ({cells[name]} cells)")

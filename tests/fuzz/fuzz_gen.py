@@ -35,9 +35,10 @@ MAX_RANK = 4
 # Shapes come from a small pool so generated kernels (whose sources hold the shapes) repeat
 # across programs and numba's compiles are shared. (4, 8) and (6, 3) are the shapes of known bug 5.
 BASE_SHAPES = [(), (1,), (3,), (4,), (1, 4), (4, 1), (2, 3), (3, 4), (4, 4), (2, 1, 4), (2, 3, 4), (4, 8), (6, 3)]
-# At least bendc.ops.base.PARALLEL_CELLS (65536) cells: CPU kernels this large run their cells with
-# prange. Drawn rarely (each such program compiles its own parallel kernels).
-LARGE_SHAPES = [(256, 256), (16, 64, 64)]
+# At least bendc.kernels.cpu_kit.PARALLEL_CELLS (65536) cells: CPU op kernels this large run their
+# cells with prange; the first is over PARALLEL_ELEMENTWISE_CELLS (2^18), where fused elementwise
+# kernels do. Drawn rarely (each such program compiles its own parallel kernels).
+LARGE_SHAPES = [(512, 512), (16, 64, 64)]
 ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4),
                     (1, 2, 9, 4), (1, 1, 70, 4)]  # the tiled schedule's: from t=8 on the cpu, a ragged block
 

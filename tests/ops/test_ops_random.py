@@ -161,10 +161,13 @@ def test_reference_and_cpu_give_the_same_bits():
 
 
 def test_int32_seed_and_a_large_tensor_on_cpu():
-    """A kernel of more than 65536 cells runs its cells in parallel (prange): the same words."""
-    x = data((300, 300), 6)
+    """A kernel of more than PARALLEL_ELEMENTWISE_CELLS (2^18) cells runs its cells in parallel (prange):
+    the same words."""
+    x = data((520, 520), 6)
     s32 = np.array(5, np.int32)
-    got = np.asarray(_dropout_step(0.25, "cpu")(x, s32))
+    step = _dropout_step(0.25, "cpu")
+    got = np.asarray(step(x, s32))
+    assert any("prange(" in source for source in step.kernels().values()), "the dropout kernel is not parallel"
     want = np.asarray(_dropout_step(0.25, "reference")(x, s32))
     assert_bitwise(got, want, "large cpu dropout")
 
