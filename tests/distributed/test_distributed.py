@@ -66,9 +66,13 @@ def test_a_rank_that_raises_on_step_3_stops_every_rank(cache_dir, tmp_path):
 
 def test_a_rank_that_dies_on_step_3_stops_every_rank(cache_dir, tmp_path):
     """mpiexec ends the job when a rank exits (rank 0, waiting on the all-reduce, is killed) and
-    returns the dead rank's status; rank 0's own timeout (60 s here) is never reached."""
+    returns a failing status; rank 0's own timeout (60 s here) is never reached. The status is the
+    dead rank's 3, or 9 (SIGKILL) when hydra reaps the rank it killed first (seen once in a loaded
+    full-suite run): which of the two hydra reports is its choice, not bendc's."""
     result = run_ranks(2, [str(WORKER), "dies", cache_dir, str(tmp_path)], env={"BENDC_COLLECTIVE_TIMEOUT": "60"})
-    assert result.returncode == 3, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert result.returncode in (3, 9), output
+    assert "got no answer" not in output and "DistributedError" not in output, output
     assert not (tmp_path / "params.npz").exists()
 
 
