@@ -163,6 +163,22 @@ def test_epilogue_sums_collapse_and_add_in_the_same_order(parallel, monkeypatch,
         assert_bitwise(a, b, "collapsed vs not")
 
 
+def test_sums_over_dims_merge_only_axes_every_sum_treats_alike(monkeypatch, tmp_path):
+    def sums(x, y):
+        z = x * y - y
+        return z, z.sum(dim=(2, 3)), z.sum(dim=(0,)), (z * x).sum(dim=(1,), keepdim=True)
+
+    args = (rand(*SHAPE), rand(*SHAPE))
+    got, want, step = run_both(sums, args)
+    assert_bitwise(got[0], want[0], "z")
+    for name, a, b in zip(("sum(2,3)", "sum(0)", "sum(1, keepdim)"), got[1:], want[1:]):
+        assert_close(a, b, name)
+    text = kernel_over(step, SHAPE)
+    assert loop_counts(text) == 3, text  # (2,3) merge: both reduced by one sum, both kept by the others
+    for a, b in zip(got, uncollapsed(sums, args, (), monkeypatch, tmp_path)):
+        assert_bitwise(a, b, "collapsed vs not")
+
+
 def test_dropout_gives_the_same_mask():
     def drop(x, s):
         return F.dropout(x * 2.0, 0.3, seed=s)
