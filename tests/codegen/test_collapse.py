@@ -143,6 +143,17 @@ def test_a_transposed_view_keeps_the_axes_it_strides():
     assert loop_counts(kernel_over(step, SHAPE)) == 4  # nothing merges with a swapped inner pair
 
 
+def test_a_sliced_view_merges_where_its_strides_allow():
+    def sliced(x, y):
+        return x[:, 4:20] * y - y
+
+    args = (rand(64, 32, 8, 8), rand(*SHAPE))
+    got, want, step = run_both(sliced, args)
+    assert_bitwise(got, want, "sliced")
+    # channels 4..20 of 32: not contiguous, but each sample's 16*8*8 cells are one stride apart
+    assert loop_counts(kernel_over(step, SHAPE)) == 2
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_epilogue_sums_collapse_and_add_in_the_same_order(parallel, monkeypatch, tmp_path):
     def bias_grad(x, w, b):
