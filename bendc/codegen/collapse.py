@@ -15,11 +15,12 @@ they are: sums add in the same order, element indexes (Lowering.cell_index)
 stay row-major over the same cells.
 
 The kernel is then rendered over the collapsed domain through ``Collapsed``
-(the group's values with collapsed types), and ``wrap`` makes its
-``kernel(...)`` a plain Python function that reshapes the arguments (numpy
-views, never copies) and calls the njit body. Only kernels of at least
-COLLAPSE_CELLS cells whose domain loses an axis are wrapped: the wrapper
-costs a few µs per call.
+(the group's values with collapsed types), and ``wrap`` reshapes its
+arguments: inside the njit kernel where every reshaped array is C-contiguous
+(parameters, kernel outputs: numba's reshape is then a free view), else in a
+plain Python ``kernel(...)`` that reshapes them with numpy (views, never
+copies) and calls the njit ``body``; that costs a few µs per call, so only
+kernels of COLLAPSE_CELLS cells or more take it.
 """
 from __future__ import annotations
 
@@ -29,16 +30,19 @@ from bendc.codegen.fused import epilogues
 from bendc.codegen.plan import Step
 from bendc.codegen.views import view_access
 from bendc.ir.graph import Graph, Node
-from bendc.kernels.access import Access, dense
+from bendc.kernels.access import Access, contiguous_strides, dense
 from bendc.kernels.cpu_kit import PARALLEL_CELLS
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
 __all__ = ["COLLAPSE_CELLS", "Collapse", "Collapsed", "collapse_domain", "wrap"]
 
-# Kernels of fewer cells keep one loop per axis: the wrapper's reshapes (~0.7 µs per array) would
-# eat what a longer inner loop gives back (x * sigmoid(x) * y + y at 1 thread, one loop per axis vs
-# collapsed: [4,8,8] 2.3 vs 3.2 µs, [16,8,8] 3.7 vs 3.6, [4,16,8,8] 9.0 vs 5.5, [64,16,8,8] 282 vs 99).
+# A kernel with a strided view among its reshaped arguments is collapsed through a Python wrapper
+# only from this many cells: its numpy reshapes (~0.7 µs per array) would eat what a longer inner
+# loop gives back (x * sigmoid(x) * y + y at 1 thread, one loop per axis vs wrapped: [4,8,8] 2.3 vs
+# 3.2 µs, [16,8,8] 3.7 vs 3.6, [4,16,8,8] 9.0 vs 5.5, [64,16,8,8] 282 vs 99). Reshaped in the njit
+# kernel (C-contiguous arguments) it costs nothing: [4,8,8] 2.4 vs 2.2, [8,4,4] 2.7 vs 2.1, [16,8,8]
+# 3.7 vs 2.6, [4,16,8,8] 9.0 vs 4.4, [64,16,8,8] 160 vs 75; those kernels collapse at every size.
 COLLAPSE_CELLS = 4096
 
 
@@ -51,6 +55,7 @@ class Collapse:
     domain: tuple[int, ...]
     graph: "Collapsed"
     reshapes: dict[int, list[list[int]]]  # value -> groups of its dims (values of rank > 0 only)
+    contiguous: bool  # every reshaped array is C-contiguous: numba reshapes them inside the kernel
 
 
 class Collapsed:
@@ -88,7 +93,7 @@ def value_strides(graph: Graph, value: int) -> tuple[int, ...] | None:
 def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collapse | None:
     """The collapse of a fused elementwise step's domain, or None where it keeps its loops."""
     n = len(domain)
-    if n < 2 or step.cells < COLLAPSE_CELLS:
+    if n < 2:
         return None
     members = [graph.node(i) for i in step.nodes]
     if any(m.op == "reshape" and graph.node(m.inputs[0]).type.numel != 1 for m in members):
@@ -179,7 +184,16 @@ def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collap
             expected = {k for k, g in enumerate(groups) if g[0] in set(reduced_axes(graph, m))}
             if set(reduced_axes(collapsed, collapsed.node(m.id))) != expected:
                 return None
-    return Collapse(groups, new_domain, collapsed, reshapes)
+    reshaped = [v for v, grouped in reshapes.items() if any(len(g) > 1 for g in grouped)]
+    contiguous = all(v not in strides or _c_contiguous(graph.node(v).type.shape, strides[v]) for v in reshaped)
+    if not contiguous and step.cells < COLLAPSE_CELLS:
+        return None
+    return Collapse(groups, new_domain, collapsed, reshapes, contiguous)
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    """numpy's C_CONTIGUOUS flag (size-1 dims may have any stride), so numba types it layout 'C'."""
+    return strides is not None and all(s == e for s, e, d in zip(strides, contiguous_strides(shape), shape) if d != 1)
 
 
 def _product(sizes) -> int:
@@ -190,23 +204,49 @@ def _product(sizes) -> int:
 
 
 def wrap(source: str, step: Step, collapse: Collapse) -> str:
-    """The kernel source with its njit function renamed ``body`` and a Python ``kernel`` that
-    calls it on the arguments reshaped to the collapsed domain (sizes read from the shapes)."""
+    """The kernel source over the collapsed domain called on the kernel's own arguments."""
+    if collapse.contiguous:
+        return _reshaped_in_kernel(source, step, collapse)
+    return _python_wrapper(source, step, collapse)
+
+
+def _merged_shapes(step: Step, collapse: Collapse, suffix: str) -> list[tuple[str, str | None]]:
+    """(argument, its collapsed shape as an expression over ``argument + suffix``'s shape, or None
+    where the argument keeps its shape) for every argument of the kernel."""
     names = [f"in{k}" for k in range(len(step.inputs))] + [f"out{k}" for k in range(len(step.outputs))]
-    values = list(step.inputs) + list(step.outputs)
-    lines = [f"def kernel({', '.join(names)}):",
-             "    # the collapsed domain: adjacent axes merged where a reshape is free (no copies)"]
-    args = []
-    for name, value in zip(names, values):
+    shapes = []
+    for name, value in zip(names, list(step.inputs) + list(step.outputs)):
         grouped = collapse.reshapes.get(value)
         if grouped is None or all(len(g) == 1 for g in grouped):
-            args.append(name)
+            shapes.append((name, None))
             continue
-        dims = [" * ".join(f"{name}.shape[{d}]" for d in g) for g in grouped]
-        lines += [f"    {name}_c = {name}.view()",
-                  f"    {name}_c.shape = ({', '.join(dims)},)  # raises where the reshape would copy"]
-        args.append(f"{name}_c")
-    lines.append(f"    body({', '.join(args)})")
-    renamed = source.replace(f"def kernel({', '.join(names)}):", f"def body({', '.join(names)}):", 1)
-    assert renamed != source, "the collapsed kernel's njit function was not found"
-    return renamed + "\n\n" + "\n".join(lines) + "\n"
+        dims = [" * ".join(f"{name}{suffix}.shape[{d}]" for d in g) for g in grouped]
+        shapes.append((name, f"({', '.join(dims)},)"))
+    return shapes
+
+
+def _reshaped_in_kernel(source: str, step: Step, collapse: Collapse) -> str:
+    """Every reshaped argument is C-contiguous (parameters, kernel outputs): the njit kernel
+    reshapes it first (numba's reshape of a 'C' array is a view; it refuses other layouts)."""
+    shapes = _merged_shapes(step, collapse, "_full")
+    header = f"def kernel({', '.join(name for name, _ in shapes)}):"
+    renamed = f"def kernel({', '.join(name + '_full' * (shape is not None) for name, shape in shapes)}):"
+    reshapes = ["    # the collapsed domain: adjacent axes merged (a free reshape of C-contiguous arrays)"]
+    reshapes += [f"    {name} = {name}_full.reshape({shape})" for name, shape in shapes if shape is not None]
+    assert header in source, "the collapsed kernel's njit function was not found"
+    return source.replace(header, "\n".join([renamed] + reshapes), 1)
+
+
+def _python_wrapper(source: str, step: Step, collapse: Collapse) -> str:
+    """A strided view among the arguments: the njit function is renamed ``body`` and a Python
+    ``kernel`` calls it on the arguments reshaped by numpy (views: setting ``shape`` raises where
+    the reshape would copy), at a few µs per call."""
+    shapes = _merged_shapes(step, collapse, "")
+    header = f"def kernel({', '.join(name for name, _ in shapes)}):"
+    lines = [header, "    # the collapsed domain: adjacent axes merged where a reshape is free (no copies)"]
+    for name, shape in shapes:
+        if shape is not None:
+            lines += [f"    {name}_c = {name}.view()", f"    {name}_c.shape = {shape}"]
+    lines.append(f"    body({', '.join(name + '_c' * (shape is not None) for name, shape in shapes)})")
+    assert header in source, "the collapsed kernel's njit function was not found"
+    return source.replace(header, header.replace("def kernel(", "def body(", 1), 1) + "\n\n" + "\n".join(lines) + "\n"
