@@ -124,7 +124,18 @@ def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collap
     strides = {v: value_strides(graph, v) for v in step.inputs if v in arrays}  # outputs are dense
     parallel = next((a for a, d in enumerate(domain) if d > 1), None) if step.cells >= PARALLEL_CELLS else None
 
+    # A strided array's dims of more than one element in a collapsed axis must chain densely
+    # (size-1 dims between them aside: numpy's free reshape), so each array remembers the last
+    # such dim of the axis being built.
+    last: dict[int, int | None] = {}
+
+    def start(a: int) -> None:
+        for value, dims in arrays.items():
+            d = dims.get(a)
+            last[value] = d if d is not None and graph.node(value).type.shape[d] != 1 else None
+
     def mergeable(a: int) -> bool:
+        """Whether axis a + 1 joins the collapsed axis that ends with axis a."""
         if a == parallel or any((a in s) != (a + 1 in s) for s in status):
             return False
         for value, dims in arrays.items():
@@ -136,9 +147,9 @@ def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collap
                 if (sa, sb) != (domain[a], domain[a + 1]) and 1 not in (domain[a], domain[a + 1]) \
                         and (sa, sb) != (1, 1):
                     return False
-                if sa != 1 and sb != 1 and value in strides:
+                if sb != 1 and last[value] is not None and value in strides:
                     st = strides[value]
-                    if st is None or st[da] != st[db] * sb:
+                    if st is None or st[last[value]] != st[db] * sb:
                         return False
             elif db is not None:  # the pair straddles a broadcast array's leading axes
                 if sb != 1 and domain[a] != 1:
@@ -148,11 +159,17 @@ def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collap
         return True
 
     groups = [[0]]
+    start(0)
     for a in range(n - 1):
         if mergeable(a):
             groups[-1].append(a + 1)
+            for value, dims in arrays.items():
+                d = dims.get(a + 1)
+                if d is not None and graph.node(value).type.shape[d] != 1:
+                    last[value] = d
         else:
             groups.append([a + 1])
+            start(a + 1)
     if len(groups) == n:
         return None
     new_domain = tuple(_product(domain[a] for a in g) for g in groups)

@@ -170,6 +170,19 @@ def test_a_sliced_view_merges_where_its_strides_allow():
     assert loop_counts(text) == 2 and "def body(" in text, text
 
 
+def test_a_size1_dim_does_not_hide_a_gap_in_the_strides():
+    def gap(x, y):
+        return x[..., 1:] * y + y
+
+    # x[..., 1:] of (128, 1, 65): dims (128, 1, 64) of strides (65, 65, 1); axes (0,1) and (1,2)
+    # each merge freely, all three do not (a gap of one element per row)
+    args = (rand(128, 1, 65), rand(128, 1, 64))
+    got, want, step = run_both(gap, args)
+    assert_bitwise(got, want, "gap")
+    text = kernel_over(step, (128, 1, 64))
+    assert loop_counts(text) == 2 and "def body(" in text, text
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_epilogue_sums_collapse_and_add_in_the_same_order(parallel, monkeypatch, tmp_path):
     def bias_grad(x, w, b):
