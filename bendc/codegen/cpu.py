@@ -10,6 +10,7 @@ innermost loop: cpu_kit.sum_layout). Other steps use the op's own CPU lowering
 """
 from __future__ import annotations
 
+from bendc.codegen.collapse import collapse_domain, wrap
 from bendc.codegen.fused import epilogues, member_expression, operand_reference, reduction_index
 from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_domain
 from bendc.ir.graph import Graph
@@ -151,6 +152,15 @@ class _Cells:
 
 
 def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
+    # Adjacent axes that every array indexes densely (or none does) are one loop: the kernel is
+    # rendered over the collapsed domain, called through a wrapper that reshapes its arguments.
+    collapse = collapse_domain(step, graph, domain)
+    if collapse is not None:
+        return wrap(_render_elementwise_loops(step, collapse.graph, collapse.domain), step, collapse)
+    return _render_elementwise_loops(step, graph, domain)
+
+
+def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
     cells = _Cells(graph, domain, {value: f"in{k}" for k, value in enumerate(step.inputs)})
     loops, body, local = cells.loops, cells.body, cells.local
     sums = epilogues(graph, step.nodes)
