@@ -128,16 +128,32 @@ def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collap
     # (size-1 dims between them aside: numpy's free reshape), so each array remembers the last
     # such dim of the axis being built.
     last: dict[int, int | None] = {}
+    # Per array, whether the collapsed axis being built reads it along its axes of more than one
+    # cell ("indexed") or broadcasts it there: one array may not do both within one collapsed axis
+    # (an operand (1,1,4) expanded over a (2,1,4) domain: axes 0 and 2 joined through the size-1
+    # axis 1 would read it at 8 cells; found by the long fuzz run).
+    mode: dict[int, str | None] = {}
+
+    def kind(value: int, a: int) -> str | None:
+        if domain[a] == 1:
+            return None
+        d = arrays[value].get(a)
+        return "indexed" if d is not None and graph.node(value).type.shape[d] == domain[a] else "broadcast"
 
     def start(a: int) -> None:
         for value, dims in arrays.items():
             d = dims.get(a)
             last[value] = d if d is not None and graph.node(value).type.shape[d] != 1 else None
+            mode[value] = kind(value, a)
 
     def mergeable(a: int) -> bool:
         """Whether axis a + 1 joins the collapsed axis that ends with axis a."""
         if a == parallel or any((a in s) != (a + 1 in s) for s in status):
             return False
+        for value in arrays:
+            joined = kind(value, a + 1)
+            if joined is not None and mode[value] is not None and joined != mode[value]:
+                return False
         for value, dims in arrays.items():
             shape = graph.node(value).type.shape
             da, db = dims.get(a), dims.get(a + 1)
@@ -164,6 +180,7 @@ def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collap
         if mergeable(a):
             groups[-1].append(a + 1)
             for value, dims in arrays.items():
+                mode[value] = mode[value] or kind(value, a + 1)
                 d = dims.get(a + 1)
                 if d is not None and graph.node(value).type.shape[d] != 1:
                     last[value] = d

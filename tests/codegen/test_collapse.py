@@ -6,6 +6,7 @@ import importlib.util
 import re
 
 import numpy as np
+import torch
 import pytest
 
 import bendc
@@ -253,3 +254,17 @@ def test_the_wrapper_never_copies(tmp_path):
     assert_bitwise(out, x * y + y, "wrapper")
     with pytest.raises(AttributeError):  # a view whose merge would copy is refused, never copied
         module.kernel(np.swapaxes(x, 2, 3), y, out)
+
+
+@pytest.mark.parametrize("shapes", [((2, 1, 4), (1, 1, 4)), ((3, 1, 1, 5), (1, 1, 2, 5)), ((2, 1, 4), (2, 1, 1))])
+def test_a_broadcast_and_an_indexed_axis_joined_through_a_size1_axis_stay_apart(shapes):
+    """y of (1,1,4) over a (2,1,4) domain broadcasts axis 0 and indexes axis 2: merging the three
+    axes through the size-1 axis 1 read y at 8 cells (found by the long cpu fuzz run, through an
+    expand in adam's backward). Bitwise against the reference."""
+    def step(x, y):
+        return x * y + y
+
+    x, y = rand(*shapes[0]), rand(*shapes[1])
+    got, want, _ = run_both(step, (x, y))
+    assert_bitwise(got, want, "broadcast")
+    assert_bitwise(got, (torch.from_numpy(x) * torch.from_numpy(y) + torch.from_numpy(y)).numpy(), "torch")
