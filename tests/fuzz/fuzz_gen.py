@@ -1322,7 +1322,9 @@ class Builder:
         elif form == "add":
             expr, torch_expr, bound = f"{x.name} + {mask}", None, x.bound + 1
         elif form == "float":  # a mask alone requires no grad
-            expr, torch_expr, bound, operands = f"{mask}.float() - 0.5", None, 0.5, ()
+            # torch's spelling casts to x's dtype: .float() in torch's float64 run would hand float32
+            # to a float64 op after it (conv2d refused "expected scalar type Float but found Double")
+            expr, torch_expr, bound, operands = f"{mask}.float() - 0.5", f"{mask}.to({x.name}.dtype) - 0.5", 0.5, ()
         elif form == "where":
             expr = f"F.where({mask}, {x.name}, {other})"
             torch_expr = f"torch.where({mask}, {x.name}, {other})"
