@@ -118,18 +118,16 @@ class _Cells:
         self.body.append(f"v{number} = {member_expression(node, operands, self.domain, self.loops)}  "
                          f"# %{id} = {node.op}")
 
-    def accumulate(self, id: int, total: str, lead: list[str], out: str | None = None) -> None:
+    def accumulate(self, id: int, total: str, lead: list[str]) -> None:
         """Add epilogue sum ``id``'s operand at the cell into the float64 accumulator ``total``
         (``total[lead..., kept...]``, ``kept`` the output cell the reduction keeps; loop extents
-        read from ``out``, the sum's output, where given), in cell order: rounded once at the end,
-        as a float32 running sum over many cells drifts far from the pairwise sums of numpy and
-        PyTorch (~100x their error over 65536 cells)."""
+        read from ``total``), in cell order: rounded once at the end, as a float32 running sum over
+        many cells drifts far from the pairwise sums of numpy and PyTorch (~100x their error over
+        65536 cells). The epilogue an op's kernel applies uses it; the elementwise kernel's sums go
+        in lanes (cpu_kit.sum_lines)."""
         node = self.graph.node(id)
         kept = reduction_index(self.graph, node, self.loops)
-        if out is None:
-            self.note(self.written, total, [*lead, *kept])
-        else:
-            self.note(self.written, out, kept)
+        self.note(self.written, total, [*lead, *kept])
         self.body.append(f"{element(total, [*lead, *kept])} += np.float64({self.local[node.inputs[0]]})  "
                          f"# %{id} = {node.op}")
 
