@@ -1,6 +1,8 @@
 """Shared test helpers: PyTorch references and comparison tolerances."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -65,3 +67,23 @@ def factor_shape(draw, numel: int) -> tuple[int, ...]:
     for factor in factors:
         dims[draw(st.integers(0, rank - 1))] *= factor
     return tuple(dims)
+
+
+# Resident memory per test (issue 21): BENDC_TEST_RSS=PREFIX appends "nodeid<TAB>VmRSS in kB after
+# its teardown" for every test to PREFIX.<worker> (gw0, gw1, ... under xdist; main without it).
+def _resident_kb() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    prefix = os.environ.get("BENDC_TEST_RSS")
+    if prefix and os.path.exists("/proc/self/status"):
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{prefix}.{worker}", "a") as log:
+            log.write(f"{item.nodeid}\t{_resident_kb()}\n")
