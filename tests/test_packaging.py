@@ -109,13 +109,18 @@ def test_scipy_ships_the_blas_thread_setter() -> None:
 
 # ------------------------------------------------------------------ virtual environments
 def find_python(version: str) -> str | None:
-    """An interpreter of ``version`` ("3.12"): on PATH, else one of pyenv's."""
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
+    """An interpreter of ``version`` ("3.12") that runs: one of pyenv's, else one on PATH (a pyenv
+    shim on PATH answers only for the versions pyenv has selected)."""
     pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    candidates = sorted(glob.glob(os.path.join(pyenv, "versions", f"{version}.*", "bin", f"python{version}")))
-    return candidates[-1] if candidates else None
+    candidates = sorted(glob.glob(os.path.join(pyenv, "versions", f"{version}.*", "bin", f"python{version}")),
+                        reverse=True)
+    on_path = shutil.which(f"python{version}")
+    for candidate in candidates + ([on_path] if on_path else []):
+        probe = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                               capture_output=True, text=True, env=clean_env())
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return candidate
+    return None
 
 
 def clean_env(**extra: str) -> dict[str, str]:
