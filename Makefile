@@ -1,18 +1,20 @@
-# The two set-up commands of the README. Both create .venv and install pinned dependencies.
+# The two set-up commands of the README. Both create .venv and install the locked versions:
+# pyproject.toml gives ranges, requirements/lock.txt the exact versions (requirements/compile.sh).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+LOCK := requirements/lock.txt
 
-.PHONY: train test fuzz clean
+.PHONY: train test test-long test-bounds fuzz clean
 
-$(VENV)/.installed-core: pyproject.toml
+$(VENV)/.installed-core: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e .
+	$(PY) -m pip install --quiet -c $(LOCK) -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed-core
-	$(PY) -m pip install --quiet -e ".[test,cuda,distributed]"
+$(VENV)/.installed-test: $(VENV)/.installed-core $(LOCK)
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test,cuda,distributed]"
 	touch $@
 
 train: $(VENV)/.installed-core
@@ -22,6 +24,15 @@ train: $(VENV)/.installed-core
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 	PYTHON=$(PY) tests/cuda/run_simulator.sh
+
+# The slow tests (marked long; make test leaves them out): virtual environments built for the lowest
+# dependency bounds and for the wheel on each Python installed (tests/test_packaging.py).
+test-long: $(VENV)/.installed-test
+	$(PY) -m pytest -q -m long --durations=0
+
+# The lowest numba, llvmlite, numpy, scipy and networkx that pyproject.toml allows, in .venv-bounds.
+test-bounds: $(VENV)/.installed-test
+	$(PY) -m pytest -q -m long tests/test_packaging.py -k test_lowest_bounds --durations=0
 
 # Differential fuzzing against torch eager: N random programs per target (reference and cpu).
 # `make test` runs a fixed-seed sample of the same test; here the seed is random unless SEED is given.
