@@ -16,6 +16,16 @@ def regen_golden(request) -> bool:
     return request.config.getoption("--regen-golden")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def signing_key(tmp_path_factory):
+    """Artifacts and cache entries are signed (runtime/trust.py): with a key of the test run's own
+    (BENDC_KEY_FILE, inherited by worker processes), never the user's ~/.config/bendc/key."""
+    path = tmp_path_factory.mktemp("key") / "key"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BENDC_KEY_FILE", str(path))
+        yield path
+
+
 def assert_bitwise(actual, expected, what: str = "") -> None:
     """Same float32 bits (so -0.0 and +0.0 differ; NaNs compare by pattern)."""
     actual = np.asarray(actual, dtype=np.float32)
