@@ -1,6 +1,8 @@
 """Shared test helpers: PyTorch references and comparison tolerances."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import strategies as st
@@ -19,8 +21,12 @@ def regen_golden(request) -> bool:
 @pytest.fixture(scope="session", autouse=True)
 def signing_key(tmp_path_factory):
     """Artifacts and cache entries are signed (runtime/trust.py): with a key of the test run's own
-    (BENDC_KEY_FILE, inherited by worker processes), never the user's ~/.config/bendc/key."""
-    path = tmp_path_factory.mktemp("key") / "key"
+    (BENDC_KEY_FILE, inherited by worker processes), never the user's ~/.config/bendc/key. Under
+    pytest-xdist the workers share one (made by whichever gets there first), as they share caches."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    path = root / "bendc-key" / "key"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("BENDC_KEY_FILE", str(path))
         yield path
