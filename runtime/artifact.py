@@ -233,15 +233,26 @@ def is_module_file(path: str, module: str) -> bool:
     return module_name(source) == module
 
 
-def load_module(path: str, module: str) -> Any:
-    """Import a generated module from its file (once per process and path)."""
+def load_module(path: str, module: str, sha256: str | None = None) -> Any:
+    """Import a generated module from its file (once per process and path).
+
+    The source is read once and run from those bytes after they check out: their structural hash
+    is ``module`` (and their sha256 is ``sha256``, a verified manifest's, where given), so a file
+    changed after it was verified is never run, and neither is Python's cached bytecode: a
+    ``__pycache__/*.pyc`` beside the file, which no manifest lists, is never read.
+    """
     key = os.path.abspath(path)
     if key not in _LOADED:
+        with open(path, "rb") as stream:
+            source = stream.read()
+        if (sha256 is not None and hashlib.sha256(source).hexdigest() != sha256) or \
+                module_name(source.decode("utf-8", errors="replace")) != module:
+            raise ArtifactInvalid(f"{path} changed after it was verified (its hash differs): not imported")
         name = f"bendc_kernel_{module}"
         spec = importlib.util.spec_from_file_location(name, path)
         loaded = importlib.util.module_from_spec(spec)
         sys.modules[name] = loaded
-        spec.loader.exec_module(loaded)
+        exec(compile(source, path, "exec"), vars(loaded))  # noqa: S102 - the verified bytes
         for value in vars(loaded).values():
             _harden_numba_cache(value)
             seal(value)
@@ -414,14 +425,15 @@ def load_program(folder: str, kernel_dir: str | None = None, cuda_runtime: str |
     home = machine_code_home(folder, manifest)
     kernels, modules = {}, {}
     for step in plan["steps"]:
-        path = os.path.join(folder, "kernels", f"{step['module']}.py")  # verified against the manifest
+        name = f"kernels/{step['module']}.py"
+        path, sha256 = os.path.join(folder, name), manifest["files"][name]  # verified against the manifest
         if home is not None:
             place_cache(path, *home)
         elif kernel_dir is not None:
             shared = os.path.join(kernel_dir, f"{step['module']}.py")
             if os.path.abspath(shared) in _LOADED or is_module_file(shared, step["module"]):
-                path = shared
-        modules[step["module"]] = load_module(path, step["module"])
+                path, sha256 = shared, None  # checked by its structural hash
+        modules[step["module"]] = load_module(path, step["module"], sha256)
         kernels[step["name"]] = modules[step["module"]].kernel
     program = CpuProgram(plan, kernels)
     program.modules = list(modules.values())

@@ -8,6 +8,7 @@ matching hashes, so only the signature tells.
 from __future__ import annotations
 
 import builtins
+import importlib.util
 import json
 import os
 import pickle
@@ -29,17 +30,10 @@ from runtime.artifact import ArtifactInvalid, ArtifactUntrusted, content_hash, f
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import cache_worker  # noqa: E402
+from test_aot import cache_dir  # noqa: E402,F401 - the module's private BENDC_CACHE_DIR (autouse)
 
 WORKER = str(ROOT / "tests" / "cache_worker.py")
 SHAPES = "x=f32[16,12] y=f32[16,4] w1=f32[24,12]:leaf b1=f32[24]:leaf w2=f32[4,24]:leaf"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cache_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("BENDC_CACHE_DIR", str(folder))
-        yield folder
 
 
 def compile_to(out: Path, *extra: str) -> None:
@@ -161,6 +155,27 @@ def test_a_pickle_in_a_rehashed_artifact_is_never_unpickled(artifact, tmp_path, 
     assert code == 1 and "is not trusted" in error_line(capsys)
 
 
+def plant_bytecode_canary(folder: Path, canary: Path) -> None:
+    """A ``__pycache__/*.pyc`` beside each kernel, stamped with the kernel's own time and size (as
+    Python checks it), whose code writes ``canary``: no manifest lists it."""
+    from importlib._bootstrap_external import _code_to_timestamp_pyc
+
+    for kernel in (folder / "kernels").glob("k_*.py"):
+        source = kernel.read_text()
+        code = compile(f"open({str(canary)!r}, 'w').close()\n" + source, str(kernel), "exec")
+        status = kernel.stat()
+        pyc = Path(importlib.util.cache_from_source(str(kernel)))
+        pyc.parent.mkdir(exist_ok=True)
+        pyc.write_bytes(_code_to_timestamp_pyc(code, int(status.st_mtime), status.st_size))
+
+
+def test_python_bytecode_beside_a_signed_artifacts_kernels_is_never_run(artifact, tmp_path, capsys) -> None:
+    canary = tmp_path / "bytecode ran"
+    plant_bytecode_canary(artifact, canary)
+    assert run(str(artifact), "--random-inputs") == 0  # signed, and run from its verified sources
+    assert not canary.exists()
+
+
 def test_trust_accepts_an_unsigned_artifact_deliberately(artifact, tmp_path, capsys) -> None:
     (artifact / "report.txt").write_text("a report edited by hand\n")
     rehash(artifact)
@@ -246,7 +261,7 @@ def test_a_new_cache_folder_is_private(tmp_path) -> None:
         step(*cache_worker.inputs())
     finally:
         os.umask(old)
-    for folder in (cache, *(cache / name for name in trust.CACHE_FOLDERS)):
+    for folder in (cache, *(cache / name for name in trust.CHECKED_FOLDERS)):
         assert folder.stat().st_mode & 0o077 == 0, folder
 
 
@@ -316,3 +331,14 @@ def test_processes_racing_to_make_the_key_end_with_one(tmp_path) -> None:
             ids.append(out.strip())
         assert ids[0] == ids[1] == trust.key_id(trust.load_key(str(key)))
         assert sorted(os.listdir(key.parent)) == ["key"]  # no temporaries left
+
+
+def test_run_help_says_an_artifact_is_code(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "An artifact is code, like a wheel" in text and "load only what you built or trust" in text
+    assert "--trust" in text
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--help"])
+    assert "--sign-with KEYFILE" in capsys.readouterr().out
