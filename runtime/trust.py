@@ -34,8 +34,10 @@ KEY_NAME = "key"
 SIGNED_LABEL = b"bendc-artifact-signature-v1\0"
 FILE_LABEL = b"bendc-cache-file-v1\0"
 SIGNATURE_SUFFIX = ".sig"
-# Cache sub-folders bendc and numba write into (each checked when it exists).
-CHECKED_FOLDERS = ("kernels", "kernels/__pycache__", "programs", "aot", "cubins")
+# Cache sub-folders bendc and numba write into: made (0700) when missing, then checked.
+MADE_FOLDERS = ("kernels", "kernels/__pycache__", "programs", "aot")
+# Checked when they exist (bendc/codegen/cubins.py makes it 0700 where it writes a cubin).
+CHECKED_FOLDERS = (*MADE_FOLDERS, "cubins")
 _KEYS: dict[str, tuple[tuple[int, int, int], bytes]] = {}  # key file -> (its stat, the key)
 
 
@@ -157,7 +159,10 @@ def check_private(path: str, what: str, *, secret: bool = False, sticky_ok: bool
 def private_cache(folder: str) -> None:
     """Check the cache folder and its sub-folders (InsecurePath), making those that are missing
     with mode 0700 first (so that neither bendc nor numba makes one with the umask's mode)."""
-    for path in (folder, *(os.path.join(folder, name) for name in CHECKED_FOLDERS)):
+    for name in ("", *CHECKED_FOLDERS):
+        path = os.path.join(folder, name) if name else folder
         if not os.path.isdir(path):
+            if name not in ("", *MADE_FOLDERS):
+                continue
             os.makedirs(path, mode=0o700, exist_ok=True)
         check_private(path, "the bendc cache folder")

@@ -239,17 +239,25 @@ def test_a_group_writable_key_file_is_refused(artifact, tmp_path, monkeypatch, c
         trust.load_key()
 
 
-@pytest.mark.parametrize("where", ["root", "kernels"])
+@pytest.mark.parametrize("where", ["root", "kernels", "another owner"])
 def test_a_world_writable_cache_folder_is_refused(tmp_path, where) -> None:
+    if where == "another owner" and os.getuid() != 0:
+        pytest.skip("giving a folder to another user takes root")
     cache = tmp_path / "cache"
     step = bendc.jit(cache_worker.step, leaves=cache_worker.LEAVES, target="cpu", cache_dir=str(cache))
     step(*cache_worker.inputs())
-    loose = cache if where == "root" else cache / "kernels"
-    loose.chmod(0o777)
+    loose = cache / "kernels" if where == "kernels" else cache
     again = bendc.jit(cache_worker.step, leaves=cache_worker.LEAVES, target="cpu", cache_dir=str(cache))
-    with pytest.raises(bendc.ArtifactError, match=f"mode 0777: group or others can write it.*chmod go-w {loose}"):
-        again(*cache_worker.inputs())
-    loose.chmod(0o700)
+    if where == "another owner":
+        os.chown(loose, 12345, -1)
+        with pytest.raises(bendc.ArtifactError, match=f"cache folder {loose} is owned by another user"):
+            again(*cache_worker.inputs())
+        os.chown(loose, 0, -1)
+    else:
+        loose.chmod(0o777)
+        with pytest.raises(bendc.ArtifactError, match=f"mode 0777: group or others can write it.*chmod go-w {loose}"):
+            again(*cache_worker.inputs())
+        loose.chmod(0o700)
     again(*cache_worker.inputs())
 
 
@@ -261,7 +269,7 @@ def test_a_new_cache_folder_is_private(tmp_path) -> None:
         step(*cache_worker.inputs())
     finally:
         os.umask(old)
-    for folder in (cache, *(cache / name for name in trust.CHECKED_FOLDERS)):
+    for folder in (cache, *(cache / name for name in trust.MADE_FOLDERS)):
         assert folder.stat().st_mode & 0o077 == 0, folder
 
 
