@@ -3,10 +3,11 @@
 Everything is written into a temporary folder beside the destination and
 renamed into place, so an interrupted build leaves nothing that a reader
 trusts (a killed writer's temporary folder is removed by a later write once
-it is old). Every manifest is signed (runtime/trust.py): with this user's key,
-or the key file a ``bendc compile --sign-with`` names. Concurrent writers of one destination are safe: each renames a
+it is old). Concurrent writers of one destination are safe: each renames a
 complete folder, and one that finds the destination taken keeps what is
-there when it is the same artifact (or, for the cache, any valid one).
+there when it is the same artifact (or, for the cache, any valid one that
+this user's key signed). Every manifest is signed (runtime/trust.py): with
+this user's key, or the key file that ``bendc compile --sign-with`` names.
 """
 from __future__ import annotations
 
