@@ -57,11 +57,10 @@ def machine_code(run: Callable[[Sequence[Any]], Any], plan: KernelPlan, cache_di
         for key, name in cache_file._load_index().items():
             if key[1] != magic:
                 continue
-            try:
-                with open(cache_file._data_path(name), "rb") as stream:
-                    files[f"{MACHINE_FOLDER}/{name}"] = stream.read()
-            except OSError:
-                continue  # removed meanwhile: that function is compiled at the first run
+            data = cache_file._bendc_verified(cache_file._data_path(name))  # its .sig checked (runtime/artifact.py)
+            if data is None:
+                continue  # removed meanwhile (or not signed): that function is compiled at the first run
+            files[f"{MACHINE_FOLDER}/{name}"] = data
             overloads[key] = name
         if overloads:
             files[f"{MACHINE_FOLDER}/{cache_file._index_name}"] = _index_bytes(cache_file._source_stamp, overloads)

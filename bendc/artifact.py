@@ -5,7 +5,9 @@ renamed into place, so an interrupted build leaves nothing that a reader
 trusts (a killed writer's temporary folder is removed by a later write once
 it is old). Concurrent writers of one destination are safe: each renames a
 complete folder, and one that finds the destination taken keeps what is
-there when it is the same artifact (or, for the cache, any valid one).
+there when it is the same artifact (or, for the cache, any valid one that
+this user's key signed). Every manifest is signed (runtime/trust.py): with
+this user's key, or the key file that ``bendc compile --sign-with`` names.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ from bendc.ops.base import indexed_size
 from bendc.version import __version__
 from runtime.files import STALE_SECONDS, sweep_stale
 from runtime.artifact import (FORMAT_VERSION, KIND, MANIFEST, ArtifactInvalid, content_hash, file_hash,
-                              read_manifest)
+                              is_signed_by, read_manifest, user_key)
+from runtime.trust import load_key, sign
 
 
 
@@ -58,14 +61,16 @@ def template_to_json(template: Any) -> Any:
 def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict], leaves: list[str],
                    template: Any, plan: KernelPlan, stages: dict[str, str], report: str, tape: str,
                    extra: dict[str, Any] | None = None, files: dict[str, str | bytes] | None = None,
-                   replace: bool = True) -> None:
+                   replace: bool = True, key_file: str | None = None) -> None:
     """Write a complete artifact to ``folder`` atomically.
 
     An artifact already at ``folder`` is replaced (``replace``, as ``bendc
     compile`` does) unless it is this same one; with ``replace=False`` (a
     cache entry, which another process may be writing or reading too) any
-    valid artifact there is kept and only a damaged one is replaced.
+    valid artifact there is kept and only a damaged one is replaced (or one this user's key did
+    not sign). The manifest is signed with this user's key, or the key in ``key_file``.
     """
+    key = user_key() if key_file is None else load_key(key_file, create=False)
     parent = os.path.dirname(os.path.abspath(folder)) or "."
     os.makedirs(parent, exist_ok=True)
     sweep_stale_folders(parent)
@@ -98,15 +103,18 @@ def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict
         }
         manifest = json.loads(json.dumps(manifest))  # as a reader will see it (e.g. dict keys as strings)
         manifest["content_hash"] = content_hash(manifest)
+        manifest["signature"] = sign(manifest["content_hash"], key)
         with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as stream:
             json.dump(manifest, stream, indent=1)
-        _move_into_place(staging, folder, manifest["content_hash"], replace)
+        _move_into_place(staging, folder, manifest["signature"], replace, key)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone unless this write lost to another
 
 
-def _move_into_place(staging: str, folder: str, ours: str, replace: bool) -> None:
-    """Rename ``staging`` to ``folder``; what is at ``folder`` meanwhile is kept or retired."""
+def _move_into_place(staging: str, folder: str, ours: dict, replace: bool, key: bytes) -> None:
+    """Rename ``staging`` (signed ``ours``) to ``folder``; what is at ``folder`` meanwhile is kept
+    (the same artifact with the same signature, or, not ``replace``, any valid one ``key`` signed)
+    or retired."""
     parent = os.path.dirname(os.path.abspath(folder))
     for _ in range(100):  # each round another writer got in between; bounded all the same
         try:
@@ -116,12 +124,12 @@ def _move_into_place(staging: str, folder: str, ours: str, replace: bool) -> Non
             if error.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                 raise
         try:
-            theirs = read_manifest(folder)["content_hash"]
+            theirs = read_manifest(folder, trust=True)  # its signature is compared below
         except ArtifactInvalid:
             theirs = None  # damaged or half-retired: replace it
         except OSError:
             continue  # changing under us: look again
-        if theirs == ours or (theirs is not None and not replace):
+        if theirs is not None and (theirs.get("signature") == ours or (not replace and is_signed_by(theirs, key))):
             return  # the same artifact (or, for a cache entry, an equally good one) is in place
         retired = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.old-")
         try:

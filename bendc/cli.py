@@ -25,7 +25,7 @@ import sys
 from typing import Sequence
 
 from bendc.errors import BendcError
-from runtime.cli import Parser, add_run_arguments, run_command
+from runtime.cli import RUN_DESCRIPTION, Parser, add_run_arguments, run_command
 
 COMPILE_TARGETS = ("cpu", "cuda")
 SPEC_EXAMPLE = "e.g. 'x=f32[64,784] y=i64[64] w=f32[10,784]:leaf' (default: the module's EXAMPLE_SHAPES)"
@@ -62,11 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="parameters whose arrays the step may overwrite with their updated values "
                             "(comma-separated); each such output is recorded as the feed of that input, "
                             "which `bendc run --feed-outputs` uses")
+    build.add_argument("--sign-with", metavar="KEYFILE", default=None,
+                       help="sign the artifact with this key file (a team's, mode 0600) instead of your own "
+                            "(BENDC_KEY_FILE, else ~/.config/bendc/key); runtimes whose BENDC_KEY_FILE is that "
+                            "key run it")
     build.set_defaults(handler=_compiler_command("compile_command"))
 
     run = commands.add_parser("run", help="run an artifact with the minimal runtime alone",
-                              description="Run a compiled artifact with the minimal runtime alone (no tracer, "
-                                          "passes or networkx).")
+                              description=RUN_DESCRIPTION)
     add_run_arguments(run)
     run.set_defaults(handler=run_command)
 

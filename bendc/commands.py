@@ -153,13 +153,14 @@ def compile_command(args: argparse.Namespace) -> int:
         with CompileWatch() as watch:
             executable = function.export(args.output, shapes, static,
                                          progress.kernel if args.target == "cuda" else None,
-                                         target=args.target, arch=args.arch or "sm_90")
+                                         target=args.target, arch=args.arch or "sm_90",
+                                         sign_with=args.sign_with)
     except OSError as error:
         raise BendcError(f"cannot write {args.output}: {error.strerror or error}", op="compile") from None
     finally:
         progress.finish()
     elapsed = time.perf_counter() - start
-    for line in compile_summary(args.output, read_manifest(args.output), executable.stats, elapsed, watch):
+    for line in compile_summary(args.output, read_manifest(args.output, trust=True), executable.stats, elapsed, watch):
         print(line)
     return 0
 

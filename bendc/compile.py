@@ -12,6 +12,15 @@ cached on disk as a program yet (its kernel modules and cubins are, by hash). A 
 ``<cache>/programs/<key>``, keyed by the traced IR, the passes, the target
 and the bendc/numba/numpy versions; a second process with the same signature
 loads it instead of compiling, and a corrupt entry is discarded and rebuilt.
+
+Cache entries are code (runtime/trust.py): the cache folder must be this user's and
+not writable by others (else ArtifactError, naming the chmod), entries are signed
+with the user's key, and an entry the key did not sign (written by someone else,
+or re-hashed after it was written) is never imported: it is discarded and
+rebuilt, as a damaged one is. A rebuild is always possible and costs only time,
+while refusing would stop every jit call until the user cleared the cache by
+hand (after an upgrade, every older entry is unsigned); an artifact given to
+``bendc run``, which cannot be rebuilt, is refused instead.
 """
 from __future__ import annotations
 
@@ -31,7 +40,8 @@ from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
 from bendc.codegen.cpu import render_plan
 from bendc.codegen.memory import plan_memory
 from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
-from bendc.errors import DistributedError, InternalError, RuntimeCheckError, SourceLoc, UnsupportedError, user_location
+from bendc.errors import (ArtifactError, DistributedError, InternalError, RuntimeCheckError, SourceLoc,
+                          UnsupportedError, user_location)
 from bendc.ir.graph import Graph
 from bendc.ir.interp import Interpreter
 from bendc.ir.parser import parse_graph
@@ -42,11 +52,12 @@ from bendc.passes import PassContext, Pipeline
 from bendc.trace import Tensor, Tracer
 from bendc import tree
 from bendc.tree import Template
-from runtime.artifact import ArtifactInvalid, load_module, load_program, read_stages, read_text
+from runtime.artifact import ArtifactInvalid, ArtifactUntrusted, load_module, load_program, read_stages, read_text
 from runtime.cuda import numba_cuda_installed
 from runtime.collective import CollectiveError
 from runtime.cpu import CpuProgram, KernelError, KernelFailure
 from runtime.files import atomic_write
+from runtime.trust import InsecurePath, load_key, private_cache
 
 
 @dataclass
@@ -315,7 +326,11 @@ def load_cached(entry: str, cache_dir: str | None, _retry: bool = True) -> Cache
     except (ArtifactInvalid, OSError, ValueError, KeyError, KernelFailure) as error:
         if not discard_artifact(entry):  # valid now: replaced while read
             return load_cached(entry, cache_dir, _retry=False) if _retry else None
-        print(f"bendc: discarded a corrupt cache entry {entry}: {error}", flush=True)
+        if isinstance(error, ArtifactUntrusted):  # its hashes hold, but another key (or none) signed it
+            print(f"bendc: discarded a cache entry that your key did not sign, {entry} (rebuilt now): "
+                  f"{error.problem}", flush=True)
+        else:
+            print(f"bendc: discarded a corrupt cache entry {entry}: {error}", flush=True)
         return None
 
 
@@ -346,10 +361,25 @@ class Request:
     # Each parameter's structure in the manifest's JSON form (bendc/function.py _parameters_json):
     # which inputs make up each pytree parameter, for runtime.load and ``bendc run``.
     structure: dict[str, Any] | None = None
+    sign_with: str | None = None  # the key file an artifact is signed with (default: the user's key)
+
+
+def check_trust(request: Request) -> None:
+    """ArtifactError when the cache folder or a key file is one others could change (fixed by the
+    chmod the message names); makes the cache folder (0700) and the user's key on first use."""
+    try:
+        if request.target != "reference" or request.artifact is not None:
+            private_cache(request.cache_dir or default_cache_dir())
+            load_key()
+        if request.sign_with is not None:
+            load_key(request.sign_with, create=False)
+    except InsecurePath as error:
+        raise ArtifactError(str(error), op="cache" if request.artifact is None else "compile") from None
 
 
 def compile_step(request: Request) -> Executable:
     """Trace, differentiate, run the passes and build (or load the cached program)."""
+    check_trust(request)
     name = request.fn.__name__
     tracer = Tracer(name, request.data_parallel)
     tensors: dict[str, Tensor] = {}
@@ -424,7 +454,8 @@ def compile_step(request: Request) -> Executable:
                               **({"arch": request.cuda_arch} if request.cuda_arch else {}),
                               **({"parameters": request.structure} if request.structure is not None else {}),
                               **extra}, files=files,
-                       replace=request.artifact is not None)  # a cache entry: keep a concurrent writer's
+                       replace=request.artifact is not None,  # a cache entry: keep a concurrent writer's
+                       key_file=request.sign_with)
     stats = plan_stats(built.plan) if built.plan is not None else {}
     return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
 

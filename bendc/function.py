@@ -462,18 +462,21 @@ class JitFunction:
         return self._last
 
     def export(self, folder: str, shapes: str | dict[str, Any], static: dict[str, Any] | None = None,
-               progress: Progress | None = None, *, target: str | None = None, arch: str = "sm_90") -> Executable:
+               progress: Progress | None = None, *, target: str | None = None, arch: str = "sm_90",
+               sign_with: str | None = None) -> Executable:
         """Compile for a SPEC (as :meth:`lower`) and write the artifact folder (``bendc compile``).
 
         The build is always fresh: the on-disk program cache is neither read
         nor written. ``folder`` appears complete or not at all (an old one is
         replaced). ``progress(number, count, kernel)`` is called per kernel.
         ``target="cuda"`` builds PTX and cubin for ``arch`` (numba-cuda, no GPU needed).
+        The manifest is signed with this user's key, or with the key in the file ``sign_with``
+        (a team's: runtimes given it by ``BENDC_KEY_FILE`` accept the artifact).
         """
         if target != "cuda" and self.resolved_target == "reference":
             raise UnsupportedError("target 'reference' interprets the IR and has no artifact; use target='cpu'",
                                    loc=user_location(), op="compile")
-        extra = {"artifact": folder, "progress": progress}
+        extra = {"artifact": folder, "progress": progress, "sign_with": sign_with}
         if target == "cuda":
             extra["cuda_arch"] = arch
         self._last = self._compile_lowered(shapes, static or {}, **extra)
@@ -545,7 +548,7 @@ class JitFunction:
 
     def _compile(self, types: list[tuple[str, TensorType]], static: dict[str, Any], artifact: str | None = None,
                  progress: Progress | None = None, cuda_arch: str | None = None,
-                 binding: Binding | None = None) -> Executable:
+                 binding: Binding | None = None, sign_with: str | None = None) -> Executable:
         """Trace, differentiate, run the passes and build; ``artifact``: write it there, cache unused.
         ``binding``: a call's pytrees and dynamic scalars (leaves and donations by input name)."""
         leaves, donate = self.leaves, self.donate
@@ -556,7 +559,8 @@ class JitFunction:
                                     self.cache_dir, artifact, progress, cuda_arch,
                                     binding.arguments if binding is not None else None,
                                     data_parallel=self.data_parallel,
-                                    structure=_parameters_json(self.signature, types, static, binding)))
+                                    structure=_parameters_json(self.signature, types, static, binding),
+                                    sign_with=sign_with))
 
     # ------------------------------------------------------------- introspection
     def _executable(self) -> Executable:

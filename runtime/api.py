@@ -30,9 +30,11 @@ from runtime.machine import compile_counts
 class Program:
     """A verified, loaded artifact: call it like the function it was compiled from."""
 
-    def __init__(self, folder: str, cuda_runtime: str | None = None, outputs: str = "copy") -> None:
+    def __init__(self, folder: str, cuda_runtime: str | None = None, outputs: str = "copy",
+                 trust: bool = False) -> None:
         self.folder = folder
-        self.manifest, self.plan, self._program = load_program(folder, cuda_runtime=cuda_runtime, outputs=outputs)
+        self.manifest, self.plan, self._program = load_program(folder, cuda_runtime=cuda_runtime, outputs=outputs,
+                                                               trust=trust)
         self.names = [spec["name"] for spec in self.manifest["inputs"]]
         self.static = dict(self.manifest.get("static", {}))
         self.feeds: dict[str, int] = {name: int(index) for name, index in self.manifest.get("feeds", {}).items()}
@@ -134,11 +136,15 @@ class Program:
         return compile_counts(getattr(self._program, "modules", []))  # cuda programs: none counted
 
 
-def load(path: str, *, cuda_runtime: str | None = None, outputs: str = "copy") -> Program:
+def load(path: str, *, cuda_runtime: str | None = None, outputs: str = "copy", trust: bool = False) -> Program:
     """The artifact at ``path`` (written by ``bendc compile``), verified and ready to call.
+
+    An artifact is code, like a wheel: it must be signed with this user's key (``$BENDC_KEY_FILE``,
+    else ~/.config/bendc/key; runtime/trust.py), or ArtifactUntrusted is raised before anything in
+    it is imported. ``trust=True`` accepts it deliberately, checking its hashes only.
 
     A cuda artifact runs its cubins as one CUDA graph per step on a GPU of its architecture
     (``cuda_runtime``: "auto", "graph", "eager" launches, or "numba" JIT; default
     ``$BENDC_CUDA_RUNTIME`` or "auto"); ``outputs="copy"`` (default) returns fresh outputs each
     call, ``"static"`` the graph's own buffers, overwritten by the next call."""
-    return Program(path, cuda_runtime, outputs)
+    return Program(path, cuda_runtime, outputs, trust)

@@ -17,15 +17,25 @@ cache files, listed and hashed like the rest) and ``machine``, the CPU they were
 compiled for (runtime/machine.py); the runtime reads them in place and never
 writes into the folder. Format 4 records, on cuda builds, each launch's entry
 symbol, cubin, arguments and parameters, and each source step's constant
-(``value``), so that runtime/cuda_graph.py runs the cubins without numba.
+(``value``), so that runtime/cuda_graph.py runs the cubins without numba. Format 5
+added ``signature``: an HMAC of the content hash under the builder's key
+(runtime/trust.py), outside the content hash; loading refuses an unsigned or
+foreign-signed artifact unless told to trust it (``trust=True``: hashes only).
+
+An artifact is code (kernel modules the runtime imports, numba cache files numba
+unpickles): nothing in it is imported or unpickled before its hashes and
+signature check out, and numba's cache files are checked again, against the
+verified manifest or their ``.sig`` files, as numba reads them.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import importlib.util
+import io
 import json
 import os
+import pickle
 import sys
 from typing import Any, Callable, Iterator, Mapping
 
@@ -42,19 +52,25 @@ from runtime.dtypes import DTYPES
 from runtime.cpu import CpuProgram, KernelError
 from runtime.cuda_graph import OUTPUT_CONTRACTS
 from runtime.files import default_cache_dir
-from runtime.machine import MACHINE_FOLDER, describe_machine, host_machine, place_cache, same_machine, seal
+from runtime.machine import (MACHINE_FOLDER, ArtifactCacheLocator, describe_machine, host_machine, place_cache,
+                             same_machine, seal)
+from runtime.trust import (SIGNATURE_SUFFIX, InsecurePath, file_mac, file_mac_matches, load_key, private_cache,
+                           signature_problem)
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # What each format added: the refusal of an older artifact says what it lacks.
 FORMAT_CHANGES = {
     2: "content hashes and index bounds",
     3: "the cpu kernels' machine code",
     4: "the cuda launches' entry symbols and parameter layouts and the constants' values, for the cubin runtime",
+    5: "a signature",
 }
 KIND = "bendc-artifact"
 MANIFEST = "manifest.json"
 # Fields every manifest has; a manifest without one is foreign or damaged.
 REQUIRED_FIELDS = ("target", "function", "inputs", "outputs", "template", "stages", "files", "content_hash")
+# Fields outside the content hash: the hash itself and the signature over it.
+UNHASHED_FIELDS = ("content_hash", "signature")
 # Folders the runtime itself may add (numba's cache of the compiled kernels).
 IGNORED_FOLDERS = ("__pycache__",)
 _LOADED: dict[str, Any] = {}
@@ -62,6 +78,16 @@ _LOADED: dict[str, Any] = {}
 
 class ArtifactInvalid(Exception):
     """The artifact cannot be trusted or run; the message says why."""
+
+
+class ArtifactUntrusted(ArtifactInvalid):
+    """An artifact whose hashes hold but that this user's key did not sign (or a key file or cache
+    folder that others could write): the message says how to accept it deliberately; ``problem``
+    is what is wrong with the signature, in a few words."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
 
 
 class InputsInvalid(ArtifactInvalid):
@@ -77,15 +103,19 @@ def file_hash(path: str) -> str:
 
 
 def content_hash(manifest: dict) -> str:
-    """The sha256 of the manifest without its own ``content_hash`` (it lists every file's hash)."""
-    body = {key: value for key, value in manifest.items() if key != "content_hash"}
+    """The sha256 of the manifest without its own ``content_hash`` and ``signature`` (it lists every
+    file's hash)."""
+    body = {key: value for key, value in manifest.items() if key not in UNHASHED_FIELDS}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def read_manifest(folder: str) -> dict:
-    """The manifest after checking its kind, format, content hash and every file."""
+def read_manifest(folder: str, trust: bool = False) -> dict:
+    """The manifest after checking its kind, format, content hash, signature (this user's key,
+    :func:`check_signature`; skipped where ``trust``) and every file."""
     manifest = _read_manifest_json(folder)
     _check_header(folder, manifest)
+    if not trust:
+        check_signature(folder, manifest)
     _check_files(folder, manifest["files"])
     _check_no_unknown_files(folder, manifest["files"])
     if "plan.json" not in manifest["files"]:
@@ -135,6 +165,29 @@ def _check_header(folder: str, manifest: dict) -> None:
         raise ArtifactInvalid(f"{folder}: {MANIFEST} was changed since it was built (content hash differs)")
 
 
+def user_key() -> bytes:
+    """This user's signing key (runtime/trust.py), or ArtifactUntrusted when its file is unsafe."""
+    try:
+        return load_key()
+    except InsecurePath as error:
+        raise ArtifactUntrusted(str(error)) from None
+
+
+def check_signature(folder: str, manifest: dict, key: bytes | None = None) -> None:
+    """ArtifactUntrusted unless ``key`` (default: this user's) signed the manifest's content hash."""
+    problem = signature_problem(manifest.get("signature"), manifest["content_hash"], key or user_key())
+    if problem is not None:
+        raise ArtifactUntrusted(
+            f"{folder} is not trusted: {problem}. An artifact is code, like a wheel: load only what you built or "
+            f"trust. To accept this one deliberately: bendc run --trust {folder}, or runtime.load(path, trust=True) "
+            "(hashes are still checked); for a team's artifacts set BENDC_KEY_FILE to the key they sign with",
+            problem)
+
+
+def is_signed_by(manifest: dict, key: bytes) -> bool:
+    return signature_problem(manifest.get("signature"), manifest["content_hash"], key) is None
+
+
 def _check_files(folder: str, files: dict[str, str]) -> None:
     """Every listed file is inside the folder, present, and has its recorded sha256."""
     for name, expected in files.items():
@@ -180,15 +233,26 @@ def is_module_file(path: str, module: str) -> bool:
     return module_name(source) == module
 
 
-def load_module(path: str, module: str) -> Any:
-    """Import a generated module from its file (once per process and path)."""
+def load_module(path: str, module: str, sha256: str | None = None) -> Any:
+    """Import a generated module from its file (once per process and path).
+
+    The source is read once and run from those bytes after they check out: their structural hash
+    is ``module`` (and their sha256 is ``sha256``, a verified manifest's, where given), so a file
+    changed after it was verified is never run, and neither is Python's cached bytecode: a
+    ``__pycache__/*.pyc`` beside the file, which no manifest lists, is never read.
+    """
     key = os.path.abspath(path)
     if key not in _LOADED:
+        with open(path, "rb") as stream:
+            source = stream.read()
+        if (sha256 is not None and hashlib.sha256(source).hexdigest() != sha256) or \
+                module_name(source.decode("utf-8", errors="replace")) != module:
+            raise ArtifactInvalid(f"{path} changed after it was verified (its hash differs): not imported")
         name = f"bendc_kernel_{module}"
         spec = importlib.util.spec_from_file_location(name, path)
         loaded = importlib.util.module_from_spec(spec)
         sys.modules[name] = loaded
-        spec.loader.exec_module(loaded)
+        exec(compile(source, path, "exec"), vars(loaded))  # noqa: S102 - the verified bytes
         for value in vars(loaded).values():
             _harden_numba_cache(value)
             seal(value)
@@ -197,12 +261,12 @@ def load_module(path: str, module: str) -> Any:
 
 
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
+def _locked(path: str, shared: bool = False) -> Iterator[None]:
     if fcntl is None:
         yield
         return
     with open(path, "a") as stream:
-        fcntl.flock(stream, fcntl.LOCK_EX)
+        fcntl.flock(stream, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -210,43 +274,111 @@ def _locked(path: str) -> Iterator[None]:
 
 
 def _harden_numba_cache(dispatcher: Any) -> None:
-    """Make numba's on-disk cache of one ``cache=True`` function safe to share between processes.
+    """Make numba's on-disk cache of one ``cache=True`` function safe to read and to share.
 
-    numba writes each index (.nbi) and data (.nbc) file under a temporary name and renames it,
-    but reads them without a check: a damaged file (a truncated one, say) raises at the first
-    call, and two processes saving at once each rewrite the index from what they read before
-    (one's entry is lost, and two signatures can be given one data file). Here a damaged index
-    reads as empty and damaged data as absent (the function is compiled again and the files
-    rewritten), and saving holds a lock on the index.
+    numba unpickles its index (.nbi) and data (.nbc) files as it finds them: whoever can write one
+    runs code in the next process that compiles the function. Here every file is read once, as
+    bytes, and unpickled only when it checks out: in an artifact's verified ``numba/`` folder
+    against the sha256 its manifest records (runtime/machine.py ``place_cache``); anywhere else
+    (bendc's cache, a folder numba's own locators chose) against its ``.sig`` file, an HMAC under
+    this user's key that the hardened save writes. A file that fails, or is damaged (truncated,
+    garbled), reads as absent: the function is compiled again and the files rewritten (and
+    signed). numba writes each file under a temporary name and renames it; saving here holds a
+    lock on the index (two processes saving at once would each rewrite it from what they read
+    before: one's entry lost, two signatures given one data file) and loading a shared one.
+    A numba whose cache file object differs from the one known here gets no cache at all.
     """
-    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
     if cache_file is None or getattr(cache_file, "_bendc_hardened", False):
         return
-    if not all(hasattr(cache_file, name) for name in ("_load_index", "_load_data", "save", "_index_path")):
-        return  # another numba: leave its cache as it is
-    load_index, load_data, save = cache_file._load_index, cache_file._load_data, cache_file.save
+    names = ("_load_index", "_load_data", "save", "load", "_save_index", "_save_data", "_index_path",
+             "_source_stamp", "_version", "_data_path", "_dump", "_open_for_write")
+    if not all(hasattr(cache_file, name) for name in names):
+        from numba.core.caching import NullCache
 
-    def tolerant_index() -> dict:
-        try:
-            return load_index()
-        except Exception:  # noqa: BLE001 - truncated or garbled: no entries
-            return {}
+        dispatcher._cache = NullCache()  # another numba: nothing it reads could be checked first
+        return
+    locator = getattr(getattr(cache, "_impl", None), "locator", None)
+    expected = locator.expected if isinstance(locator, ArtifactCacheLocator) else None
+    save, load = cache_file.save, cache_file.load
 
-    def tolerant_data(name: str) -> Any:
+    def verified(path: str) -> bytes | None:
+        """The file's bytes when they check out (see above), else None."""
         try:
-            return load_data(name)
+            with open(path, "rb") as stream:
+                data = stream.read()
         except OSError:
-            raise
-        except Exception as error:  # noqa: BLE001 - numba's load() reads an OSError as a miss
+            return None
+        name = os.path.basename(path)
+        if expected is not None:
+            return data if expected.get(name) == hashlib.sha256(data).hexdigest() else None
+        try:
+            with open(path + SIGNATURE_SUFFIX, encoding="ascii") as stream:
+                recorded = stream.read()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return data if file_mac_matches(name, data, user_key(), recorded) else None
+
+    def verified_index() -> dict:
+        data = verified(cache_file._index_path)
+        if data is None:
+            return {}
+        try:
+            stream = io.BytesIO(data)
+            if pickle.load(stream) != cache_file._version:
+                return {}
+            stamp, overloads = pickle.loads(stream.read())
+        except Exception:  # noqa: BLE001 - garbled: no entries
+            return {}
+        return overloads if stamp == cache_file._source_stamp else {}
+
+    def verified_data(name: str) -> Any:
+        data = verified(cache_file._data_path(name))
+        if data is None:  # numba's load() reads an OSError as a miss
+            raise OSError(f"numba cache file {name} is missing, damaged or not signed")
+        try:
+            return pickle.loads(data)
+        except Exception as error:  # noqa: BLE001
             raise OSError(f"damaged numba cache file {name}: {error}") from error
+
+    def write_signed(path: str, data: bytes) -> None:
+        with cache_file._open_for_write(path) as stream:
+            stream.write(data)
+        if expected is None:
+            mac = file_mac(os.path.basename(path), data, user_key())
+            with cache_file._open_for_write(path + SIGNATURE_SUFFIX) as stream:
+                stream.write(mac.encode())
+
+    def signed_index(overloads: dict) -> None:
+        stream = io.BytesIO()
+        pickle.dump(cache_file._version, stream, protocol=-1)
+        stream.write(cache_file._dump((cache_file._source_stamp, overloads)))
+        write_signed(cache_file._index_path, stream.getvalue())
+
+    def signed_data(name: str, data: Any) -> None:
+        write_signed(cache_file._data_path(name), cache_file._dump(data))
 
     def locked_save(key: Any, data: Any) -> None:
         with _locked(cache_file._index_path + ".lock"):
             save(key, data)
 
-    cache_file._load_index = tolerant_index
-    cache_file._load_data = tolerant_data
+    def locked_load(key: Any) -> Any:
+        if expected is not None:  # a verified artifact folder: read-only, never written
+            return load(key)
+        try:
+            with _locked(cache_file._index_path + ".lock", shared=True):
+                return load(key)
+        except OSError:  # the folder is not writable (no lock file): read without one
+            return load(key)
+
+    cache_file._load_index = verified_index
+    cache_file._load_data = verified_data
+    cache_file._save_index = signed_index
+    cache_file._save_data = signed_data
+    cache_file._bendc_verified = verified
     cache_file.save = locked_save
+    cache_file.load = locked_load
     cache_file._bendc_hardened = True
 
 
@@ -274,16 +406,17 @@ def read_plan(folder: str, manifest: dict) -> dict:
 
 
 def load_program(folder: str, kernel_dir: str | None = None, cuda_runtime: str | None = None,
-                 outputs: str = "copy") -> tuple[dict, dict, CpuProgram]:
+                 outputs: str = "copy", trust: bool = False) -> tuple[dict, dict, CpuProgram]:
     """(manifest, plan, bound program) of a verified artifact.
 
     ``kernel_dir`` may name a folder of the same kernel modules (named by
     structural hash) whose compiled code numba has already cached; a module
     there is imported only when its source has the hash of its name, else the
     artifact's own copy is. ``cuda_runtime`` and ``outputs``: see
-    :func:`_load_cuda_program`.
+    :func:`_load_cuda_program`. ``trust``: accept an artifact this user's key did not sign (its
+    hashes are checked all the same).
     """
-    manifest = read_manifest(folder)
+    manifest = read_manifest(folder, trust)
     if manifest["target"] == "cuda":
         return manifest, *_load_cuda_program(folder, manifest, cuda_runtime, outputs)
     if manifest["target"] != "cpu":
@@ -292,36 +425,44 @@ def load_program(folder: str, kernel_dir: str | None = None, cuda_runtime: str |
     home = machine_code_home(folder, manifest)
     kernels, modules = {}, {}
     for step in plan["steps"]:
-        path = os.path.join(folder, "kernels", f"{step['module']}.py")  # verified against the manifest
+        name = f"kernels/{step['module']}.py"
+        path, sha256 = os.path.join(folder, name), manifest["files"][name]  # verified against the manifest
         if home is not None:
             place_cache(path, *home)
         elif kernel_dir is not None:
             shared = os.path.join(kernel_dir, f"{step['module']}.py")
             if os.path.abspath(shared) in _LOADED or is_module_file(shared, step["module"]):
-                path = shared
-        modules[step["module"]] = load_module(path, step["module"])
+                path, sha256 = shared, None  # checked by its structural hash
+        modules[step["module"]] = load_module(path, step["module"], sha256)
         kernels[step["name"]] = modules[step["module"]].kernel
     program = CpuProgram(plan, kernels)
     program.modules = list(modules.values())
     return manifest, plan, program
 
 
-def machine_code_home(folder: str, manifest: dict) -> tuple[str, bool] | None:
-    """(folder of numba's cache files for the artifact's kernels, read-only), None for an artifact
-    without machine code: the artifact's own ``numba/`` (read-only) when this is the CPU it was
-    built for, else a folder of bendc's cache outside it, which the kernels are compiled into once
-    (and a note on stderr says so)."""
+def machine_code_home(folder: str, manifest: dict) -> tuple[str, bool, dict[str, str] | None] | None:
+    """(folder of numba's cache files for the artifact's kernels, read-only, their sha256 by name
+    or None), None for an artifact without machine code: the artifact's own ``numba/`` (read-only,
+    each file checked against the verified manifest as numba reads it) when this is the CPU it was
+    built for, else a folder of bendc's cache outside it (files signed with this user's key), which
+    the kernels are compiled into once (and a note on stderr says so)."""
     recorded = manifest.get("machine")
     if recorded is None:
         return None
     host = host_machine()
     if same_machine(recorded, host):
-        return os.path.join(folder, MACHINE_FOLDER), True
+        prefix = MACHINE_FOLDER + "/"
+        expected = {name[len(prefix):]: digest for name, digest in manifest["files"].items() if name.startswith(prefix)}
+        return os.path.join(folder, MACHINE_FOLDER), True, expected
+    try:
+        private_cache(default_cache_dir())
+    except InsecurePath as error:
+        raise ArtifactUntrusted(str(error)) from None
     outside = os.path.join(default_cache_dir(), "aot", manifest["content_hash"][:24])
     print(f"bendc: note: {folder} holds machine code for {describe_machine(recorded)}; this CPU is "
           f"{describe_machine(host)}" + (" with other features" if recorded.get("cpu") == host["cpu"] else "")
           + f": its kernels are compiled for this CPU into {outside}", file=sys.stderr, flush=True)
-    return outside, False
+    return outside, False, None
 
 
 CUDA_RUNTIMES = ("auto", "graph", "eager", "numba")

@@ -5,7 +5,11 @@ package only, never the compiler: no tracer, passes or networkx.
 
     bendc run OUT --inputs FILE.npz [--outputs FILE.npz]
     bendc run OUT --random-inputs [--seed N]
+    bendc run --trust OUT ...          (an artifact your key did not sign: hashes checked only)
     python -m runtime OUT ...          (the same, without the front door)
+
+An artifact is code, like a wheel: run only what you built or trust. It must be
+signed with your key (runtime/trust.py) unless --trust is given.
 
 Exit code 0 on success, 1 on a user error (one line on stderr; the
 traceback only with --verbose).
@@ -27,6 +31,7 @@ from runtime.artifact import (CUDA_RUNTIMES, ArtifactInvalid, check_feeds, check
                               inputs_by_name, load_program, on_host, parse_feeds, type_text)
 from runtime.cpu import CpuProgram, KernelError
 from runtime.machine import compile_counts
+from runtime.trust import InsecurePath
 
 # Integer inputs that no op uses as an index (counts, like an optimizer's step) get values in
 # [1, UNBOUNDED_INTEGERS).
@@ -65,6 +70,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="feed outputs back as inputs between steps: the pairs given (e.g. "
                              "out1=w1,out2=b1), or without a value the artifact's recorded feeds "
                              "(bendc compile --donate)")
+    parser.add_argument("--trust", action="store_true",
+                        help="run an artifact that your key (BENDC_KEY_FILE, else ~/.config/bendc/key) did not "
+                             "sign, checking its content hashes only: it is code, so only one you trust")
     # a cuda artifact: which runtime runs it (runtime/artifact.py _load_cuda_program)
     parser.add_argument("--cuda-runtime", choices=CUDA_RUNTIMES, default=None,
                         help="cuda artifacts: graph (its cubins as one CUDA graph), eager (the same launches one "
@@ -74,9 +82,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="show tracebacks for errors")
 
 
+RUN_DESCRIPTION = ("Run a compiled artifact with the minimal runtime alone (no tracer, passes or networkx). "
+                   "An artifact is code, like a wheel: its kernels are imported and its machine code unpickled, "
+                   "so load only what you built or trust. It must be signed with your key (BENDC_KEY_FILE, "
+                   "else ~/.config/bendc/key; bendc compile signs with it, or --sign-with KEYFILE) unless "
+                   "--trust is given.")
+
+
 def build_run_parser(prog: str = "bendc run") -> Parser:
-    parser = Parser(prog=prog, description="Run a compiled artifact with the minimal runtime alone "
-                                           "(no tracer, passes or networkx).")
+    parser = Parser(prog=prog, description=RUN_DESCRIPTION)
     add_run_arguments(parser)
     return parser
 
@@ -92,7 +106,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the artifact; a user error prints one line and returns 1."""
     try:
         return run_artifact(args)
-    except (ArtifactInvalid, KernelError, RunError) as error:
+    except (ArtifactInvalid, KernelError, RunError, InsecurePath) as error:
         if args.verbose:
             raise
         print(f"bendc: error: {str(error).splitlines()[0]}", file=sys.stderr)
@@ -104,7 +118,7 @@ def run_artifact(args: argparse.Namespace) -> int:
     """Verify and load the artifact, make or read the inputs, run once, summarize the outputs."""
     if args.seed is not None and not args.random_inputs:
         raise RunError("--seed applies to --random-inputs only")
-    manifest, plan, program = load_program(args.artifact, cuda_runtime=args.cuda_runtime)
+    manifest, plan, program = load_program(args.artifact, cuda_runtime=args.cuda_runtime, trust=args.trust)
     if args.inputs is not None:
         inputs = inputs_by_name(manifest, read_npz(args.inputs))
         source = args.inputs

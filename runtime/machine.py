@@ -25,8 +25,9 @@ from typing import Any, Iterable
 
 from numba.core import caching
 
-# Absolute path of a kernel source file -> (folder of its numba cache files, read-only).
-_HOMES: dict[str, tuple[str, bool]] = {}
+# Absolute path of a kernel source file -> (folder of its numba cache files, read-only, the sha256
+# of each file there by name, from a verified manifest, or None: files checked by their .sig).
+_HOMES: dict[str, tuple[str, bool, dict[str, str] | None]] = {}
 MACHINE_FOLDER = "numba"
 
 
@@ -50,11 +51,13 @@ def describe_machine(machine: dict) -> str:
 class ArtifactCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
     """numba's cache of a registered kernel file: in the folder :func:`place_cache` gave it."""
 
-    def __init__(self, py_func: Any, py_file: str, folder: str, readonly: bool) -> None:
+    def __init__(self, py_func: Any, py_file: str, folder: str, readonly: bool,
+                 expected: dict[str, str] | None = None) -> None:
         self._py_file = py_file
         self._lineno = py_func.__code__.co_firstlineno
         self._folder = folder
         self.readonly = readonly
+        self.expected = expected  # what runtime/artifact.py checks each file against before numba reads it
 
     def get_cache_path(self) -> str:
         return self._folder
@@ -83,10 +86,11 @@ def install() -> None:
         impl._locator_classes = [ArtifactCacheLocator, *impl._locator_classes]
 
 
-def place_cache(source_file: str, folder: str, readonly: bool) -> None:
-    """numba's cache of the functions in ``source_file`` (imported after this) lives in ``folder``."""
+def place_cache(source_file: str, folder: str, readonly: bool, expected: dict[str, str] | None = None) -> None:
+    """numba's cache of the functions in ``source_file`` (imported after this) lives in ``folder``;
+    ``expected``: the sha256 of each file there (a verified artifact's), else they carry .sig files."""
     install()
-    _HOMES[os.path.abspath(source_file)] = (folder, readonly)
+    _HOMES[os.path.abspath(source_file)] = (folder, readonly, expected)
 
 
 def seal(dispatcher: Any) -> None:

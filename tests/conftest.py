@@ -18,6 +18,20 @@ def regen_golden(request) -> bool:
     return request.config.getoption("--regen-golden")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def signing_key(tmp_path_factory):
+    """Artifacts and cache entries are signed (runtime/trust.py): with a key of the test run's own
+    (BENDC_KEY_FILE, inherited by worker processes), never the user's ~/.config/bendc/key. Under
+    pytest-xdist the workers share one (made by whichever gets there first), as they share caches."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    path = root / "bendc-key" / "key"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BENDC_KEY_FILE", str(path))
+        yield path
+
+
 def assert_bitwise(actual, expected, what: str = "") -> None:
     """Same float32 bits (so -0.0 and +0.0 differ; NaNs compare by pattern)."""
     actual = np.asarray(actual, dtype=np.float32)

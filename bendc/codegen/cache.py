@@ -38,7 +38,7 @@ def write_kernel(cache_dir: str, source: str) -> str:
     _sweep_once(folder)
     if is_module_file(path, module):
         return module
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)  # runtime/trust.py private_cache made it where it checked
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-")
     try:
         with os.fdopen(handle, "wb") as stream:

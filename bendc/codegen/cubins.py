@@ -83,6 +83,7 @@ class CubinCache:
 
     def store(self, step: Any, kernel: CompiledKernel) -> None:
         cubin_path, meta_path = self._paths(step, kernel.kernel)
+        os.makedirs(os.path.dirname(cubin_path), mode=0o700, exist_ok=True)  # as runtime/trust.py checks it
         atomic_write(cubin_path, kernel.cubin)
         meta = {"ptx": kernel.ptx, "entry": kernel.entry, "parameters": [list(p) for p in kernel.parameters],
                 "registers": kernel.registers, "spill_stores": kernel.spill_stores,

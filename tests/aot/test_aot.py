@@ -27,6 +27,7 @@ from bendc import cli
 from bendc.ir.parser import parse_graph
 from conftest import assert_bitwise
 from runtime import cli as runtime_cli
+from runtime import trust
 from runtime.artifact import (FORMAT_VERSION, ArtifactInvalid, InputsInvalid, check_inputs, content_hash,
                               read_manifest)
 
@@ -340,12 +341,14 @@ def first_kernel(folder: Path) -> Path:
 
 
 def edit_manifest(folder: Path, change, sign: bool = True) -> None:
-    """Change the manifest; ``sign``: recompute its content hash, as a genuine writer would."""
+    """Change the manifest; ``sign``: recompute its content hash and signature (with the test run's
+    key), as a genuine writer would."""
     path = folder / "manifest.json"
     manifest = json.loads(path.read_text())
     change(manifest)
     if sign:
         manifest["content_hash"] = content_hash(manifest)
+        manifest["signature"] = trust.sign(manifest["content_hash"], trust.load_key())
     path.write_text(json.dumps(manifest, indent=1))
 
 

@@ -24,6 +24,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 import runtime  # noqa: E402
 from runtime.artifact import ArtifactInvalid, content_hash, file_hash, read_manifest, read_plan  # noqa: E402
 from runtime.cubin_elf import entry_symbols, kernel_parameters  # noqa: E402
+from runtime import trust  # noqa: E402
 from runtime.cuda_graph import (CubinMismatch, StaticPlan, array_words_count, check_cubin, check_cubins,  # noqa: E402
                                 expected_parameters)
 from runtime.dtypes import DTYPES, numel  # noqa: E402
@@ -151,6 +152,7 @@ def rewrite_plan(folder: Path, change) -> None:
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["files"]["plan.json"] = file_hash(str(folder / "plan.json"))
     manifest["content_hash"] = content_hash(manifest)
+    manifest["signature"] = trust.sign(manifest["content_hash"], trust.load_key())
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
@@ -191,9 +193,10 @@ def test_an_older_format_is_refused_saying_what_it_lacks(artifact: Path, tmp_pat
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["format"] = 3
     manifest["content_hash"] = content_hash(manifest)
+    manifest["signature"] = trust.sign(manifest["content_hash"], trust.load_key())
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactInvalid, match=r"format 3; this runtime reads format 4 \(it lacks the cuda launches' "
-                                              r"entry symbols .*\): rebuild"):
+    with pytest.raises(ArtifactInvalid, match=r"format 3; this runtime reads format 5 \(it lacks the cuda launches' "
+                                              r"entry symbols .*; a signature\): rebuild"):
         read_manifest(str(copy))
 
 
