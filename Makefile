@@ -20,15 +20,23 @@ $(VENV)/.installed-test: $(VENV)/.installed-core $(LOCK)
 train: $(VENV)/.installed-core
 	$(PY) examples/mlp.py
 
-# The simulator tests need their own process: numba reads NUMBA_ENABLE_CUDASIM at import.
-test: $(VENV)/.installed-test
-	$(PY) -m pytest -q
-	PYTHON=$(PY) tests/cuda/run_simulator.sh
+# pytest-xdist: one worker per core, each test file on one worker (its module fixtures built once).
+# Worker processes share the run's kernel cache (tests/conftest.py), as processes share bendc's.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PARALLEL := -n $(JOBS) --dist loadfile
 
-# The slow tests (marked long; make test leaves them out): virtual environments built for the lowest
-# dependency bounds and for the wheel on each Python installed (tests/test_packaging.py).
+# Everything that guards correctness at small sizes (<= 12 minutes on a 2-core machine). The
+# simulator tests need their own process: numba reads NUMBA_ENABLE_CUDASIM at import.
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q $(PARALLEL) --durations=20
+	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL)
+
+# The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed
+# fuzz sample, the transformer's AOT round trip, more kill points, virtual environments built for
+# the lowest dependency bounds and for the wheel on each Python installed (tests/test_packaging.py).
 test-long: $(VENV)/.installed-test
-	$(PY) -m pytest -q -m long --durations=0
+	$(PY) -m pytest -q $(PARALLEL) -m long --durations=0
+	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL) -m long --durations=0
 
 # The lowest numba, llvmlite, numpy, scipy and networkx that pyproject.toml allows, in .venv-bounds.
 test-bounds: $(VENV)/.installed-test

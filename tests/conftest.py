@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +31,20 @@ def signing_key(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("BENDC_KEY_FILE", str(path))
         yield path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory, signing_key):
+    """The run's kernel cache: $BENDC_CACHE_DIR where the caller set one, else a folder of the run's
+    own that the xdist workers share (one compiles, the other loads numba's machine code), never the
+    user's ~/.cache/bendc: every run of the suite starts cold, as CI's does."""
+    if os.environ.get("BENDC_CACHE_DIR"):
+        yield os.environ["BENDC_CACHE_DIR"]
+        return
+    path = signing_key.parent.parent / "bendc-cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BENDC_CACHE_DIR", str(path))
+        yield str(path)
 
 
 def assert_bitwise(actual, expected, what: str = "") -> None:
@@ -84,7 +99,8 @@ def factor_shape(draw, numel: int) -> tuple[int, ...]:
 
 
 # Resident memory per test (issue 21): BENDC_TEST_RSS=PREFIX appends "nodeid<TAB>VmRSS in kB after
-# its teardown" for every test to PREFIX.<worker> (gw0, gw1, ... under xdist; main without it).
+# its teardown<TAB>time.time()" for every test to PREFIX.<worker> (gw0, gw1, ... under xdist; main
+# without it). tests/rss_report.py sums it up per file.
 def _resident_kb() -> int:
     with open("/proc/self/status") as status:
         for line in status:
@@ -100,4 +116,4 @@ def pytest_runtest_teardown(item, nextitem):
     if prefix and os.path.exists("/proc/self/status"):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(f"{prefix}.{worker}", "a") as log:
-            log.write(f"{item.nodeid}\t{_resident_kb()}\n")
+            log.write(f"{item.nodeid}\t{_resident_kb()}\t{time.time():.3f}\n")

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import itertools
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,55 @@ def test_the_growth_check_sees_a_leak(tmp_path):
         return out
 
     assert growth(leaking, args, warmup=100, calls=5000, keep_results=True) > 4 * 2**20
+
+
+# ------------------------------------------------------------------ many steps, each compiled and dropped
+STEP_SOURCE = """
+def step_{number}(x, y, w1, b1, w2):
+    hidden_{number} = F.relu(F.linear(x, w1, b1)) * {scale}
+    loss = F.mse_loss(hidden_{number} @ w2.T, y)
+    loss.backward()
+    return loss, F.sgd_step(w1, w1.grad, 0.1), b1.grad, w2.grad
+"""
+
+
+def new_step(number: int, cache_dir: str, scale: float = 1.0):
+    """A jitted step of a function of its own (its own source, trace, graph, plan and program)."""
+    namespace = {"F": bendc.functional}
+    exec(STEP_SOURCE.format(number=number, scale=repr(scale)), namespace)
+    return bendc.jit(namespace[f"step_{number}"], leaves=cache_worker.LEAVES, target="cpu", cache_dir=cache_dir)
+
+
+def compile_and_drop(count: int, cache_dir: str, scales) -> tuple[int, list]:
+    """(resident growth, weak references to each step) over ``count`` steps compiled, run, dropped."""
+    args = cache_worker.inputs()
+    new_step(0, cache_dir)(*args)  # the kernels a scale of 1.0 shares, compiled before measuring
+    before = resident_bytes()
+    dropped = []
+    for number in range(1, count + 1):
+        step = new_step(number, cache_dir, next(scales))
+        step(*args)
+        dropped.append(weakref.ref(step))
+        del step
+    return resident_bytes() - before, dropped
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc/self/statm")
+def test_fifty_steps_compiled_and_dropped_leave_nothing_behind(tmp_path):
+    """50 different functions, each traced, lowered, planned and run once, then dropped: each step and
+    everything it held is freed (measured: 0.0 MiB for 50 dropped, 3.7 MiB for 50 kept, 75 KiB a step;
+    the kernels are shared, so no numba machine code is added)."""
+    grown, dropped = compile_and_drop(50, str(tmp_path), itertools.repeat(1.0))
+    assert all(ref() is None for ref in dropped), "a dropped jitted step is still referenced"
+    assert grown < 2 * 2**20, f"resident memory grew by {grown / 2**20:.2f} MiB over 50 dropped steps"
+
+
+@pytest.mark.long
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc/self/statm")
+def test_fifty_steps_with_new_kernels_grow_only_by_numbas_machine_code(tmp_path):
+    """50 steps whose constant makes two kernels of their own each (100 numba compiles, ~3 minutes):
+    numba never frees compiled machine code (its MCJIT engine keeps every module: numba issues
+    #5976 and #7831), about 1.6 MiB a kernel here; bendc must add nothing of its own on top."""
+    grown, dropped = compile_and_drop(50, str(tmp_path), (float(n) for n in itertools.count(2)))
+    assert all(ref() is None for ref in dropped), "a dropped jitted step is still referenced"
+    assert grown < 100 * 3 * 2**20, f"resident memory grew by {grown / 2**20:.1f} MiB over 100 kernels"

@@ -555,10 +555,29 @@ def test_ir_writes_the_graph_in_dot(tmp_path, capsys) -> None:
     assert '  n1 [label="%y\\nparam\\ni64[64]", shape=ellipse];' in lines
 
 
-def test_zero_dimensional_inputs_round_trip(tmp_path) -> None:
-    """The transformer example takes its step count as a 0-d array."""
-    out = tmp_path / "transformer"
-    assert cli.main(["compile", str(ROOT / "examples" / "transformer.py") + ":train_step", "--target", "cpu",
-                     "-o", str(out)]) == 0
+ZERO_DIMENSIONAL = '''
+import bendc
+import bendc.functional as F
+
+@bendc.jit(leaves=("w",), dynamic=("lr",))
+def train_step(x, w, lr, scale):
+    loss = (F.linear(x, w) * scale).mean()
+    loss.backward()
+    return loss, w - lr * w.grad
+'''
+
+
+@pytest.mark.parametrize("example", ["small", pytest.param("transformer", marks=pytest.mark.long)])
+def test_zero_dimensional_inputs_round_trip(tmp_path, example) -> None:
+    """0-d inputs (a traced lr, a 0-d array) and a 0-d output stay 0-d through compile and run with
+    random inputs; the transformer example takes its step count as a 0-d array (make test-long)."""
+    if example == "small":
+        source = tmp_path / "zero_dimensional.py"
+        source.write_text(ZERO_DIMENSIONAL)
+        target, shapes = f"{source}:train_step", ["--shapes", "x=f32[4,3] w=f32[2,3]:leaf lr=f32[] scale=f32[]"]
+    else:
+        target, shapes = str(ROOT / "examples" / "transformer.py") + ":train_step", []
+    out = tmp_path / example
+    assert cli.main(["compile", target, "--target", "cpu", "-o", str(out), *shapes]) == 0
     assert cli.main(["run", str(out), "--random-inputs", "--outputs", str(tmp_path / "out.npz")]) == 0
     assert np.load(tmp_path / "out.npz")["out0"].shape == ()

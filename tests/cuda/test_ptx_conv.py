@@ -40,7 +40,10 @@ def cache_dir(tmp_path_factory) -> str:
 TINY = ("stride2_dilation2", "stride3_kernel2", "conv1d_stride2_groups2")
 
 
-@pytest.mark.parametrize("program", [p for p in CONV_GRAD_PROGRAMS if p.name in TINY] + CONV_GRAD_GPU_PROGRAMS,
+# The GPU-shape builds (~100 s together) run in make test-long; make test builds the tiny ones, whose
+# kernels hold every code path (stride phases, tile widths, groups) at a few seconds each.
+@pytest.mark.parametrize("program", [p for p in CONV_GRAD_PROGRAMS if p.name in TINY] +
+                         [pytest.param(p, marks=pytest.mark.long) for p in CONV_GRAD_GPU_PROGRAMS],
                          ids=lambda p: p.name)
 def test_conv_kernels_compile_without_spills_or_contraction(program, cache_dir: str, tmp_path) -> None:
     checked = [(step, launch, kernel) for step, launch, kernel in check_cubins(program, cache_dir)
