@@ -227,7 +227,8 @@ class ModuleGuard:
         for record in self.records:
             path = self._path(record.path)
             for name, value in zip(record.names, record.values):
-                described[f"{path}.{name}"] = repr(value)
+                if not (name.startswith("_") and isinstance(value, dict) and not value):  # no hooks: checked, not shown
+                    described[f"{path}.{name}"] = repr(value)
             for ref, version in record.versions:
                 buffer = next((name for name, ident in record.buffers if ident == id(ref())), "?")
                 described[f"{path}.{buffer}"] = f"buffer version {version}"
@@ -287,10 +288,12 @@ class watch:
                 state[table] = dict(state[table])
         self.hooks = tuple(dict(table) for table in _global_hooks())
         self.swapped: list[tuple[Any, type]] = []
+        self.mine: list[int] = []  # the modules this watch notes reads of (not those an outer one does)
         for _, module in self.modules:
             if id(module) in _WATCHED:  # a module already watched (a nested functional_call): one watcher
                 continue
             _WATCHED[id(module)] = set()
+            self.mine.append(id(module))
             cls = module.__class__
             try:
                 module.__class__ = _recording_class(cls)
@@ -298,11 +301,10 @@ class watch:
                 _WATCHED[id(module)].add("__dict__")
                 continue
             self.swapped.append((module, cls))
-        self.mine = [id(module) for _, module in self.modules if id(module) in _WATCHED]
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
-        reads = {ident: _WATCHED.pop(ident, set()) for ident in dict.fromkeys(self.mine)}
+        reads = {ident: _WATCHED.pop(ident) for ident in self.mine}
         for module, cls in reversed(self.swapped):
             module.__class__ = cls
         if kind is None:
@@ -317,6 +319,7 @@ class watch:
 
         for path, module in self.modules:
             before = self.before[id(module)]
+            cls = module.__class__.__dict__.get("_bendc_recording_of", module.__class__)  # an outer watch's
             read = reads.get(id(module), set())
             everything = "__dict__" in read
             names = ["training"] + [name for name in before if name != "training" and (
@@ -339,10 +342,10 @@ class watch:
                 if buffer is not None and full not in self.given:
                     versions.append((weakref.ref(buffer, on_death), buffer._version))
             guard.records.append(_Record(
-                path, weakref.ref(module, on_death), module.__class__,
+                path, weakref.ref(module, on_death), cls,
                 tuple(names), tuple(values), _ids(before["_modules"], on_death, guard.keep),
                 _ids(before["_parameters"], on_death, guard.keep), _ids(before["_buffers"], on_death, guard.keep),
-                tuple(versions), _state_key(module.__class__, tuple(values), before["_modules"],
+                tuple(versions), _state_key(cls, tuple(values), before["_modules"],
                                             before["_parameters"], before["_buffers"])))
         return guard
 

@@ -3,7 +3,6 @@ the module state it read holds (training flags, attributes read in forward, ties
 array object under two names (tied weights) is one leaf with torch's tied gradient."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 import bendc
+from dropout_masks import bendc_masks
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -20,32 +20,10 @@ TF = torch.nn.functional
 TARGETS = ["reference", "cpu"]
 
 
-@contextlib.contextmanager
-def bendc_dropout_masks(seed: int):
-    """torch's F.dropout drawing bendc's mask (Philox at the call's offset in the trace), as
-    tests/fuzz's TorchF.dropout, so that train-mode values compare with torch eager."""
-    from bendc.ops.random import dropout_scale, dropout_words, keep_threshold
-
-    original, calls = TF.dropout, [0]
-
-    def dropout(x, p=0.5, training=True, inplace=False):
-        if not training or p == 0.0:
-            return x
-        keep = dropout_words(seed, calls[0], tuple(x.shape)) < np.uint64(keep_threshold(p))
-        calls[0] += 1
-        return x * torch.from_numpy(np.where(keep, np.float32(dropout_scale(p)), np.float32(0.0)))
-
-    TF.dropout = dropout
-    try:
-        yield
-    finally:
-        TF.dropout = original
-
-
 def torch_loss_and_grads(model, x, seed=0):
     """torch eager's loss and parameter gradients (named_parameters: tied ones once)."""
     model.zero_grad(set_to_none=True)
-    with bendc_dropout_masks(seed):
+    with bendc_masks(seed):  # train-mode dropout: bendc's masks
         loss = model(torch.from_numpy(x)).sum()
     loss.backward()
     return loss.item(), {name: p.grad.numpy().copy() for name, p in model.named_parameters()}

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
 import bendc
+from dropout_masks import bendc_masks
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -175,23 +176,9 @@ def _params(rng: random.Random, model: nn.Module, arrays: dict[int, np.ndarray])
 
 def _torch_run(model: nn.Module, x: np.ndarray, seed_value: int) -> tuple[float, dict[int, np.ndarray]]:
     """torch eager's loss and gradients by parameter identity, dropout drawing bendc's masks."""
-    from bendc.ops.random import dropout_scale, dropout_words, keep_threshold
-
-    original, offset = TF.dropout, [0]
-
-    def dropout(x, p=0.5, training=True, inplace=False):
-        if not training or p == 0.0:
-            return x
-        keep = dropout_words(seed_value, offset[0], tuple(x.shape)) < np.uint64(keep_threshold(p))
-        offset[0] += 1
-        return x * torch.from_numpy(np.where(keep, np.float32(dropout_scale(p)), np.float32(0.0)))
-
     model.zero_grad(set_to_none=True)
-    TF.dropout = dropout
-    try:
+    with bendc_masks(seed_value):
         loss = (model(torch.from_numpy(x)) ** 2).mean()
-    finally:
-        TF.dropout = original
     loss.backward()
     return loss.item(), {id(p): (p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, np.float32))
                          for p in model.parameters()}
