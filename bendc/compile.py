@@ -70,9 +70,9 @@ class Executable:
         """This executable with the module guards of its trace."""
         self.guards = tuple(guards)
         if len(self.guards) == 1:
-            self.guard = self.guards[0].check
+            self.guard = self.guards[0].checker()
         elif self.guards:
-            checks = [guard.check for guard in self.guards]
+            checks = [guard.checker() for guard in self.guards]
             self.guard = lambda: all(check() for check in checks)
         return self
 

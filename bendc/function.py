@@ -301,7 +301,7 @@ class JitFunction:
     def _run(self, executable: Executable, binding: "Binding", fast: tuple | None) -> Any:
         if fast is not None:
             known = self._fast.setdefault(fast[0], [])
-            if executable not in known:
+            if not any(entry is executable for entry in known):
                 known.append(executable)
         self._last = executable
         inputs = [value for _, value in binding.arrays]

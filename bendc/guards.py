@@ -169,7 +169,6 @@ class _Record:
     parameters: tuple[tuple[str, int], ...]
     buffers: tuple[tuple[str, int], ...]
     versions: tuple[tuple[Any, int], ...]  # (weakref, _version) of the buffers the call did not give
-    key: tuple = ()                  # _state_key of the module as the forward found it
 
 
 def _ids(table: dict, on_death: Callable, keep: list) -> tuple[tuple[str, int], ...]:
@@ -181,12 +180,36 @@ def _ids(table: dict, on_death: Callable, keep: list) -> tuple[tuple[str, int], 
     return tuple((name, id(value)) for name, value in table.items())
 
 
-def _state_key(cls: type, values: tuple, modules: dict, parameters: dict, buffers: dict) -> tuple:
-    """What a module must keep for a trace to hold, as one tuple (built and compared in C); parameters,
-    buffers and submodules by name and identity (weak references invalidate the guard before an id
-    can be reused)."""
-    return (cls, len(modules), len(parameters), len(buffers), *values, *modules, *map(id, modules.values()),
-            *parameters, *map(id, parameters.values()), *buffers, *map(id, buffers.values()))
+def render_check(guard: "ModuleGuard") -> tuple[str, dict[str, Any]]:
+    """The text of ``check()`` for a guard, and the constants it names: per module, its class, the
+    values read (snapshots on the left of ``!=``: their ``__eq__`` is asked first, an array's would
+    broadcast), each table's size, names and identities (ids are sound: a weak reference marks the
+    guard dead before an id can be reused), the versions of buffers not given; then torch's global
+    hooks. A module whose state lost a name raises KeyError: a change too."""
+    constants: dict[str, Any] = {"dead": guard.dead, "hook_tables": guard.hook_tables, "hooks": guard.hooks}
+    lines = ["def check():", "    if dead[0]:", "        return False", "    try:"]
+    for number, record in enumerate(guard.records):
+        constants[f"ref{number}"], constants[f"cls{number}"] = record.ref, record.cls
+        constants[f"values{number}"] = record.values
+        read = ", ".join(f"state[{name!r}]" for name in record.names)
+        lines += [f"        # {guard.name}{'.' + record.path if record.path else ''}",
+                  f"        module = ref{number}()",
+                  "        state = module.__dict__",
+                  f"        if module.__class__ is not cls{number} or values{number} != ({read},):",
+                  "            return False"]
+        for table, entries in (("_modules", record.modules), ("_parameters", record.parameters),
+                               ("_buffers", record.buffers)):
+            lines.append(f"        table = state[{table!r}]")
+            tests = [f"len(table) != {len(entries)}"]
+            if table == "_modules" and entries:  # the order of submodules is the order they run
+                tests.append(f"tuple(table) != {tuple(name for name, _ in entries)!r}")
+            tests += [f"id(table[{name!r}]) != {ident}" for name, ident in entries]
+            lines += [f"        if {' or '.join(tests)}:", "            return False"]
+        for index, (ref, version) in enumerate(record.versions):
+            constants[f"buffer{number}_{index}"] = ref
+            lines += [f"        if buffer{number}_{index}()._version != {version}:", "            return False"]
+    lines += ["    except KeyError:", "        return False", "    return hook_tables == hooks", ""]
+    return "\n".join(lines), constants
 
 
 @dataclass(eq=False)
@@ -199,27 +222,21 @@ class ModuleGuard:
     hook_tables: tuple = ()      # those hook tables themselves (torch changes them in place)
     keep: list = field(default_factory=list)
     dead: list = field(default_factory=lambda: [False])
+    _checker: Callable[[], bool] | None = None
 
     def check(self) -> bool:
-        """True while every module of the tree is as the trace found it: one tuple per module
-        (class, guarded values, names and identities of its modules, parameters and buffers),
-        compared with the one the trace made (identical objects compare without a call)."""
-        if self.dead[0]:
-            return False
-        for record in self.records:
-            module = record.ref()  # alive: a dead one has set self.dead
-            state = module.__dict__
-            modules, parameters, buffers = state["_modules"], state["_parameters"], state["_buffers"]
-            # _state_key, inlined (this runs on every call); the snapshots on the left: their __eq__
-            # is asked first (an array's would broadcast)
-            if record.key != (module.__class__, len(modules), len(parameters), len(buffers),
-                              *map(state.get, record.names), *modules, *map(id, modules.values()), *parameters,
-                              *map(id, parameters.values()), *buffers, *map(id, buffers.values())):
-                return False
-            for ref, version in record.versions:
-                if ref()._version != version:
-                    return False
-        return self.hook_tables == self.hooks
+        """True while every module of the tree is as the trace found it."""
+        return self.checker()()
+
+    def checker(self) -> Callable[[], bool]:
+        """The check as one generated function (it runs on every call of the step, so each
+        value, name and identity is a constant in its text: bendc/guards.py render_check)."""
+        if self._checker is None:
+            source, constants = render_check(self)
+            namespace = dict(constants)
+            exec(compile(source, f"<bendc guard of {self.name}>", "exec"), namespace)
+            self._checker = namespace["check"]
+        return self._checker
 
     def describe(self) -> dict[str, str]:
         """Each guarded value by its path (``model.1.training`` -> ``True``), for signatures()."""
@@ -254,9 +271,9 @@ class ModuleGuard:
                 names, values = zip(*extra)
                 self.records[index] = _Record(mine.path, mine.ref, mine.cls, mine.names + names,
                                               mine.values + values, mine.modules, mine.parameters, mine.buffers,
-                                              mine.versions, mine.key[:4 + len(mine.values)] + values
-                                              + mine.key[4 + len(mine.values):])
+                                              mine.versions)
         self.keep += other.keep
+        self._checker = None
         return True
 
     def _path(self, path: str) -> str:
@@ -345,8 +362,7 @@ class watch:
                 path, weakref.ref(module, on_death), cls,
                 tuple(names), tuple(values), _ids(before["_modules"], on_death, guard.keep),
                 _ids(before["_parameters"], on_death, guard.keep), _ids(before["_buffers"], on_death, guard.keep),
-                tuple(versions), _state_key(cls, tuple(values), before["_modules"],
-                                            before["_parameters"], before["_buffers"])))
+                tuple(versions)))
         return guard
 
 

@@ -154,6 +154,46 @@ def test_a_replaced_submodule_retraces():
     _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
 
 
+def test_a_hook_registered_after_the_first_call_retraces():
+    torch.manual_seed(12)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    step = _step(model, "reference")
+    params, x = bendc.params(model), np.random.default_rng(12).standard_normal((2, 4), np.float32)
+    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    handle = model[0].register_forward_hook(lambda module, inputs, output: output * 3.0)
+    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    handle.remove()
+    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    assert len(step.signatures()) == 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_two_forwards_of_one_model_in_a_step_share_one_guard(target):
+    """Gradient accumulation: two functional_calls on the model in one trace, one guard to check."""
+    torch.manual_seed(13)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 2))
+
+    @bendc.jit(target=target, leaves=("params",))
+    def step(params, x, seed):
+        bendc.functional.dropout_seed(seed)
+        loss = bendc.functional_call(model, params, x[:2]).sum() + bendc.functional_call(model, params, x[2:]).sum()
+        loss.backward()
+        return loss, bendc.tree.map(lambda p: p.grad, params)
+
+    def expected(x):
+        model.zero_grad(set_to_none=True)
+        with bendc_masks(0):
+            loss = model(torch.from_numpy(x[:2])).sum() + model(torch.from_numpy(x[2:])).sum()
+        loss.backward()
+        return loss.item(), {name: p.grad.numpy().copy() for name, p in model.named_parameters()}
+
+    params, x = bendc.params(model), np.random.default_rng(13).standard_normal((4, 4), np.float32)
+    for mode in (True, False, True):
+        model.train(mode)
+        _check(step(params, x, np.array(0)), expected(x))
+    assert len(step._last.guards) == 1 and len(step.signatures()) == 2
+
+
 def test_the_recompile_log_names_the_module_change(monkeypatch, caplog):
     monkeypatch.setenv("BENDC_LOG", "recompiles")
     model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
