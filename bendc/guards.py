@@ -113,7 +113,7 @@ def snapshot(value: Any, on_death: Callable, depth: int = 0) -> Any:
                                f"tensor {str(value.dtype).removeprefix('torch.')}{list(value.shape)}")
     if kind is np.ndarray:
         return _ArraySnapshot(value.copy())
-    if module.startswith("torch.nn") or _is_module(value):
+    if _is_module(value):
         return value  # an unregistered module: by identity (nn.Module has no __eq__)
     fields = getattr(value, "__dict__", None)
     if isinstance(fields, dict) and not hasattr(kind, "__slots__"):

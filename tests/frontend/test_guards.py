@@ -48,6 +48,17 @@ def _check(result, expected, names=None):
         np.testing.assert_allclose(grads[name], expected[1][name], rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+def _matches_torch_after_each(model, target, changes, rng_seed):
+    """The step of ``model`` against torch eager, first as it is, then after each change in turn."""
+    step = _step(model, target)
+    params, x = bendc.params(model), np.random.default_rng(rng_seed).standard_normal((3, 4), np.float32)
+    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    for change in changes:
+        change()
+        _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    return step
+
+
 # ------------------------------------------------------------------ case 1: eval() after the first call
 @pytest.mark.parametrize("target", TARGETS)
 def test_eval_after_a_train_mode_call_matches_torch(target):
@@ -85,9 +96,10 @@ class Flagged(nn.Module):
         self.residual = True
         self.scale = 2.0
         self.gains = [1.0, 1.0, 1.0, 1.0]
+        self.table = np.array([1.0, 2.0])
 
     def forward(self, x):
-        y = self.linear(x) * self.scale * torch.tensor(self.gains[0])
+        y = self.linear(x) * self.scale * torch.tensor(self.gains[0]) * float(self.table[1])
         return y + x if self.residual else y
 
 
@@ -95,28 +107,21 @@ class Flagged(nn.Module):
 def test_attributes_read_in_forward_are_guarded(target):
     torch.manual_seed(2)
     model = Flagged()
-    step = _step(model, target)
-    params, x = bendc.params(model), np.random.default_rng(2).standard_normal((3, 4), np.float32)
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    for change in (lambda: setattr(model, "residual", False), lambda: setattr(model, "scale", 0.5),
-                   lambda: model.gains.__setitem__(0, 3.0)):  # a list changed in place: by value
-        change()
-        _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    assert len(step.signatures()) == 4
+    step = _matches_torch_after_each(model, target, (
+        lambda: setattr(model, "residual", False), lambda: setattr(model, "scale", 0.5),
+        lambda: model.gains.__setitem__(0, 3.0),  # a list changed in place: by value
+        lambda: model.table.__setitem__(1, -1.0)), 2)  # a numpy array too
+    assert len(step.signatures()) == 5
     assert step.signatures()[-1]["model.gains"] == "[3.0, 1.0, 1.0, 1.0]"
+    assert step.signatures()[-1]["model.table"] == "ndarray float64[2]"
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_dropout_p_and_norm_eps_are_guarded(target):
     torch.manual_seed(3)
-    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Dropout(0.5))
-    step = _step(model, target)
-    params, x = bendc.params(model), np.random.default_rng(3).standard_normal((4, 8), np.float32)
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    model[2].p = 0.25
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    model[1].eps = 0.5
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Dropout(0.5))
+    step = _matches_torch_after_each(model, target, (
+        lambda: setattr(model[2], "p", 0.25), lambda: setattr(model[1], "eps", 0.5)), 3)
     assert step.signatures()[-1]["model.1.eps"] == "0.5"
 
 
@@ -134,36 +139,25 @@ class Scaled(nn.Module):
 def test_a_buffer_not_given_is_guarded_by_identity_and_version(target):
     torch.manual_seed(4)
     model = Scaled()
-    step = _step(model, target)
-    params, x = bendc.params(model), np.random.default_rng(4).standard_normal((2, 4), np.float32)
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    model.factor.fill_(3.0)  # in place: the tensor's version moves
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    model.factor = torch.tensor(-1.0)  # a new buffer
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    step = _matches_torch_after_each(model, target, (
+        lambda: model.factor.fill_(3.0),  # in place: the tensor's version moves
+        lambda: setattr(model, "factor", torch.tensor(-1.0))), 4)  # a new buffer
     assert len(step.signatures()) == 3
 
 
 def test_a_replaced_submodule_retraces():
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-    step = _step(model, "reference")
-    params, x = bendc.params(model), np.random.default_rng(5).standard_normal((2, 4), np.float32)
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    model[1] = nn.Tanh()
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    _matches_torch_after_each(model, "reference", (lambda: model.__setitem__(1, nn.Tanh()),), 5)
 
 
 def test_a_hook_registered_after_the_first_call_retraces():
     torch.manual_seed(12)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
-    step = _step(model, "reference")
-    params, x = bendc.params(model), np.random.default_rng(12).standard_normal((2, 4), np.float32)
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    handle = model[0].register_forward_hook(lambda module, inputs, output: output * 3.0)
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    handle.remove()
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    handles = []
+    step = _matches_torch_after_each(model, "reference", (
+        lambda: handles.append(model[0].register_forward_hook(lambda module, inputs, output: output * 3.0)),
+        lambda: handles[0].remove()), 12)
     assert len(step.signatures()) == 2
 
 
@@ -258,11 +252,8 @@ class Configured(nn.Module):
 def test_a_config_dataclass_read_in_forward_is_guarded_by_value():
     torch.manual_seed(6)
     model = Configured(Config())
-    step = _step(model, "reference")
-    params, x = bendc.params(model), np.random.default_rng(6).standard_normal((3, 4), np.float32)
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
-    model.config.act = "tanh"  # the same object, changed
-    _check(step(params, x, np.array(0)), torch_loss_and_grads(model, x))
+    step = _matches_torch_after_each(model, "reference", (
+        lambda: setattr(model.config, "act", "tanh"),), 6)  # the same object, changed
     assert len(step.signatures()) == 2
 
 
