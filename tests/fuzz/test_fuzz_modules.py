@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import warnings
 
 import numpy as np
 import pytest
@@ -102,7 +103,9 @@ def _tree(rng: random.Random, width: int, depth: int) -> tuple[nn.Module, int, s
     if kind == "layernorm":
         return nn.LayerNorm(width), width, f"LayerNorm({width})"
     if kind == "groupnorm":
-        groups = rng.choice([g for g in (1, 2, 3) if width % g == 0])
+        # at least two values a group: one value normalizes to exactly 0 in bendc, to rounding noise
+        # amplified by 1/sqrt(eps) in torch (a weight gradient of 1e-4 against 0)
+        groups = rng.choice([g for g in (1, 2, 3) if width % g == 0 and width // g >= 2])
         return nn.GroupNorm(groups, width), width, f"GroupNorm({groups},{width})"
     if kind == "dropout":
         p = rng.choice([0.0, 0.25, 0.5])
@@ -229,9 +232,14 @@ def _settings(target: str):
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_programs_match_torch_modules(target: str) -> None:
+    counted = [0]
+
     @_settings(target)
     @given(program_seed=st.integers(0, 2**31 - 1))
     def check(program_seed: int) -> None:
         run_program(program_seed, target)
+        counted[0] += 1
 
     (seed(int(FUZZ_SEED))(check) if FUZZ_SEED is not None else check)()
+    if FUZZ_N:  # the long run's count, in pytest's warnings summary
+        warnings.warn(f"fuzz modules ({target}): {counted[0]} programs of {CALLS} calls matched torch")
