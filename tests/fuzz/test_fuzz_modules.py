@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 TF = torch.nn.functional
 
-SAMPLE = {"reference": 12, "cpu": 3}  # programs per target in `make test`
+SAMPLE = {"reference": 30, "cpu": 6}  # programs per target in `make test` (10-15 s)
 CALLS = 5                               # calls per program
 FUZZ_N = int(os.environ.get("BENDC_FUZZ_N", "0"))
 FUZZ_SEED = os.environ.get("BENDC_FUZZ_SEED")
@@ -71,6 +71,18 @@ class TiedPair(nn.Module):
         return self.second(self.first(x).tanh())
 
 
+class ConvRow(nn.Module):
+    """A small Conv2d over the features laid out as one row of pixels: (B, W) -> (B, 1, 1, W)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, (1, 3), padding=(0, 1))
+
+    def forward(self, x):
+        batch, width = x.shape
+        return self.conv(x.reshape(batch, 1, 1, width)).sum(1).reshape(batch, width)
+
+
 class Residual(nn.Module):
     def __init__(self, body: nn.Module) -> None:
         super().__init__()
@@ -93,7 +105,7 @@ class Stack(nn.Module):
 
 def _tree(rng: random.Random, width: int, depth: int) -> tuple[nn.Module, int, str]:
     """A random module from ``width`` features: (module, its output width, its description)."""
-    kinds = ["linear", "layernorm", "groupnorm", "dropout", "act", "gate", "scale", "tied"]
+    kinds = ["linear", "layernorm", "groupnorm", "dropout", "act", "gate", "scale", "tied", "conv"]
     if depth < 2:
         kinds += ["sequential", "residual", "stack"]
     kind = rng.choice(kinds)
@@ -117,6 +129,8 @@ def _tree(rng: random.Random, width: int, depth: int) -> tuple[nn.Module, int, s
         return Gate(), width, "Gate()"
     if kind == "scale":
         return Scale(), width, "Scale()"
+    if kind == "conv":
+        return ConvRow(), width, "ConvRow()"
     if kind == "tied":
         return TiedPair(width), width, f"TiedPair({width})"
     children, texts, out = [], [], width
