@@ -646,7 +646,10 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
     take gradients (every array inside a pytree parameter). ``dynamic`` names parameters whose
     Python numbers are traced 0-d float32 values instead of static ones (a learning rate).
     Past ``recompile_limit`` signatures a RecompileWarning fires; ``BENDC_LOG=recompiles`` logs
-    every recompile and its reason (logger "bendc").
+    every recompile and its reason (logger "bendc"). One array object under two paths of the
+    arguments is one input (tied weights: one leaf). A step that runs a torch module through
+    ``bendc.functional_call`` traces again when the module state its trace read changes (training
+    flags, attributes, ties, buffers: bendc/guards.py), one trace per state.
 
     ``donate`` names array parameters whose memory the caller gives up: on the
     cpu target an updated value of the same shape (an optimizer step's new
