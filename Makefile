@@ -48,7 +48,7 @@ test-bounds: $(VENV)/.installed-test
 N ?= 1000
 fuzz: $(VENV)/.installed-test
 	BENDC_FUZZ_N=$(N) $(if $(SEED),BENDC_FUZZ_SEED=$(SEED)) $(if $(TARGETS),BENDC_FUZZ_TARGETS=$(TARGETS)) \
-	$(if $(STRICT),BENDC_FUZZ_STRICT=1) $(PY) -m pytest -q -x tests/fuzz/test_fuzz.py -k test_programs_match_torch
+	$(if $(STRICT),BENDC_FUZZ_STRICT=1) $(PY) -m pytest -q -x tests/fuzz/test_fuzz.py tests/fuzz/test_fuzz_modules.py -k test_programs_match_torch
 
 clean:
 	rm -rf $(VENV)

@@ -72,6 +72,20 @@ class Executable:
     run: Callable[[Sequence[np.ndarray]], list]
     kernels: dict[str, str] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    # What the trace read from torch modules (bendc/guards.py); ``guard()`` is True while it holds
+    # (None: nothing to check). bendc/function.py reuses the executable only then.
+    guards: tuple = ()
+    guard: Callable[[], bool] | None = None
+
+    def guarded(self, guards: Sequence[Any]) -> "Executable":
+        """This executable with the module guards of its trace."""
+        self.guards = tuple(guards)
+        if len(self.guards) == 1:
+            self.guard = self.guards[0].checker()
+        elif self.guards:
+            checks = [guard.checker() for guard in self.guards]
+            self.guard = lambda: all(check() for check in checks)
+        return self
 
 
 @functools.lru_cache(maxsize=None)
@@ -390,6 +404,7 @@ def compile_step(request: Request) -> Executable:
     else:
         call_args = {**request.static, **tensors}
         ordered = {parameter: call_args[parameter] for parameter in request.parameters}
+    tracer.fn = request.fn  # functional_call names a module as the function does (bendc/guards.py)
     with tracer.active():
         result = request.fn(**ordered)
     outputs: list[int] = []
@@ -416,8 +431,8 @@ def compile_step(request: Request) -> Executable:
             for stage, text in cached.stages.items():  # the dumps of a compile, from the cache entry
                 if stage != "traced":
                     dump.write(stage, text)
-            return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape,
-                              cached.template, cached.report, cached.run, cached.kernels, cached.stats)
+            return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape, cached.template,
+                              cached.report, cached.run, cached.kernels, cached.stats).guarded(tracer.module_guards)
     graph = differentiate(traced)
     verify(graph, "autodiff", allow_placeholders=False)
     on_stage("autodiff", graph)
@@ -457,7 +472,8 @@ def compile_step(request: Request) -> Executable:
                        replace=request.artifact is not None,  # a cache entry: keep a concurrent writer's
                        key_file=request.sign_with)
     stats = plan_stats(built.plan) if built.plan is not None else {}
-    return Executable(graph, stages, tape, template, report, built.run, built.kernels, stats)
+    return Executable(graph, stages, tape, template, report, built.run, built.kernels,
+                      stats).guarded(tracer.module_guards)
 
 
 def _input_specs(request: Request, graph: Graph) -> list[dict[str, Any]]:
@@ -506,10 +522,11 @@ def flatten_result(value: Any, outputs: list[int]) -> Template:
     """The return value's structure (a pytree, bendc.tree) with tensors replaced by output slots."""
     leaves, treedef = tree.flatten(value)
     slots = []
+    first: dict[int, int] = {}  # node -> its first output: a value returned twice comes back as one array
     for leaf in leaves:
         if isinstance(leaf, Tensor):
             outputs.append(leaf.id)
-            slots.append(("out", len(outputs) - 1))
+            slots.append(("out", first.setdefault(leaf.id, len(outputs) - 1)))
         elif isinstance(leaf, (bool, int, float, str)):
             slots.append(("static", leaf))
         else:

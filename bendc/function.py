@@ -59,6 +59,8 @@ def _describe_spec(spec: tuple) -> str:
         return f"{spec[1]}[{','.join(map(str, spec[2]))}]"
     if spec[0] == "dynamic":
         return "dynamic f32[]"
+    if spec[0] == "alias":
+        return f"the array of {spec[1]}"
     return f"static {spec[2]!r}"
 
 
@@ -72,7 +74,7 @@ def _recompile_reason(old: dict[str, str], new: dict[str, str]) -> str:
             changes.append(f"{path}: {old[path]} -> {new[path]}")
     changes += [f"{path}: gone (was {old[path]})" for path in old if path not in new]
     if not changes:
-        return "the same parameters (leaves or target changed)"
+        return "the same parameters and module values (leaves, target, or a module's structure or hooks changed)"
     return "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
 
 
@@ -105,6 +107,9 @@ class Binding:
     described: dict[str, str] = field(default_factory=dict)
     key_parts: list[tuple] = field(default_factory=list)
     key: tuple = ()
+    # (id of an array, leaf or not) -> (its input name, its first path): one array object under two
+    # paths is one input (one leaf: tied weights); constants and leaves are never merged.
+    seen: dict[tuple[int, bool], tuple[str, str]] = field(default_factory=dict)
 
     def arguments(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """The function's arguments with the traced tensors in place of the array inputs."""
@@ -249,13 +254,15 @@ class JitFunction:
             self.passes = [p for p, name in zip(self.passes, named) if not str(name).startswith("bucket")]
             self.passes.append(bucket_pass(bucket_mb))
         Pipeline(self.passes)  # unknown pass names fail here, at decoration
-        self._cache: dict[tuple, Executable] = {}
-        self._fast: dict[tuple, Executable] = {}
+        # signature key -> its executables, one per module state its trace read (bendc/guards.py)
+        self._cache: dict[tuple, list[Executable]] = {}
+        self._fast: dict[tuple, list[Executable]] = {}
         plain = all(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                     for p in self.signature.parameters.values())
         self._positional = len(self.signature.parameters) if plain else -1
         names = list(self.signature.parameters)
         self._dynamic_positions = frozenset(names.index(name) for name in self.dynamic)
+        self._leaf_positions = frozenset(names.index(name) for name in self.leaves)
         self._last: Executable | None = None
 
     def _parameter_names(self, names: Sequence[str] | str, option: str) -> tuple[str, ...]:
@@ -272,34 +279,37 @@ class JitFunction:
         fast = self._fast_key(args, kwargs) if self.check is None else None
         if fast is not None:
             key, inputs = fast
-            executable = self._fast.get(key)
-            if executable is not None:  # the hot path: positional arrays, scalars, pytrees of them
-                self._last = executable
-                return executable.template.rebuild(executable.run(inputs))
+            for executable in self._fast.get(key, ()):  # the hot path: positional arrays, scalars, pytrees
+                if executable.guard is None or executable.guard():  # the modules it read are as they were
+                    self._last = executable
+                    return executable.template.rebuild(executable.run(inputs))
         binding = self._bind(args, kwargs)
-        executable = self._cache.get(binding.key)
+        variants = self._cache.setdefault(binding.key, [])
+        executable = next((e for e in variants if e.guard is None or e.guard()), None)
         if executable is None:  # a cold call: progress on a terminal while numba compiles (bendc/progress.py)
             from bendc.progress import compile_watch
 
-            self._note_signature(binding)
             types = [(name, TensorType(dtype_name(_array_type(array)[0]), _array_type(array)[1]))
                      for name, array in binding.arrays]
             with compile_watch(self.resolved_target):
                 executable = self._compile(types, binding.static, binding=binding)
-                self._cache[binding.key] = executable
+                variants.append(executable)
+                self._note_signature(binding, executable)
                 return self._run(executable, binding, fast)
         return self._run(executable, binding, fast)
 
     def _run(self, executable: Executable, binding: "Binding", fast: tuple | None) -> Any:
         if fast is not None:
-            self._fast[fast[0]] = executable
+            known = self._fast.setdefault(fast[0], [])
+            if not any(entry is executable for entry in known):
+                known.append(executable)
         self._last = executable
         inputs = [value for _, value in binding.arrays]
-        if self.check is not None and binding.key not in self._checked:
+        if self.check is not None and (binding.key, id(executable)) not in self._checked:
             from bendc.check import checked_run
 
             results = checked_run(executable.run, executable.graph, inputs)
-            self._checked.add(binding.key)
+            self._checked.add((binding.key, id(executable)))
         else:
             results = executable.run(inputs)
         return executable.template.rebuild(results)
@@ -312,11 +322,19 @@ class JitFunction:
             return None
         key: list = []
         inputs: list = []
+        seen_leaves: dict[int, int] = {}  # id of an array -> its input position (one object, one input)
+        seen_constants: dict[int, int] = {}
         for index, value in enumerate(args):
             kind = type(value)
+            seen = seen_leaves if index in self._leaf_positions else seen_constants
             if kind is np.ndarray:
                 if not value.flags.c_contiguous:
                     return None
+                first = seen.get(id(value))
+                if first is not None:
+                    key.append(("alias", first))
+                    continue
+                seen[id(value)] = len(inputs)
                 key.append((value.dtype.char, value.shape))
                 inputs.append(value)
             elif kind is float or kind is int or kind is bool:
@@ -334,6 +352,11 @@ class JitFunction:
                     if leaf_kind is np.ndarray:
                         if not leaf.flags.c_contiguous:
                             return None
+                        first = seen.get(id(leaf))
+                        if first is not None:
+                            part.append(("alias", first))
+                            continue
+                        seen[id(leaf)] = len(inputs)
                         part.append((leaf.dtype.char, leaf.shape))
                         inputs.append(leaf)
                     elif dynamic and (leaf_kind is float or leaf_kind is int):
@@ -390,6 +413,9 @@ class JitFunction:
         static value; returns (its source for the trace, its part of the signature key)."""
         leaf = name in self.leaves
         if is_array_like(value) and not isinstance(value, np.generic):
+            first = binding.seen.get((id(value), leaf))
+            if first is not None:  # the same array object again (tied weights): the same input
+                return ("input", first[0]), ("alias", first[1])
             if self.resolved_target == "cuda" and (is_torch_cuda(value) or is_device_array(value)):
                 array = _device_leaf(value, path)  # stays on the device: no copy
             else:
@@ -404,6 +430,7 @@ class JitFunction:
                 raise SignatureError(f"leaf {path!r} must be float32, got {kind}",
                                      loc=user_location(), op="call")
             flat = _input_name(name, path, whole, taken)
+            binding.seen[(id(value), leaf)] = (flat, path)
             binding.arrays.append((flat, array))
             if leaf:
                 binding.leaves.append(flat)
@@ -427,24 +454,30 @@ class JitFunction:
                                  loc=user_location(), op="call") from None
         return ("static", value), ("static", type(value).__name__, value)
 
-    def _note_signature(self, binding: "Binding") -> None:
-        """Record a new signature; log why it recompiles (BENDC_LOG=recompiles) and warn past the limit."""
+    def _note_signature(self, binding: "Binding", executable: Executable) -> None:
+        """Record a new signature (the parameters, and the module state its trace read); log why it
+        recompiles (BENDC_LOG=recompiles) and warn past the limit."""
         previous = self._signatures[-1] if self._signatures else None
-        self._signatures.append(dict(binding.described))
+        described = dict(binding.described)
+        for guard in executable.guards:
+            described.update(guard.describe())
+        self._signatures.append(described)
         if previous is not None and _logging_recompiles():
             LOGGER.info("recompiling %s (signature %d): %s", self.fn.__name__, len(self._signatures),
-                        _recompile_reason(previous, binding.described))
+                        _recompile_reason(previous, described))
         if len(self._signatures) == self.recompile_limit + 1:
             message = (f"{self.fn.__name__} has been compiled for {len(self._signatures)} signatures, past its "
                        f"recompile_limit of {self.recompile_limit}; last change: "
-                       f"{_recompile_reason(previous or {}, binding.described)}. Mark changing Python scalars "
+                       f"{_recompile_reason(previous or {}, described)}. Mark changing Python scalars "
                        "jit(dynamic=(...)) or pass them as 0-d arrays; see step.signatures()")
             LOGGER.warning(message)
             warnings.warn(message, RecompileWarning, stacklevel=3)
 
     def signatures(self) -> list[dict[str, str]]:
         """The signatures compiled by calls, in order: each a dict of parameter path -> its type
-        (``f32[32,64]``), ``dynamic f32[]`` or its static value."""
+        (``f32[32,64]``), ``dynamic f32[]``, its static value or ``the array of <path>`` (one array
+        object under two paths), and the module state its trace read through functional_call
+        (``model.1.training`` -> ``True``, ``model.1.p`` -> ``0.5``, ``model.wte.weight (tied)``)."""
         return [dict(signature) for signature in self._signatures]
 
     # ------------------------------------------------------------- compiling
@@ -617,7 +650,10 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
     take gradients (every array inside a pytree parameter). ``dynamic`` names parameters whose
     Python numbers are traced 0-d float32 values instead of static ones (a learning rate).
     Past ``recompile_limit`` signatures a RecompileWarning fires; ``BENDC_LOG=recompiles`` logs
-    every recompile and its reason (logger "bendc").
+    every recompile and its reason (logger "bendc"). One array object under two paths of the
+    arguments is one input (tied weights: one leaf). A step that runs a torch module through
+    ``bendc.functional_call`` traces again when the module state its trace read changes (training
+    flags, attributes, ties, buffers: bendc/guards.py), one trace per state.
 
     ``donate`` names array parameters whose memory the caller gives up: on the
     cpu target an updated value of the same shape (an optimizer step's new

@@ -42,18 +42,31 @@ def _zeros_like(param: Any) -> np.ndarray:
     return np.zeros(np.shape(param), np.float32)
 
 
+def _zeros_tree(params: Any) -> Any:
+    """Zeros like each array of ``params``; one array object under two paths (tied weights) gets one
+    zeros array, so that the state keeps the aliasing the step returns."""
+    leaves, treedef = tree.flatten(params)
+    made: dict[int, np.ndarray] = {}
+    zeros = []
+    for leaf in leaves:
+        if id(leaf) not in made:
+            made[id(leaf)] = _zeros_like(leaf)
+        zeros.append(made[id(leaf)])
+    return tree.unflatten(treedef, zeros)
+
+
 def init_sgd(params: Any, momentum: float = 0.0) -> dict:
     """SGD's state: ``{}`` without momentum, else ``{"step": 0, "momentum_buffer": zeros}``
     (a zero buffer and the step count reproduce torch's first step, buf = grad)."""
     if momentum == 0.0:
         return {}
-    return {"step": np.zeros((), np.float32), "momentum_buffer": tree.map(_zeros_like, params)}
+    return {"step": np.zeros((), np.float32), "momentum_buffer": _zeros_tree(params)}
 
 
 def init_adam(params: Any) -> dict:
     """Adam's and AdamW's state: ``{"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros}``."""
-    return {"step": np.zeros((), np.float32), "exp_avg": tree.map(_zeros_like, params),
-            "exp_avg_sq": tree.map(_zeros_like, params)}
+    return {"step": np.zeros((), np.float32), "exp_avg": _zeros_tree(params),
+            "exp_avg_sq": _zeros_tree(params)}
 
 
 # ------------------------------------------------------------------ helpers
@@ -122,7 +135,13 @@ def sgd(params: Any, grads: Any, state: Any, lr: Any = 1e-3, momentum: float = 0
     buffers = _state_part(state, "momentum_buffer", treedef, "sgd") if use_momentum else []
     step = state.get("step") if use_momentum and isinstance(state, dict) else None
     new_params, new_buffers = [], []
+    updated: dict[int, tuple] = {}  # a traced parameter under two paths (tied weights): updated once
     for index, (param, grad) in enumerate(zip(leaves, gradients)):
+        if id(param) in updated and isinstance(param, Tensor):
+            new_param, buf = updated[id(param)]
+            new_params.append(new_param)
+            new_buffers.append(buf)
+            continue
         buf = buffers[index] if use_momentum else None
         if grad is None:
             new_params.append(param)
@@ -146,6 +165,7 @@ def sgd(params: Any, grads: Any, state: Any, lr: Any = 1e-3, momentum: float = 0
             grad = grad + momentum * buf if nesterov else buf
         new_params.append(param - lr * grad)
         new_buffers.append(buf)
+        updated[id(param)] = (new_params[-1], buf)
     new_state: dict = {}
     if use_momentum:
         new_state = dict(state)
@@ -204,11 +224,16 @@ def _adam(params: Any, grads: Any, state: Any, lr: Any, betas: Any, eps: float, 
                                loc=user_location(), op=op)
     step = _next_step(state["step"])
     new_params, new_m, new_v = [], [], []
+    updated: dict[int, tuple] = {}  # a traced parameter under two paths (tied weights): updated once
     for param, grad, m, v in zip(leaves, gradients, exp_avg, exp_avg_sq):
         if grad is None:
             new_params.append(param), new_m.append(m), new_v.append(v)
             continue
-        p, m, v = _adam_leaf(param, grad, m, v, step, lr, beta1, beta2, eps, weight_decay, decoupled)
+        if id(param) in updated and isinstance(param, Tensor):
+            p, m, v = updated[id(param)]
+        else:
+            p, m, v = updated[id(param)] = _adam_leaf(param, grad, m, v, step, lr, beta1, beta2, eps,
+                                                      weight_decay, decoupled)
         new_params.append(p), new_m.append(m), new_v.append(v)
     new_state = dict(state)
     new_state.update(step=step, exp_avg=tree.unflatten(treedef, new_m), exp_avg_sq=tree.unflatten(treedef, new_v))

@@ -14,10 +14,11 @@ when :func:`functional_call` / :func:`params` are given a module.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -486,11 +487,48 @@ def _owner(module: Any, name: str) -> tuple[Any, str]:
     return module, attr
 
 
+def _refuse_untied(module: Any, entries: list[tuple[str, Any]], parameters: dict[str, Any]) -> None:
+    """Names the module ties (one parameter or buffer under several names) must be given one value
+    (torch.func.functional_call's tie_weights=True raises the same way)."""
+    tied: dict[int, list[str]] = {}
+    for name, value in entries:
+        tied.setdefault(id(value), []).append(name)
+    for names in tied.values():
+        given = [name for name in names if name in parameters]
+        if len({id(parameters[name]) for name in given}) > 1:
+            raise UnsupportedError(
+                f"functional_call got different values for {given}, which {type(module).__name__} ties (one "
+                "parameter under these names). Pass the same array object under each of them (it is then one "
+                "leaf, with the tied gradient), or only one name (bendc.params(module) gives tied parameters "
+                "once). Arrays are matched by identity: two .numpy() views of one tensor are two arrays",
+                loc=user_location(), op="functional_call")
+
+
+@contextlib.contextmanager
+def _watched(module: Any, given: set[str]) -> Iterator[None]:
+    """Watch the forward when a trace is running: the trace is reused only while what the forward
+    read from the module tree stays as it was (bendc/guards.py)."""
+    from bendc.trace import _ACTIVE
+
+    if not _ACTIVE:
+        yield
+        return
+    from bendc.guards import root_name, watch
+
+    with watch(module, root_name(_ACTIVE[-1].fn, module), given) as watched:
+        yield
+    _ACTIVE[-1].add_module_guard(watched.guard)
+
+
 def functional_call(module: Any, parameters: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``module(*args, **kwargs)`` with ``parameters`` (name -> traced tensor, as
     ``module.named_parameters()``; buffers may be given too) in place of its own, as
     ``torch.func.functional_call`` does. Tied parameters (one object under two names) take the
-    value given for either name. The module is restored afterwards."""
+    value given for either name; giving different values for names the module ties is an error
+    (as torch's tie_weights=True). The module is restored afterwards.
+
+    In a trace, the module state the forward read (training flags, attributes, ties, buffers) is
+    recorded, and the jitted function traces again when it changes (bendc/guards.py)."""
     if not isinstance(parameters, dict):
         raise UnsupportedError(f"functional_call takes a dict name -> tensor, got {type(parameters).__name__}",
                                loc=user_location(), op="functional_call")
@@ -501,12 +539,19 @@ def functional_call(module: Any, parameters: dict[str, Any], *args: Any, **kwarg
     if unknown:
         raise UnsupportedError(f"functional_call: {unknown} are not parameters or buffers of "
                                f"{type(module).__name__}", loc=user_location(), op="functional_call")
+    _refuse_untied(module, named + buffers, parameters)
     by_object = {id(p): parameters[name] for name, p in named + buffers if name in parameters}
     missing = sorted(name for name, p in named if name not in parameters and id(p) not in by_object)
     if missing:
         raise UnsupportedError(f"functional_call: no value for the parameters {missing} of "
                                f"{type(module).__name__} (bendc.params(module) gives them all)",
                                loc=user_location(), op="functional_call")
+    with _watched(module, set(parameters)):
+        return _swapped_call(module, named, buffers, parameters, by_object, args, kwargs)
+
+
+def _swapped_call(module: Any, named: list, buffers: list, parameters: dict[str, Any], by_object: dict,
+                  args: tuple, kwargs: dict) -> Any:
     swapped: list[tuple[dict, str, Any]] = []
     try:
         for slot, entries in (("_parameters", named), ("_buffers", buffers)):

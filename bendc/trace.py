@@ -52,6 +52,13 @@ class Tracer:
         self.requires_grad: set[int] = set()
         self.leaves: set[int] = set()
         self.slots: dict[int, list[int]] = {}  # leaf -> backward roots since its last zero_grad
+        self.module_guards: list[Any] = []  # what functional_call's forwards read (bendc/guards.py)
+        self.fn: Any = None  # the traced function
+
+    def add_module_guard(self, guard: Any) -> None:
+        """Keep a forward's ModuleGuard, merged into an earlier one of the same module tree."""
+        if not any(earlier.merge(guard) for earlier in self.module_guards):
+            self.module_guards.append(guard)
 
     @contextlib.contextmanager
     def active(self) -> Iterator["Tracer"]:
