@@ -25,10 +25,14 @@ train: $(VENV)/.installed-core
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PARALLEL := -n $(JOBS) --dist loadfile
 
-# Everything that guards correctness at small sizes (<= 12 minutes on a 2-core machine). The
+# Everything that guards correctness at small sizes (<= 12 minutes on a 2-core machine), in three
+# pytest runs. tests/ops has its own: numba never frees the machine code it compiles (about 1.6 MiB
+# a kernel; numba issues #5976, #7831), so a worker's memory is the kernels it compiled, and each
+# half of the suite compiles about half of them (a worker peaks near 2 GiB instead of 3.3). The
 # simulator tests need their own process: numba reads NUMBA_ENABLE_CUDASIM at import.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q $(PARALLEL) --durations=20
+	$(PY) -m pytest -q $(PARALLEL) --durations=20 tests/ops
+	$(PY) -m pytest -q $(PARALLEL) --durations=20 --ignore=tests/ops
 	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL)
 
 # The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed

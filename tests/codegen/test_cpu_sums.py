@@ -83,7 +83,7 @@ def test_lane_row_sums_is_the_lane_order(columns):
 
 
 # ------------------------------------------------------------------ kernel source
-def test_an_epilogue_sum_over_the_innermost_loop_uses_lanes(tmp_path):
+def test_an_epilogue_sum_over_the_innermost_loop_uses_lanes():
     """layer_norm's backward on (64, 128): the two row sums dx needs run in lanes over the row and
     are stored once per row; dweight and dbias sum over the outer loop into float64 cells."""
     def step(x, w, b):
@@ -91,7 +91,7 @@ def test_an_epilogue_sum_over_the_innermost_loop_uses_lanes(tmp_path):
         return x.grad, w.grad, b.grad
 
     args = (data((64, 128), 1), data((128,), 2), data((128,), 3))
-    jitted = bendc.jit(step, leaves=("x", "w", "b"), target="cpu", cache_dir=str(tmp_path))
+    jitted = bendc.jit(step, leaves=("x", "w", "b"), target="cpu")
     jitted(*args)
     fused = [source for source in lane_kernels(jitted).values() if "sum_to_size" in source and "_rows" not in source]
     assert fused, jitted.kernels()
@@ -104,13 +104,13 @@ def test_an_epilogue_sum_over_the_innermost_loop_uses_lanes(tmp_path):
     assert re.search(r"out\d\[i0, 0\] = np\.float32\(\(\(s\d+_0 \+ s\d+_1\)", source), source
 
 
-def test_statistics_and_unfused_sums_use_lanes(tmp_path):
+def test_statistics_and_unfused_sums_use_lanes():
     def step(x, m):
         y = F.layer_norm(x, (100,))
         h = x @ m
         return y, h.sum(1), h.sum(0), F.log_softmax(x, 1), x.logsumexp(1)
 
-    jitted = bendc.jit(step, target="cpu", cache_dir=str(tmp_path))
+    jitted = bendc.jit(step, target="cpu")
     jitted(data((50, 100), 4), data((100, 30), 5))
     kernels = jitted.kernels()
     for op in ("norm_mean", "norm_rstd", "sum", "log_softmax", "logsumexp"):
@@ -125,12 +125,12 @@ def test_statistics_and_unfused_sums_use_lanes(tmp_path):
     assert "range(x.shape[1] // 8)" in rstd and "squares / x.shape[1]" in rstd, rstd  # sizes from the shape
 
 
-def test_a_tiny_innermost_loop_is_one_lane_a_cell(tmp_path):
+def test_a_tiny_innermost_loop_is_one_lane_a_cell():
     """A sum over an inner loop of 3 cells (UNROLLED_EXTENT): three lanes, the loop written out."""
     def step(x, w):
         return (x * w).sum(1), x.sum(1)
 
-    jitted = bendc.jit(step, target="cpu", cache_dir=str(tmp_path))
+    jitted = bendc.jit(step, target="cpu")
     x, w = data((500, 3), 6), data((500, 3), 7)
     got = jitted(x, w)
     for source in jitted.kernels().values():
@@ -142,11 +142,11 @@ def test_a_tiny_innermost_loop_is_one_lane_a_cell(tmp_path):
     assert_close(got[1], x.sum(1, dtype=np.float64).astype(np.float32))
 
 
-def test_a_chunked_sum_runs_lanes_in_each_chunk(tmp_path):
+def test_a_chunked_sum_runs_lanes_in_each_chunk():
     def step(x, w):
         return (x * w).sum(), x.sum()
 
-    jitted = bendc.jit(step, target="cpu", cache_dir=str(tmp_path))
+    jitted = bendc.jit(step, target="cpu")
     x, w = data((1100, 1000), 8), data((1100, 1000), 9)  # over PARALLEL_SUM_CELLS: the unfused sum too
     got = jitted(x, w)
     chunked = [s for s in jitted.kernels().values() if "for chunk in prange(16)" in s]
@@ -160,19 +160,19 @@ def test_a_chunked_sum_runs_lanes_in_each_chunk(tmp_path):
 
 # ------------------------------------------------------------------ accuracy against torch
 @pytest.mark.parametrize("offset", (0.0, 1000.0))
-def test_a_long_sum_is_as_accurate_as_torchs(offset, tmp_path):
+def test_a_long_sum_is_as_accurate_as_torchs(offset):
     x = data((1_000_000,), 10, offset)
-    got = bendc.jit(lambda x: x.sum(), target="cpu", cache_dir=str(tmp_path))(x)
+    got = bendc.jit(lambda x: x.sum(), target="cpu")(x)
     assert_as_accurate_as_torch(got, torch.from_numpy(x).sum().numpy(), exact_sums(x[None], 1)[0], "sum of 1e6")
 
 
 @pytest.mark.parametrize("columns", ROW_LENGTHS)
 @pytest.mark.parametrize("offset", (0.0, -300.0))
-def test_row_sums_are_as_accurate_as_torchs(columns, offset, tmp_path):
+def test_row_sums_are_as_accurate_as_torchs(columns, offset):
     """Rows of 7, 8, 9, 1023, 1025 (the lanes' tails), mixed signs around 0 and a large offset: the
     unfused sum, an epilogue sum (x * w summed over the row) and the mean."""
     x, w = data((33, columns), 11, offset), data((33, columns), 12)
-    jitted = bendc.jit(lambda x, w: (x.sum(1), (x * w).sum(1), x.mean(1)), target="cpu", cache_dir=str(tmp_path))
+    jitted = bendc.jit(lambda x, w: (x.sum(1), (x * w).sum(1), x.mean(1)), target="cpu")
     plain, product, mean = jitted(x, w)
     tx, tw = torch.from_numpy(x), torch.from_numpy(w)
     assert_as_accurate_as_torch(plain, tx.sum(1).numpy(), exact_sums(x, 1), "x.sum(1)")
@@ -182,10 +182,10 @@ def test_row_sums_are_as_accurate_as_torchs(columns, offset, tmp_path):
 
 
 @pytest.mark.parametrize("columns", ROW_LENGTHS)
-def test_sums_over_an_outer_loop_and_across_loops(columns, tmp_path):
+def test_sums_over_an_outer_loop_and_across_loops(columns):
     """Sums over the rows (the innermost loop kept) and over both loops."""
     x = data((columns, 37), 13, 50.0)
-    jitted = bendc.jit(lambda x: (x.sum(0), (x * 2.0).sum(), x.T.sum(1)), target="cpu", cache_dir=str(tmp_path))
+    jitted = bendc.jit(lambda x: (x.sum(0), (x * 2.0).sum(), x.T.sum(1)), target="cpu")
     rows, total, transposed = jitted(x)
     tx = torch.from_numpy(x)
     assert_as_accurate_as_torch(rows, tx.sum(0).numpy(), exact_sums(x, 0), "x.sum(0)")
@@ -194,7 +194,7 @@ def test_sums_over_an_outer_loop_and_across_loops(columns, tmp_path):
 
 
 @pytest.mark.parametrize("columns", ROW_LENGTHS[1:])
-def test_row_statistics_match_torch_and_the_reference(columns, tmp_path):
+def test_row_statistics_match_torch_and_the_reference(columns):
     """layer_norm (its statistics in lanes) within float32 rounding of torch's; bit for bit the
     reference's, a row of -0.0 included (its mean is +0.0 in both); softmax, log_softmax and
     logsumexp over the same rows within torch's tolerances."""
@@ -205,7 +205,7 @@ def test_row_statistics_match_torch_and_the_reference(columns, tmp_path):
     def step(x):
         return F.layer_norm(x, (columns,)), F.softmax(x - 100.0, 1), F.log_softmax(x, 1), x.logsumexp(1)
 
-    got = bendc.jit(step, target="cpu", cache_dir=str(tmp_path))(x)
+    got = bendc.jit(step, target="cpu")(x)
     want = bendc.jit(step, target="reference")(x)
     assert_bitwise(got[0], want[0], "layer_norm: cpu statistics as the reference's")
     tx = torch.from_numpy(x)
