@@ -36,11 +36,11 @@ test: $(VENV)/.installed-test
 	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL)
 
 # The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed
-# fuzz sample, the transformer's AOT round trip, more kill points, virtual environments built for
+# fuzz sample, the transformer's AOT round trip, more kill points, 50 steps with kernels of their
+# own (memory), virtual environments built for
 # the lowest dependency bounds and for the wheel on each Python installed (tests/test_packaging.py).
 test-long: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PARALLEL) -m long --durations=0
-	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL) -m long --durations=0
 
 # The lowest numba, llvmlite, numpy, scipy and networkx that pyproject.toml allows, in .venv-bounds.
 test-bounds: $(VENV)/.installed-test
