@@ -199,5 +199,6 @@ def test_cnn_train_step_matches_torch(target: str) -> None:
         assert_close(mine[name], theirs[name], name, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.long  # 40 steps, ~22 s; test_cnn_train_step_matches_torch checks the step in make test
 def test_cnn_loss_falls() -> None:
     assert cnn.main(["--steps", "40", "--target", "cpu"]) == 0

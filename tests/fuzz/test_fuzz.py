@@ -32,7 +32,7 @@ from fuzz_gen import FAMILIES, Program, explicit_program, programs, run_bendc
 from fuzz_known import KNOWN_BUG_FAMILIES, KNOWN_BUG_PROGRAMS, KNOWN_BUG_SHAPES
 from fuzz_ops import OP_TABLE
 
-SAMPLE = {"reference": 300, "cpu": 50}  # programs per target in `make test` (plus the known-bug examples)
+SAMPLE = {"reference": 300, "cpu": 25}  # programs per target in `make test` (plus the known-bug examples)
 # make test-long's larger fixed-seed samples (the cpu's 250 programs, the sample of `make test` until
 # the suite had to fit 12 minutes: each cpu program compiles its kernels, about 1.5 s apiece cold)
 LONG_SAMPLE = {"cpu": 250}

@@ -48,8 +48,15 @@ CONV2D_CASES = {
 }
 
 
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
-@pytest.mark.parametrize("case", list(CONV2D_CASES))
+# Every geometry with a bias; without one (no bias gradient, another epilogue) a few geometries in
+# make test, the rest in make test-long: the bias changes no index arithmetic.
+NO_BIAS_IN_MAKE_TEST = ("basic", "stride2_pad1", "groups", "depthwise")
+CONV2D_PARAMS = [pytest.param(case, bias, id=f"{case}-{'bias' if bias else 'no_bias'}",
+                              marks=() if bias or case in NO_BIAS_IN_MAKE_TEST else pytest.mark.long)
+                 for case in CONV2D_CASES for bias in (True, False)]
+
+
+@pytest.mark.parametrize("case, bias", CONV2D_PARAMS)
 def test_conv2d(case, bias):
     x_shape, w_shape, kwargs = CONV2D_CASES[case]
     inputs = {"x": normal(x_shape, 300), "w": normal(w_shape, 301, 0.5)}
