@@ -12,6 +12,7 @@ the trace (as fuzz_gen.TorchF.dropout does).
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import tempfile
@@ -201,6 +202,20 @@ def _torch_run(model: nn.Module, x: np.ndarray, seed_value: int) -> tuple[float,
                          for p in model.parameters()}
 
 
+def _torch_float64_grads(model: nn.Module, x: np.ndarray, seed_value: int) -> dict[str, np.ndarray]:
+    """The same gradients from a float64 copy of the model (by parameter name, rounded to float32):
+    where a gradient is zero in exact arithmetic (a bias a GroupNorm cancels), torch's float32 one
+    is rounding noise that can pass the absolute tolerance (seen: -2.9e-5 against float64's 5.7e-14,
+    program seed 27266517)."""
+    double = copy.deepcopy(model).double()
+    double.zero_grad(set_to_none=True)
+    with bendc_masks(seed_value):
+        loss = (double(torch.from_numpy(x).double()) ** 2).mean()
+    loss.backward()
+    return {name: (p.grad.numpy().astype(np.float32) if p.grad is not None else np.zeros(p.shape, np.float32))
+            for name, p in double.named_parameters(remove_duplicate=False)}
+
+
 def run_program(program_seed: int, target: str) -> None:
     """One random module tree called CALLS times with random state changes, checked against torch."""
     rng = random.Random(program_seed)
@@ -232,10 +247,15 @@ def run_program(program_seed: int, target: str) -> None:
         expected_loss, expected = _torch_run(model, x, seed_value)
         where = "\n".join(log)
         np.testing.assert_allclose(loss, expected_loss, rtol=2e-4, atol=1e-5, err_msg=where)
+        exact = None  # float64 torch, computed only where float32 torch disagrees
         for name, grad in grads.items():
             want = expected[id(by_name[name])]
             got = np.zeros_like(want) if grad is None else grad
-            np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-5, err_msg=f"{where}\ngradient of {name}")
+            if np.allclose(got, want, rtol=2e-3, atol=2e-5):
+                continue
+            exact = exact if exact is not None else _torch_float64_grads(model, x, seed_value)
+            np.testing.assert_allclose(got, exact[name], rtol=2e-3, atol=2e-5,
+                                       err_msg=f"{where}\ngradient of {name} (torch float32: {want})")
 
 
 def _settings(target: str):
