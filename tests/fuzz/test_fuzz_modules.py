@@ -192,28 +192,23 @@ def _params(rng: random.Random, model: nn.Module, arrays: dict[int, np.ndarray])
     return {name: arrays[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}, "both names"
 
 
-def _torch_run(model: nn.Module, x: np.ndarray, seed_value: int) -> tuple[float, dict[int, np.ndarray]]:
-    """torch eager's loss and gradients by parameter identity, dropout drawing bendc's masks."""
+def _torch_run(model: nn.Module, x: np.ndarray, seed_value: int) -> tuple[float, dict[str, np.ndarray]]:
+    """torch eager's loss and float32 gradients by parameter name (tied names alike), dropout drawing
+    bendc's masks; ``x``'s dtype is the run's (float64 with a ``.double()`` copy of the model)."""
     model.zero_grad(set_to_none=True)
     with bendc_masks(seed_value):
         loss = (model(torch.from_numpy(x)) ** 2).mean()
     loss.backward()
-    return loss.item(), {id(p): (p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, np.float32))
-                         for p in model.parameters()}
+    return loss.item(), {name: (p.grad.numpy().astype(np.float32) if p.grad is not None
+                                else np.zeros(p.shape, np.float32))
+                         for name, p in model.named_parameters(remove_duplicate=False)}
 
 
 def _torch_float64_grads(model: nn.Module, x: np.ndarray, seed_value: int) -> dict[str, np.ndarray]:
-    """The same gradients from a float64 copy of the model (by parameter name, rounded to float32):
-    where a gradient is zero in exact arithmetic (a bias a GroupNorm cancels), torch's float32 one
-    is rounding noise that can pass the absolute tolerance (seen: -2.9e-5 against float64's 5.7e-14,
-    program seed 27266517)."""
-    double = copy.deepcopy(model).double()
-    double.zero_grad(set_to_none=True)
-    with bendc_masks(seed_value):
-        loss = (double(torch.from_numpy(x).double()) ** 2).mean()
-    loss.backward()
-    return {name: (p.grad.numpy().astype(np.float32) if p.grad is not None else np.zeros(p.shape, np.float32))
-            for name, p in double.named_parameters(remove_duplicate=False)}
+    """The same gradients from a float64 copy of the model, rounded to float32: where a gradient is
+    zero in exact arithmetic (a bias a GroupNorm cancels), torch's float32 one is rounding noise that
+    can pass the absolute tolerance (seen: -2.9e-5 against float64's 5.7e-14, program seed 27266517)."""
+    return _torch_run(copy.deepcopy(model).double(), x.astype(np.float64), seed_value)[1]
 
 
 def run_program(program_seed: int, target: str) -> None:
@@ -234,7 +229,6 @@ def run_program(program_seed: int, target: str) -> None:
         loss.backward()
         return loss, bendc.tree.map(lambda p: p.grad, params)
 
-    by_name = dict(model.named_parameters(remove_duplicate=False))
     for call in range(CALLS):
         if call:
             log.append(_change(rng, model))
@@ -249,7 +243,7 @@ def run_program(program_seed: int, target: str) -> None:
         np.testing.assert_allclose(loss, expected_loss, rtol=2e-4, atol=1e-5, err_msg=where)
         exact = None  # float64 torch, computed only where float32 torch disagrees
         for name, grad in grads.items():
-            want = expected[id(by_name[name])]
+            want = expected[name]
             got = np.zeros_like(want) if grad is None else grad
             if np.allclose(got, want, rtol=2e-3, atol=2e-5):
                 continue
