@@ -29,6 +29,7 @@ import functools
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -37,6 +38,7 @@ import numpy as np
 from bendc.artifact import compiler_fingerprint, discard_artifact, index_bounds, versions, write_artifact
 from bendc.autodiff import differentiate
 from bendc.codegen.cache import default_cache_dir, kernel_path, write_kernel
+from bendc.codegen.compile_pool import Profile, precompile
 from bendc.codegen.cpu import render_plan
 from bendc.codegen.memory import plan_memory
 from bendc.codegen.plan import KernelPlan, build_plan, describe_plan, plan_stats
@@ -50,7 +52,7 @@ from bendc.ir.types import TensorType
 from bendc.ir.verify import verify
 from bendc.passes import PassContext, Pipeline
 from bendc.trace import Tensor, Tracer
-from bendc import tree
+from bendc import logs, tree
 from bendc.tree import Template
 from runtime.artifact import ArtifactInvalid, ArtifactUntrusted, load_module, load_program, read_stages, read_text
 from runtime.cuda import numba_cuda_installed
@@ -187,7 +189,11 @@ def bind_cpu(plan: dict, kernels: dict[str, Callable], final_ir: Callable[[], Gr
 Progress = Callable[[int, int, str], None]  # (kernel number from 1, kernel count, kernel name)
 
 
-def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress: Progress | None = None) -> Built:
+def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress: Progress | None = None,
+              profile: Profile | None = None) -> Built:
+    """Plan, render, write and import the kernel modules, compile them (on every core:
+    bendc/codegen/compile_pool.py) and bind the plan."""
+    started = time.perf_counter()
     plan = build_plan(graph)
     render_plan(plan, graph)
     decisions = plan_memory(plan, donated_params(graph, donate))
@@ -201,8 +207,11 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
         step.module = write_kernel(cache_dir, step.source)
         modules[step.module] = load_module(kernel_path(cache_dir, step.module), step.module)
         kernels[step.name] = modules[step.module].kernel
-    expect(sum(1 for function in dispatchers(modules.values()) if not function.overloads))  # to compile
     plan_json = plan.to_json()
+    if profile is not None:
+        profile.stages["plan+render"] = time.perf_counter() - started
+    precompile(plan_json, modules, {m: kernel_path(cache_dir, m) for m in modules}, profile)
+    expect(sum(1 for function in dispatchers(modules.values()) if not function.overloads))  # to compile
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
     final_ir = lambda: graph  # noqa: E731
     return Built(cpu_runner(plan_json, bind_cpu(plan_json, kernels, final_ir), final_ir),
@@ -288,11 +297,11 @@ def build_cuda_artifact(graph: Graph, cache_dir: str, arch: str, progress: Progr
 
 
 def build(target: str, graph: Graph, cache_dir: str | None, donate: Sequence[str] = (),
-          progress: Progress | None = None) -> Built:
+          progress: Progress | None = None, profile: Profile | None = None) -> Built:
     if target == "reference":
         return build_reference(graph)
     if target == "cpu":
-        return build_cpu(graph, cache_dir or default_cache_dir(), donate, progress)
+        return build_cpu(graph, cache_dir or default_cache_dir(), donate, progress, profile)
     if target == "cuda":
         return build_cuda(graph, cache_dir or default_cache_dir(), donate)
     raise AssertionError(f"no builder for target {target}")
@@ -395,6 +404,7 @@ def compile_step(request: Request) -> Executable:
     """Trace, differentiate, run the passes and build (or load the cached program)."""
     check_trust(request)
     name = request.fn.__name__
+    profile, started = Profile(), time.perf_counter()
     tracer = Tracer(name, request.data_parallel)
     tensors: dict[str, Tensor] = {}
     for parameter, type in request.types:
@@ -433,18 +443,26 @@ def compile_step(request: Request) -> Executable:
                     dump.write(stage, text)
             return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape, cached.template,
                               cached.report, cached.run, cached.kernels, cached.stats).guarded(tracer.module_guards)
+    profile.stages["trace"] = time.perf_counter() - started
+    started = time.perf_counter()
     graph = differentiate(traced)
     verify(graph, "autodiff", allow_placeholders=False)
     on_stage("autodiff", graph)
+    profile.stages["autodiff"] = time.perf_counter() - started
+    started = time.perf_counter()
     target = "cuda" if request.cuda_arch is not None else request.target
     context = PassContext(target=target)
     graph = Pipeline(request.passes).run(graph, context, on_stage)
     on_stage("final", graph)
+    profile.stages["passes"] = time.perf_counter() - started
     if request.cuda_arch is not None:
         built = build_cuda_artifact(graph, request.cache_dir or default_cache_dir(), request.cuda_arch,
                                     request.progress, request.donate)
     else:
-        built = build(target, graph, request.cache_dir, request.donate, request.progress)
+        built = build(target, graph, request.cache_dir, request.donate, request.progress, profile)
+    if logs.enabled("compile"):
+        for line in profile.lines(name):
+            logs.LOGGER.info("%s", line)
     report = _report(name, target, context, graph, built.report, built.plan)
     tape = tracer.tape()
     destination = request.artifact if request.artifact is not None else entry

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import os
 import re
 import warnings
@@ -18,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bendc import tree
+from bendc import logs, tree
 from bendc.compile import Executable, Progress, Request, compile_step, cuda_status
 from bendc.errors import BendcError, SignatureError, UnsupportedError, user_location
 from bendc.ir.types import TensorType, dtype_name
@@ -33,7 +32,7 @@ TARGETS = ("auto", "cpu", "cuda", "reference")
 # cuda where numba-cuda imports and a GPU is usable, or under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1).
 IMPLEMENTED_TARGETS = ("reference", "cpu") + (("cuda",) if cuda_status() else ())
 DEFAULT_RECOMPILE_LIMIT = 8  # like torch.compile's recompile_limit
-LOGGER = logging.getLogger("bendc")
+LOGGER = logs.LOGGER
 
 
 class RecompileWarning(UserWarning):
@@ -41,17 +40,8 @@ class RecompileWarning(UserWarning):
 
 
 def _logging_recompiles() -> bool:
-    """BENDC_LOG names "recompiles" (comma-separated, like TORCH_LOGS): the bendc logger then logs
-    each recompile at INFO level, through a stderr handler added once where it has none."""
-    if "recompiles" not in os.environ.get("BENDC_LOG", "").replace(" ", "").split(","):
-        return False
-    if not LOGGER.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[bendc] %(message)s"))
-        LOGGER.addHandler(handler)
-    if LOGGER.getEffectiveLevel() > logging.INFO:
-        LOGGER.setLevel(logging.INFO)
-    return True
+    """BENDC_LOG names "recompiles" (bendc/logs.py): each recompile is logged at INFO level."""
+    return logs.enabled("recompiles")
 
 
 def _describe_spec(spec: tuple) -> str:

@@ -47,6 +47,20 @@ def kernel_cache(tmp_path_factory, signing_key):
         yield str(path)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compile_workers():
+    """Kernels compile in the test's own process (BENDC_COMPILE_WORKERS=0, unless the caller set it):
+    the suite already runs a worker per core (pytest-xdist), and a compile worker's start would cost
+    more than most tests' few small kernels take. The pool's own tests set it
+    (tests/codegen/test_compile_pool.py, tests/test_cache_safety.py)."""
+    if os.environ.get("BENDC_COMPILE_WORKERS"):
+        yield os.environ["BENDC_COMPILE_WORKERS"]
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BENDC_COMPILE_WORKERS", "0")
+        yield "0"
+
+
 def assert_bitwise(actual, expected, what: str = "") -> None:
     """Same float32 bits (so -0.0 and +0.0 differ; NaNs compare by pattern)."""
     actual = np.asarray(actual, dtype=np.float32)
@@ -117,3 +131,32 @@ def pytest_runtest_teardown(item, nextitem):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(f"{prefix}.{worker}", "a") as log:
             log.write(f"{item.nodeid}\t{_resident_kb()}\t{time.time():.3f}\n")
+
+
+# Compile time per kernel (issue 24): BENDC_TEST_COMPILES=PREFIX appends "seconds<TAB>parallel<TAB>
+# module.function<TAB>test" for every numba compile (its own time, nested compiles excluded) to
+# PREFIX.<worker>. tests/rss_report.py --compiles sums it up.
+if os.environ.get("BENDC_TEST_COMPILES"):
+    from numba.core import event as _numba_event
+
+    class _CompileLog(_numba_event.Listener):
+        def __init__(self) -> None:
+            self.stack: list[list[float]] = []
+
+        def on_start(self, event) -> None:
+            self.stack.append([time.perf_counter(), 0.0])
+
+        def on_end(self, event) -> None:
+            start, nested = self.stack.pop()
+            spent = time.perf_counter() - start
+            if self.stack:
+                self.stack[-1][1] += spent
+            dispatcher = event.data["dispatcher"]
+            parallel = bool(getattr(dispatcher, "targetoptions", {}).get("parallel"))
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+            with open(f"{os.environ['BENDC_TEST_COMPILES']}.{worker}", "a") as log:
+                log.write(f"{spent - nested:.4f}\t{int(parallel)}\t{dispatcher.py_func.__module__}."
+                          f"{dispatcher.py_func.__name__}\t{test}\n")
+
+    _numba_event.register("numba:compile", _CompileLog())

@@ -29,7 +29,9 @@ import cache_worker  # noqa: E402
 
 
 def start(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # A cold compile here runs on the process pool (bendc/codegen/compile_pool.py): its workers write
+    # into the same cache, and a kill of the compiling process must leave nothing half-trusted.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENDC_COMPILE_WORKERS": "1"}
     return subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=ROOT)
 

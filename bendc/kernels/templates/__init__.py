@@ -11,7 +11,10 @@ import re
 from functools import lru_cache
 
 _TEMPLATE_MARKER = "# ---------------------------------------------------------------- TEMPLATE\n"
-_CPU_DECORATOR = '@njit(inline="always", cache=True, error_model="numpy")'
+# CPU helpers are ordinary njit functions: LLVM inlines them into the kernel after linking (the same
+# machine code and bits), where numba's own inline="always" typed a copy per call site: a kernel
+# calling bendc_exp at 9 sites (a sum in 8 lanes) took 2.3 s to compile inlined, 1.2 s not.
+_CPU_DECORATOR = '@njit(cache=True, error_model="numpy")'
 _CUDA_DECORATOR = '@cuda.jit(device=True, inline="always")'  # inlined: PTX builds need no device link
 
 # helper function name -> the template file that defines it
@@ -26,7 +29,7 @@ def template_text(file: str) -> str:
 
 
 def helper_functions(body: str, target: str) -> str:
-    """The source of the helpers ``body`` calls, decorated for ``target`` ("cpu": inlined njit;
+    """The source of the helpers ``body`` calls, decorated for ``target`` ("cpu": njit;
     "cuda": an inlined device function), or "" where it calls none."""
     files = sorted({file for name, file in HELPERS.items() if re.search(rf"\b{name}\(", body)})
     parts = []

@@ -4,7 +4,7 @@ the constants of Random123), in uint64 arithmetic that numba types the same on t
 A 32-bit word is held in a uint64 (masked after each add); a 32 x 32-bit product fits a uint64, its
 high and low words are a shift and a mask. Every constant is a ``np.uint64``: numba types a uint64
 mixed with a plain int as float64. The CPU renderer copies the function into generated modules as
-an inlined njit function; the CUDA renderer as an inlined device function (the same text with the
+an njit function (LLVM inlines it); the CUDA renderer as an inlined device function (the same text with the
 decorator swapped, bendc/kernels/templates/__init__.py). The numpy reference of the ops that call it
 (bendc/ops/random.py) computes the same words over whole arrays; tests/ops/test_ops_random.py checks
 both against Random123's known-answer vectors.
@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 # ---------------------------------------------------------------- TEMPLATE
-@njit(inline="always", cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def bendc_philox(seed, index, offset):
     """Word 0 of Philox-4x32-10 at the counter (index low, index high, offset, 0) under the key
     (seed low, seed high): a uniform 32-bit word per (seed, offset, index)."""
