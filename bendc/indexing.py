@@ -320,6 +320,13 @@ def _aliases(x) -> set[int]:
     return seen
 
 
+def _broadcasts(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether a value of ``shape`` broadcasts to ``target`` (PyTorch's rule for written values)."""
+    if len(shape) > len(target):
+        return False
+    return all(size in (1, wanted) for size, wanted in zip(reversed(shape), reversed(target)))
+
+
 def _numpy_key(x, key, loc):
     """The key for numpy (static entries only), to find the positions it writes."""
     entries = list(key) if isinstance(key, tuple) else [key]
@@ -360,7 +367,7 @@ def _written(x, key, value, loc):
         if key.shape != x.shape[:key.ndim]:
             raise ShapeError(f"the mask {key.type} must have the leading shape of {x.type}", loc=loc, op="index_put")
         value = tracer.value(value, "index_put")
-        if value.ndim > x.ndim - key.ndim or np.broadcast_shapes(value.shape, x.shape[key.ndim:]) != x.shape[key.ndim:]:
+        if not _broadcasts(value.shape, x.shape[key.ndim:]):
             raise ShapeError(f"x[mask] = value: value {value.type} must broadcast to the selected rows' shape "
                              f"{list(x.shape[key.ndim:])} (a selection of data-dependent length is not supported)",
                              loc=loc, op="index_put")
@@ -377,7 +384,7 @@ def _written(x, key, value, loc):
     target = getitem(x, key, loc)  # the shape the value broadcasts to, by bendc's own rules
     value = tracer.value(value, "index_put")._as_float()
     shape = target.shape
-    if value.ndim > len(shape) or tuple(np.broadcast_shapes(value.shape, shape)) != shape:
+    if not _broadcasts(value.shape, shape):
         raise ShapeError(f"x[key] = value: value {value.type} does not broadcast to x[key]'s shape {list(shape)}",
                          loc=loc, op="index_put")
     if written.size == 0:
