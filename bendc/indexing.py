@@ -253,6 +253,20 @@ class MaskedSelection:
     def __getitem__(self, key):
         self.refuse("index")
 
+    def _refused_operator(op: str):
+        def refuse(self, *others):
+            self.refuse(op)
+
+        refuse.__name__ = op
+        return refuse
+
+    for _dunder, _op in (("add", "add"), ("radd", "add"), ("sub", "sub"), ("rsub", "sub"), ("mul", "mul"),
+                         ("rmul", "mul"), ("truediv", "div"), ("rtruediv", "div"), ("pow", "pow"), ("rpow", "pow"),
+                         ("matmul", "matmul"), ("rmatmul", "matmul"), ("neg", "neg"), ("lt", "lt"), ("le", "le"),
+                         ("gt", "gt"), ("ge", "ge"), ("abs", "abs")):
+        locals()[f"__{_dunder}__"] = _refused_operator(_op)
+    del _dunder, _op, _refused_operator
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "torch")
