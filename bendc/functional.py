@@ -635,6 +635,8 @@ def _attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, sc
     return out.reshape(batch, heads, t, v.shape[3])
 # ------------------------------------------------------------------ shapes, selection, powers (issue 14)
 from bendc.tensor_ops import cat, pad, stack, where  # noqa: E402,F401  (torch's names and semantics)
+from bendc.tensor_ops import (arange, empty, empty_like, eye, full, full_like, linspace, one_hot,  # noqa: E402,F401
+                              ones, ones_like, tensor, zeros, zeros_like)  # tensor creation (issue 22)
 
 concat = cat
 

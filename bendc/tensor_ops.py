@@ -113,6 +113,8 @@ class TensorOps:
                                    f"{type(other).__name__} is not supported (tensors and numbers)",
                                    loc=user_location(), op=op)
         with self.tracer.at_user_line(op):
+            if self.type.is_index and isinstance(other, (int, np.integer)) and not isinstance(other, (bool, np.bool_)):
+                other = self.tracer.int_const(int(other), self.dtype)  # exact for every int (float32 is not)
             other = self._operand(other, op)
             a, b = self, other
             if not (a.type.is_index and b.type.is_index):
@@ -194,6 +196,8 @@ class TensorOps:
             if dtype is None:
                 return self
             name = dtype_text(dtype)
+            if _DTYPE_NAMES.get(name) in ("i64", "i32"):
+                return self._to_int(_DTYPE_NAMES[name], "to")
             if name not in _FLOAT_NAMES:
                 raise UnsupportedError(f"to({name}) of {self.type}: bendc computes in float32 only "
                                        "(bfloat16, float16, float64 and integer results are not supported)",
@@ -207,8 +211,20 @@ class TensorOps:
     def double(self): self._unsupported_cast("double")
     def half(self): self._unsupported_cast("half")
     def bfloat16(self): self._unsupported_cast("bfloat16")
-    def long(self): self._unsupported_cast("long")
-    def int(self): self._unsupported_cast("int")
+
+    def _to_int(self, dtype: str, op: str):
+        with self.tracer.at_user_line(op):
+            if self.dtype == dtype:
+                return self
+            return self.tracer.emit("to_int", (self.id,), dtype=dtype)
+
+    def long(self):
+        """int64: bools as 1 / 0, floats truncated toward zero (no gradient)."""
+        return self._to_int("i64", "long")
+
+    def int(self):
+        """int32: bools as 1 / 0, floats truncated toward zero (no gradient)."""
+        return self._to_int("i32", "int")
 
     def cpu(self):
         """A no-op: the jit target places the data."""
@@ -520,3 +536,264 @@ def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: Any = Non
             if len(parts) > 1:
                 out = tracer.emit("concat", tuple(p.id for p in parts), axis=axis)
         return out
+
+
+# ------------------------------------------------------------------ creation (issue 22): constants of the graph
+# torch's creation functions inside a traced function: the values are constants of the graph (iota,
+# literal and const ops, folded into the kernels that read them); ``device=`` is accepted and ignored
+# (the jit target places data), ``dtype=`` is float32, int64, int32 or bool.
+_DTYPE_NAMES = {"float32": "f32", "float": "f32", "int64": "i64", "long": "i64", "int32": "i32", "int": "i32",
+                "bool": "bool"}
+_TORCH_DTYPE = {"f32": "float32", "i64": "int64", "i32": "int32", "bool": "bool"}
+_IGNORED = ("device", "layout", "pin_memory", "memory_format", "names", "generator")
+
+
+def _creation_tracer(op: str, values: Sequence[Any] = ()):
+    from bendc.trace import active_tracer
+
+    for value in values:
+        if isinstance(value, TensorOps):
+            return value.tracer
+    return active_tracer(op)
+
+
+def ir_dtype(dtype: Any, default: str, op: str, loc) -> str:
+    """bendc's dtype name for a torch or numpy dtype (None: ``default``), or an UnsupportedError."""
+    if dtype is None:
+        return default
+    name = _DTYPE_NAMES.get(dtype_text(dtype))
+    if name is None:
+        raise UnsupportedError(f"{op}(dtype={dtype_text(dtype)}): bendc computes in float32 with int64, int32 and "
+                               "bool tensors (bfloat16, float16 and float64 are not supported)", loc=loc, op=op)
+    return name
+
+
+def torch_dtype_name(dtype: str) -> str:
+    """The torch name of a bendc dtype: "f32" -> "float32"."""
+    return _TORCH_DTYPE[dtype]
+
+
+def _creation_options(op: str, kwargs: dict, loc) -> Any:
+    """The dtype of a creation call's keyword arguments; device and layout options are accepted."""
+    dtype = kwargs.pop("dtype", None)
+    for key in _IGNORED:
+        kwargs.pop(key, None)
+    if kwargs.pop("requires_grad", False):
+        raise UnsupportedError(f"{op}(requires_grad=True): a tensor made inside a traced function is a constant; "
+                               "name a parameter of the jitted function in jit(leaves=...) instead", loc=loc, op=op)
+    if kwargs.pop("out", None) is not None:
+        raise UnsupportedError(f"{op}(out=...) is not supported", loc=loc, op=op)
+    if kwargs:
+        raise UnsupportedError(f"{op}: arguments {sorted(kwargs)} are not supported", loc=loc, op=op)
+    return dtype
+
+
+def _static_number(value: Any, name: str, op: str, loc) -> Any:
+    if isinstance(value, TensorOps):
+        raise UnsupportedError(f"{op}: {name} must be a Python number, not a traced tensor {value.type} (the shape "
+                               "of a made tensor is known while tracing)", loc=loc, op=op)
+    if type(value).__module__.startswith("torch") and getattr(value, "shape", None) == ():
+        value = value.item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if not _is_number(value):
+        raise UnsupportedError(f"{op}: {name} must be a number, got {type(value).__name__}", loc=loc, op=op)
+    return value
+
+
+def filled(tracer, shape: tuple[int, ...], value: Any, dtype: str):
+    """A constant tensor of ``shape`` holding ``value`` (of bendc dtype ``dtype``)."""
+    if dtype == "f32":
+        scalar = tracer.const(float(value))
+        return scalar if not shape else tracer.emit("expand", (scalar.id,), shape=shape)
+    if dtype == "bool":
+        zeros = tracer.emit("iota", (), shape=shape, dim=0, start=0, step=0, dtype="i64")
+        return tracer.emit("eq" if value else "ne", (zeros.id, zeros.id))
+    return tracer.emit("iota", (), shape=shape, dim=0, start=int(value), step=0, dtype=dtype)
+
+
+def full(size: Any, fill_value: Any, **kwargs: Any):
+    """torch.full: ``size`` filled with ``fill_value``; dtype from the value (float32, int64, bool) unless given."""
+    tracer = _creation_tracer("full")
+    with tracer.at_user_line("full") as builder:
+        dtype = _creation_options("full", kwargs, builder.loc)
+        shape = _sizes((size,) if not isinstance(size, (tuple, list)) else (tuple(size),), "full", builder.loc)
+        value = _static_number(fill_value, "fill_value", "full", builder.loc)
+        default = "bool" if isinstance(value, bool) else ("i64" if isinstance(value, int) else "f32")
+        return filled(tracer, shape, value, ir_dtype(dtype, default, "full", builder.loc))
+
+
+def _filled_function(op: str, value: int):
+    def make(*size: Any, **kwargs: Any):
+        tracer = _creation_tracer(op)
+        with tracer.at_user_line(op) as builder:
+            dtype = ir_dtype(_creation_options(op, kwargs, builder.loc), "f32", op, builder.loc)
+            return filled(tracer, _sizes(size, op, builder.loc), value, dtype)
+
+    make.__name__ = op
+    make.__doc__ = (f"torch.{op}: a constant of the sizes given, {value} everywhere (float32 unless dtype= says)"
+                    + ("; torch leaves the values unset, bendc gives zeros" if op == "empty" else "") + ".")
+    return make
+
+
+zeros = _filled_function("zeros", 0)
+ones = _filled_function("ones", 1)
+empty = _filled_function("empty", 0)
+
+
+def _like_function(op: str, value: int | None):
+    def make(input: Any, *args: Any, **kwargs: Any):
+        tracer = _creation_tracer(op, (input,))
+        with tracer.at_user_line(op) as builder:
+            if not isinstance(input, TensorOps):
+                raise UnsupportedError(f"{op} takes a traced tensor, got {type(input).__name__}", loc=builder.loc,
+                                       op=op)
+            fill = value
+            if value is None:  # full_like(input, fill_value)
+                if not args and "fill_value" not in kwargs:
+                    raise UnsupportedError("full_like needs a fill_value", loc=builder.loc, op=op)
+                fill = _static_number(args[0] if args else kwargs.pop("fill_value"), "fill_value", op, builder.loc)
+            elif args:
+                raise UnsupportedError(f"{op}: unexpected arguments {args!r}", loc=builder.loc, op=op)
+            dtype = ir_dtype(_creation_options(op, kwargs, builder.loc), input.dtype, op, builder.loc)
+            return filled(tracer, input.shape, fill, dtype)
+
+    make.__name__ = op
+    make.__doc__ = f"torch.{op}: a constant of input's shape and dtype (unless dtype= says)."
+    return make
+
+
+zeros_like = _like_function("zeros_like", 0)
+ones_like = _like_function("ones_like", 1)
+empty_like = _like_function("empty_like", 0)
+full_like = _like_function("full_like", None)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, **kwargs: Any):
+    """torch.arange: start, start + step, ... up to end (excluded); int64 when every bound is an int,
+    else float32 (start + step * i computed in double, rounded once, as PyTorch's scalar loop)."""
+    tracer = _creation_tracer("arange")
+    with tracer.at_user_line("arange") as builder:
+        dtype = _creation_options("arange", kwargs, builder.loc)
+        if end is None:
+            start, end = 0, start
+        start, end, step = (_static_number(v, name, "arange", builder.loc)
+                            for v, name in ((start, "start"), (end, "end"), (step, "step")))
+        if step == 0 or (end - start) * step < 0 and end != start:
+            raise ShapeError(f"arange({start}, {end}, {step}): the step must be non-zero and point from start to "
+                             "end", loc=builder.loc, op="arange")
+        integral = all(isinstance(v, int) for v in (start, end, step))
+        dtype = ir_dtype(dtype, "i64" if integral else "f32", "arange", builder.loc)
+        count = max(int(math.ceil((end - start) / step)), 0)
+        if dtype == "bool":
+            raise UnsupportedError("arange(dtype=bool) is not supported", loc=builder.loc, op="arange")
+        if dtype == "f32":
+            return tracer.emit("iota", (), shape=(count,), dim=0, start=f32_value(start), step=f32_value(step),
+                               dtype="f32")
+        if not (float(start).is_integer() and float(step).is_integer()):
+            raise UnsupportedError(f"arange({start}, {end}, {step}, dtype={torch_dtype_name(dtype)}) with fractional "
+                                   "bounds is not supported", loc=builder.loc, op="arange")
+        return tracer.emit("iota", (), shape=(count,), dim=0, start=int(start), step=int(step), dtype=dtype)
+
+
+def linspace(start: Any, end: Any, steps: int, **kwargs: Any):
+    """torch.linspace: ``steps`` float32 values from start to end, PyTorch's scalar formula: step =
+    (end - start) / (steps - 1) in float32; start + step * i for i < steps // 2, else end - step *
+    (steps - 1 - i). (PyTorch's vectorized loop rounds some interior values differently, within 1 ulp.)"""
+    tracer = _creation_tracer("linspace")
+    with tracer.at_user_line("linspace") as builder:
+        dtype = ir_dtype(_creation_options("linspace", kwargs, builder.loc), "f32", "linspace", builder.loc)
+        if dtype != "f32":
+            raise UnsupportedError("linspace makes float32 values only", loc=builder.loc, op="linspace")
+        start = f32_value(_static_number(start, "start", "linspace", builder.loc))
+        end = f32_value(_static_number(end, "end", "linspace", builder.loc))
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise ShapeError(f"linspace steps must be a non-negative int, got {steps!r}", loc=builder.loc,
+                             op="linspace")
+        steps = int(steps)
+        if steps <= 1:
+            return tracer.emit("literal", (), shape=(steps,), dtype="f32", values=(start,) * steps)
+        step = float(np.float32(np.float32(end) - np.float32(start)) / np.float32(steps - 1))
+        index = tracer.emit("iota", (), shape=(steps,), dim=0, start=0.0, step=1.0, dtype="f32")
+        rising = tracer.const(start) + tracer.const(step) * index
+        falling = tracer.const(end) - tracer.const(step) * (tracer.const(float(steps - 1)) - index)
+        return where(index < float(steps // 2), rising, falling)
+
+
+def eye(n: int, m: int | None = None, **kwargs: Any):
+    """torch.eye: an n x m (m = n by default) matrix, 1 on the diagonal, 0 elsewhere."""
+    tracer = _creation_tracer("eye")
+    with tracer.at_user_line("eye") as builder:
+        dtype = ir_dtype(_creation_options("eye", kwargs, builder.loc), "f32", "eye", builder.loc)
+        n = _sizes((n,), "eye", builder.loc)[0]
+        m = n if m is None else _sizes((m,), "eye", builder.loc)[0]
+        rows = tracer.emit("iota", (), shape=(n, m), dim=0, start=0, step=1, dtype="i64")
+        columns = tracer.emit("iota", (), shape=(n, m), dim=1, start=0, step=1, dtype="i64")
+        diagonal = tracer.emit("eq", (rows.id, columns.id))
+        if dtype == "bool":
+            return diagonal
+        if dtype == "f32":
+            return diagonal._as_float()
+        return tracer.emit("to_int", (diagonal.id,), dtype=dtype)
+
+
+def _flatten_data(data: Any, op: str, loc) -> tuple[tuple[int, ...], list]:
+    """The shape and row-major values of nested lists / tuples of numbers (or a numpy array)."""
+    if isinstance(data, TensorOps):
+        raise UnsupportedError(f"{op} of a traced tensor: use it directly (or .detach())", loc=loc, op=op)
+    if isinstance(data, np.ndarray):
+        return tuple(int(d) for d in data.shape), data.reshape(-1).tolist()
+    if type(data).__module__.startswith("torch") and hasattr(data, "shape"):
+        return tuple(int(d) for d in data.shape), data.reshape(-1).tolist()
+    if isinstance(data, (list, tuple)):
+        parts = [_flatten_data(item, op, loc) for item in data]
+        shapes = {shape for shape, _ in parts}
+        if len(shapes) > 1:
+            raise ShapeError(f"{op}: the nested sequences have unequal lengths ({sorted(shapes)})", loc=loc, op=op)
+        inner = shapes.pop() if shapes else ()
+        return (len(data),) + inner, [value for _, values in parts for value in values]
+    return (), [_static_number(data, "data", op, loc)]
+
+
+def tensor(data: Any, **kwargs: Any):
+    """torch.tensor / torch.as_tensor of numbers or nested lists: a constant (a ``literal`` of at most
+    4096 values; one float is a ``const``); dtype from the values (bool, int64, float32) unless given."""
+    tracer = _creation_tracer("tensor")
+    with tracer.at_user_line("tensor") as builder:
+        dtype = _creation_options("tensor", kwargs, builder.loc)
+        shape, values = _flatten_data(data, "tensor", builder.loc)
+        values = [_static_number(v, "data", "tensor", builder.loc) for v in values]
+        if all(isinstance(v, bool) for v in values) and values:
+            default = "bool"
+        elif all(isinstance(v, int) for v in values) and values:
+            default = "i64"
+        else:
+            default = "f32"
+        dtype = ir_dtype(dtype, default, "tensor", builder.loc)
+        if dtype == "f32":
+            if not shape:
+                return tracer.const(float(values[0]))
+            converted = tuple(f32_value(float(v)) for v in values)
+        elif dtype == "bool":
+            converted = tuple(bool(v) for v in values)
+        else:
+            converted = tuple(int(v) for v in values)  # a float value truncated toward zero, as PyTorch's
+        return tracer.emit("literal", (), shape=shape, dtype=dtype, values=converted)
+
+
+def one_hot(input: Any, num_classes: int = -1):
+    """torch.nn.functional.one_hot: int64 (..., num_classes), 1 where the class is input's value.
+    num_classes must be given (PyTorch's default, the largest value + 1, depends on the data)."""
+    tracer = _creation_tracer("one_hot", (input,))
+    with tracer.at_user_line("one_hot") as builder:
+        if not isinstance(input, TensorOps) or not input.type.is_index:
+            what = input.type if isinstance(input, TensorOps) else type(input).__name__
+            raise UnsupportedError(f"one_hot takes an int64 or int32 tensor, got {what}", loc=builder.loc,
+                                   op="one_hot")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+            raise UnsupportedError(f"one_hot(num_classes={num_classes!r}): give the number of classes (the default, "
+                                   "the largest value + 1, depends on the data)", loc=builder.loc, op="one_hot")
+        shape = input.shape + (int(num_classes),)
+        classes = tracer.emit("iota", (), shape=shape, dim=len(shape) - 1, start=0, step=1, dtype=input.dtype)
+        widened = input.reshape(input.shape + (1,))
+        return tracer.emit("to_int", (tracer.emit("eq", (widened.id, classes.id)).id,), dtype="i64")

@@ -25,7 +25,7 @@ import numpy as np
 from bendc import functional as F
 from bendc.errors import UnsupportedError, user_location
 from bendc.ops.base import METHODS
-from bendc.trace import TORCH_FUNCTION, Tensor, matmul
+from bendc.trace import TORCH_FUNCTION, TORCH_METHODS, TORCH_MODE, TORCH_ORIGINS, Tensor, matmul
 
 # ------------------------------------------------------------------ operands
 def _operand(value: Any, name: str) -> Any:
@@ -36,9 +36,9 @@ def _operand(value: Any, name: str) -> Any:
     if type(value).__module__.startswith("torch") and hasattr(value, "shape") and hasattr(value, "item"):
         if tuple(value.shape) == ():
             return float(value.item())
-        raise UnsupportedError(f"{name}: a torch tensor constant of shape {list(value.shape)} inside a traced "
-                               "function is not supported; pass it as an array parameter of the jitted "
-                               "function (or as a buffer in bendc.functional_call's dict)",
+        from bendc.trace import refused_constant
+
+        raise UnsupportedError(refused_constant(value, name) + " (or as a buffer in bendc.functional_call's dict)",
                                loc=user_location(), op=name)
     return value
 
@@ -590,3 +590,100 @@ for _name in ("max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "l
 
 
 TORCH_FUNCTION[:] = [torch_function]
+
+
+# ---- tensor creation inside a traced function (issue 22): constants of the graph
+def _one_hot(tensor, num_classes=-1):
+    return F.one_hot(tensor, num_classes)
+
+
+def _floor_divide(input, other, out=None):
+    _defaults("floor_divide", {"out": out}, out=None)
+    return input // other
+
+
+def _remainder(input, other, out=None):
+    _defaults("remainder", {"out": out}, out=None)
+    return input % other
+
+
+def _getitem(input, key):
+    if not isinstance(input, Tensor):  # a torch constant indexed by a traced index
+        from bendc.trace import refused_constant
+
+        raise UnsupportedError(refused_constant(input, "index"), loc=user_location(), op="index")
+    return input[key]
+
+
+def _clone(input, memory_format=None):
+    return input.clone()
+
+
+_one_hot.bendc = "`bendc.functional.one_hot` (num_classes given)"
+_floor_divide.bendc = _remainder.bendc = "`a // n`, `a % n` (an integer tensor by a positive int)"
+_getitem.bendc = "`x[key]` (ints, slices, None, ..., lists, integer tensors, bool masks into a reduction)"
+_clone.bendc = "`Tensor.clone`"
+
+CREATION_FUNCTIONS: dict[str, Callable] = {
+    f"torch.{name}": getattr(F, name) for name in (
+        "arange", "zeros", "ones", "empty", "full", "eye", "linspace", "tensor", "zeros_like", "ones_like",
+        "empty_like", "full_like")}
+CREATION_FUNCTIONS["torch.as_tensor"] = F.tensor
+for _name, _function in CREATION_FUNCTIONS.items():
+    _function.bendc = f"`bendc.functional.{_function.__name__}` (a constant of the graph)"
+TORCH_FUNCTIONS.update(CREATION_FUNCTIONS)
+TORCH_FUNCTIONS.update({
+    "torch.nn.functional.one_hot": _one_hot,
+    "torch.floor_divide": _floor_divide, "torch.Tensor.__floordiv__": _floor_divide,
+    "torch.Tensor.floor_divide": _floor_divide, "torch.remainder": _remainder, "torch.Tensor.__mod__": _remainder,
+    "torch.Tensor.remainder": _remainder, "torch.Tensor.__getitem__": _getitem, "torch.Tensor.clone": _clone,
+    "torch.clone": _clone,
+    **{f"torch.Tensor.{name}": _tensor_method(name) for name in ("long", "int", "float", "cpu")},
+})
+# torch.Tensor methods reach traced tensors by name too (x.add(y), x.index_select(0, i)): bendc.trace's
+# Tensor.__getattr__ reads this for names it does not define.
+TORCH_METHODS.update({name.rpartition(".")[2]: handler for name, handler in TORCH_FUNCTIONS.items()
+                      if name.startswith("torch.Tensor.") and not name.rpartition(".")[2].startswith("__")})
+
+
+def _traced_among(values: Any) -> bool:
+    if isinstance(values, Tensor):
+        return True
+    if isinstance(values, (list, tuple)):
+        return any(_traced_among(v) for v in values)
+    if isinstance(values, dict):
+        return any(_traced_among(v) for v in values.values())
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _creation_mode_class() -> type:
+    """The torch function mode active while a function is traced: torch's creation functions called
+    without a traced operand (``torch.arange(t, device=idx.device)``) make constants of the graph; any
+    other torch function runs as torch runs it, and a tensor it makes is remembered with the user's line,
+    so that bendc can name that line if the tensor is used as an operand."""
+    from torch.overrides import TorchFunctionMode
+
+    class CreationMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = torch_name(func)
+            handler = CREATION_FUNCTIONS.get(name)
+            if handler is not None and not _traced_among((args, kwargs)):
+                return handler(*args, **kwargs)
+            result = func(*args, **kwargs)
+            if type(result).__module__.startswith("torch") and hasattr(result, "shape") and not _traced_among(
+                    (args, kwargs)):
+                TORCH_ORIGINS[id(result)] = (user_location(), name)
+            return result
+
+    return CreationMode
+
+
+def creation_mode() -> Any:
+    """A fresh CreationMode (bendc.trace enters one for each trace, where torch is loaded)."""
+    TORCH_ORIGINS.clear()
+    return _creation_mode_class()()
+
+
+TORCH_MODE[:] = [creation_mode]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import numbers
+import sys
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -26,11 +27,20 @@ from bendc.ops import OPS
 from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
 from bendc.tensor_ops import TensorOps  # comparisons, casts, selection, powers, shape methods
+from bendc.indexing import MaskedSelection, getitem, setitem  # x[key] and x[key] = value
 
 _ACTIVE: list["Tracer"] = []
 # The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
 # registers itself: the bridge reads bendc.functional, which reads this module).
 TORCH_FUNCTION: list[Any] = []
+# A context manager factory for the torch function mode active while tracing (bendc.torch_bridge's
+# CreationMode): torch functions called without a traced operand reach it.
+TORCH_MODE: list[Any] = []
+# Where each torch tensor made during a trace by a function bendc does not trace came from
+# (id -> (user location, torch name)), so that refusing it names the line that made it.
+TORCH_ORIGINS: dict[int, tuple[Any, str]] = {}
+# torch.Tensor methods that bendc traces, by name (bendc.torch_bridge fills it): x.add(y), x.index_select(...)
+TORCH_METHODS: dict[str, Any] = {}
 
 
 def active_tracer(op: str) -> "Tracer":
@@ -54,6 +64,9 @@ class Tracer:
         self.slots: dict[int, list[int]] = {}  # leaf -> backward roots since its last zero_grad
         self.module_guards: list[Any] = []  # what functional_call's forwards read (bendc/guards.py)
         self.fn: Any = None  # the traced function
+        # Values an in-place write (x[key] = value) left stale: views PyTorch would have updated, which
+        # bendc's out-of-place write cannot; using one is an error naming the write (bendc/indexing.py).
+        self.stale: dict[int, str] = {}
 
     def add_module_guard(self, guard: Any) -> None:
         """Keep a forward's ModuleGuard, merged into an earlier one of the same module tree."""
@@ -62,9 +75,12 @@ class Tracer:
 
     @contextlib.contextmanager
     def active(self) -> Iterator["Tracer"]:
+        """This tracer records the calls made inside; where torch is loaded, torch's creation functions
+        called without a traced operand (torch.arange(t), torch.zeros(...)) trace too (TORCH_MODE)."""
         _ACTIVE.append(self)
         try:
-            yield self
+            with (TORCH_MODE[0]() if TORCH_MODE and "torch" in sys.modules else contextlib.nullcontext()):
+                yield self
         finally:
             _ACTIVE.pop()
 
@@ -92,6 +108,10 @@ class Tracer:
 
     def emit(self, op: str, inputs: Sequence[int], /, **attrs: Any) -> "Tensor":  # /: an attr may be named op
         """One node; it requires grad where an operand does and the op is differentiable."""
+        for operand in inputs:
+            if operand in self.stale:
+                raise UnsupportedError(self.stale[operand], loc=self.builder.loc or user_location(),
+                                       op=self.builder.user_op or op)
         id = self.builder.emit(op, inputs, **attrs)
         if OPS[op].differentiable and any(i in self.requires_grad for i in inputs):
             if self.graph.node(id).type.is_float:
@@ -100,6 +120,10 @@ class Tracer:
 
     def const(self, value: float) -> "Tensor":
         return self.emit("const", (), value=float(np.float32(value)))
+
+    def int_const(self, value: int, dtype: str = "i64") -> "Tensor":
+        """A 0-d integer constant (an iota of step 0)."""
+        return self.emit("iota", (), shape=(), dim=0, start=int(value), step=0, dtype=dtype)
 
     def value(self, operand: Any, op: str) -> "Tensor":
         """A tensor operand, or a Python scalar made a float32 constant."""
@@ -112,9 +136,9 @@ class Tracer:
         if type(operand).__module__.startswith("torch") and hasattr(operand, "shape"):
             if operand.shape == ():
                 return self.const(float(operand.item()))  # a 0-d torch constant (torch.tensor(2.0))
-            raise UnsupportedError(f"a torch tensor constant of shape {list(operand.shape)} inside a traced "
-                                   "function is not supported; pass it as an array parameter of the jitted "
-                                   "function", loc=self.builder.loc, op=op)
+            raise UnsupportedError(refused_constant(operand, op), loc=self.builder.loc, op=op)
+        if isinstance(operand, MaskedSelection):
+            operand.refuse(op)
         raise UnsupportedError(
             f"operand of type {type(operand).__name__} is not supported; pass arrays as parameters "
             "of the jitted function and use Python scalars for constants", loc=self.builder.loc, op=op)
@@ -232,6 +256,19 @@ class Tensor(ReductionMethods, TensorOps):
     def requires_grad(self) -> bool:
         return self.id in self.tracer.requires_grad
 
+    @property
+    def device(self) -> Any:
+        """``torch.device("cpu")`` where torch is loaded, else "cpu": an object creation functions take back
+        (``torch.arange(t, device=x.device)``). bendc ignores devices inside a traced function: the jit
+        target places the data."""
+        if "torch" in sys.modules:
+            return sys.modules["torch"].device("cpu")
+        return "cpu"
+
+    @property
+    def is_cuda(self) -> bool:
+        return False
+
     def size(self, dim: int | None = None):
         if dim is None:
             return self.shape
@@ -274,6 +311,8 @@ class Tensor(ReductionMethods, TensorOps):
             raise AttributeError(name)
         if name in METHODS:  # an op that declares its Tensor method in its op file
             return functools.partial(self._registry_method, METHODS[name])
+        if name in TORCH_METHODS:  # a torch.Tensor method bendc traces (bendc/torch_bridge.py's table)
+            return functools.partial(TORCH_METHODS[name], self)
         raise UnsupportedAttributeError(f"Tensor.{name} is not supported by bendc (see API.md for the tensor "
                                         "methods it traces)", loc=user_location(), op=name)
 
@@ -292,12 +331,32 @@ class Tensor(ReductionMethods, TensorOps):
 
     # ------------------------------------------------------------- arithmetic
     def _binary(self, op: str, other: Any, reflected: bool = False, user_op: str | None = None) -> Tensor:
+        """PyTorch's arithmetic and promotion: two integer operands (a Python int takes the tensor's dtype)
+        give an integer + - * (int_add, ...); an integer operand with a float one, and true division, are
+        float32; a bool operand is float32."""
         with self.tracer.at_user_line(user_op or op):
             number_is_bool = isinstance(other, (bool, np.bool_))
+            if self.type.is_index and op in ("add", "sub", "mul") and _is_int(other):
+                other = self.tracer.int_const(int(other), self.dtype)
             other = self.tracer.value(other, user_op or op)
             a, b = (other, self) if reflected else (self, other)
+            if a.type.is_index and b.type.is_index and op in ("add", "sub", "mul"):
+                return self.tracer.emit(f"int_{op}", (a.id, b.id))
             a, b = self._promoted(a, b, user_op or op, number_is_bool)  # a bool operand is float32 (PyTorch's)
+            if a.type.is_index or b.type.is_index:  # an integer with a float operand, or a true division
+                a, b = a._as_float(), b._as_float()
             return self.tracer.emit(op, (a.id, b.id))
+
+    def _by_divisor(self, op: str, divisor: Any, symbol: str) -> Tensor:
+        with self.tracer.at_user_line(op) as builder:
+            if not self.type.is_index or not _is_int(divisor) or int(divisor) <= 0:
+                what = type_name(divisor) if not isinstance(divisor, (int, np.integer)) else repr(divisor)
+                raise UnsupportedError(f"{self.type} {symbol} {what}: bendc computes {symbol} of an integer tensor by a "
+                                       "positive Python int", loc=builder.loc, op=op)
+            return self.tracer.emit(f"int_{op}", (self.id,), divisor=int(divisor))
+
+    def __floordiv__(self, other): return self._by_divisor("floordiv", other, "//")
+    def __mod__(self, other): return self._by_divisor("remainder", other, "%")
 
     def __add__(self, other): return self._binary("add", other)
     def __radd__(self, other): return self._binary("add", other, reflected=True)
@@ -315,6 +374,8 @@ class Tensor(ReductionMethods, TensorOps):
 
     def __neg__(self):
         with self.tracer.at_user_line("neg"):
+            if self.type.is_index:
+                return self.tracer.emit("int_sub", (self.tracer.int_const(0, self.dtype).id, self.id))
             return self.tracer.emit("neg", (self.id,))
 
     def __pos__(self):
@@ -430,11 +491,25 @@ class Tensor(ReductionMethods, TensorOps):
             return self.tracer.emit("reshape", (self.id,), shape=shape)
 
     def __getitem__(self, key) -> Tensor:
+        """PyTorch's indexing (bendc/indexing.py): ints, slices (a negative step reverses, as numpy's),
+        None, ellipses, lists and integer tensors (advanced indexing, negative values counted from the
+        end), and bool masks, whose data-dependent result feeds a reduction (MaskedSelection)."""
         with self.tracer.at_user_line("index") as builder:
-            spec = _index_spec(self.type, key, builder.loc)
-            if not spec:
-                return self
-            return self.tracer.emit("index", (self.id,), spec=spec)
+            return getitem(self, key, builder.loc)
+
+    def __setitem__(self, key, value) -> None:
+        """``x[key] = value`` as an out-of-place index_put: x names the new tensor afterwards (gradients
+        reach the old x where it was kept and value where it was written)."""
+        with self.tracer.at_user_line("index_put") as builder:
+            self.id = setitem(self, key, value, builder.loc).id
+
+    def clone(self, memory_format: Any = None) -> Tensor:
+        """A copy: the same values, not a view (x * 1.0, exact for every float, -0.0 and NaN included)."""
+        with self.tracer.at_user_line("clone"):
+            if not self.type.is_float:
+                return self.tracer.emit("int_mul", (self.id, self.tracer.int_const(1, self.dtype).id)) \
+                    if self.type.is_index else self
+            return self.tracer.emit("mul", (self.id, self.tracer.const(1.0).id))
 
     # ------------------------------------------------------------- autograd
     def backward(self, gradient=None) -> None:
@@ -468,49 +543,18 @@ def _resolve_reshape(type: TensorType, shape: tuple, loc) -> tuple[int, ...]:
     return shape
 
 
-def _index_spec(type: TensorType, key, loc) -> tuple:
-    """Basic indexing key -> spec of ints and (start, stop, step), trailing full slices dropped."""
-    if not isinstance(key, tuple):
-        key = (key,)
-    # PyTorch's rule, which takes several ellipses: each one skips the dimensions the other
-    # entries leave (x[..., 0, ...] is x[..., 0]); an entry past the last dimension is an error
-    # (x[..., ..., 1:] of a 3-d x). `is`, not `in`: `in` would call Tensor.__eq__.
-    if any(k is Ellipsis for k in key):
-        skip = type.ndim - sum(1 for k in key if k is not Ellipsis)
-        expanded: list = []
-        for entry in key:
-            if entry is Ellipsis:
-                expanded += [slice(None)] * max(skip, 0)
-            elif len(expanded) >= type.ndim:
-                raise ShapeError(f"too many indices for {type}: {len(expanded) + 1} dimensions indexed after "
-                                 "expanding the ellipses", loc=loc, op="index")
-            else:
-                expanded.append(entry)
-        key = tuple(expanded[:type.ndim])
-    if len(key) > type.ndim:
-        raise ShapeError(f"too many indices ({len(key)}) for {type}", loc=loc, op="index")
-    spec: list = []
-    for axis, entry in enumerate(key):
-        size = type.shape[axis]
-        if isinstance(entry, (bool, np.bool_)) or entry is None:
-            raise UnsupportedError(f"index {entry!r} of {type} is not supported (ints and slices only)",
-                                   loc=loc, op="index")
-        if isinstance(entry, (int, np.integer)):
-            entry = int(entry)
-            if not -size <= entry < size:
-                raise ShapeError(f"index {entry} is out of range for dimension {axis} of {type}", loc=loc, op="index")
-            spec.append(entry % size)
-        elif isinstance(entry, slice):
-            if entry.step is not None and entry.step <= 0:
-                raise UnsupportedError(f"slice step {entry.step} must be positive (as in PyTorch), indexing {type}",
-                                       loc=loc, op="index")
-            spec.append(tuple(entry.indices(size)))
-        else:
-            raise UnsupportedError(f"index of type {type_name(entry)} into {type} is not supported (ints and "
-                                   "slices; use index_select or gather for tensor indices)", loc=loc, op="index")
-    while spec and not isinstance(spec[-1], int) and spec[-1] == (0, type.shape[len(spec) - 1], 1):
-        spec.pop()
-    return tuple(spec)
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def refused_constant(operand: Any, op: str) -> str:
+    """Why a torch tensor made outside bendc's tracing cannot be an operand, naming where it was made."""
+    origin = TORCH_ORIGINS.get(id(operand))
+    made = (f"; it was made by {origin[1]} at {origin[0]}, which bendc does not trace" if origin is not None
+            else "; it was made outside the traced function")
+    return (f"a torch tensor constant of shape {list(operand.shape)} is not supported as an operand of {op}{made}. "
+            "Make it inside the function with a function bendc traces (torch.arange, zeros, ones, full, eye, "
+            "linspace, tensor, *_like) or pass it as an array parameter of the jitted function")
 
 
 def type_name(value: Any) -> str:

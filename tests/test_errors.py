@@ -192,28 +192,28 @@ def test_too_many_indices():
     expect(error, "index-many", op="index", parts=("f32[2,3]",))
 
 
-def test_index_with_none_is_unsupported():
+def test_a_bool_mask_with_other_index_entries_is_unsupported():
     def program(x):
-        return x[None]  # @index-none
+        return x[x > 0, 0]  # @index-mask-entries
 
     error = raised(bendc.UnsupportedError, program, f32(2, 3))
-    expect(error, "index-none", op="index", parts=("None", "f32[2,3]"))
+    expect(error, "index-mask-entries", op="index", parts=("bool tensor index", "whole key"))
 
 
-def test_index_with_a_tensor_is_unsupported():
-    def program(x, i):
-        return x[i]  # @index-tensor
-
-    error = raised(bendc.UnsupportedError, program, f32(2, 3), i64(0, 1))
-    expect(error, "index-tensor", op="index", parts=("Tensor", "index_select", "f32[2,3]"))
-
-
-def test_negative_slice_step_is_unsupported():
+def test_a_float_tensor_index_is_unsupported():
     def program(x):
-        return x[:, ::-1]  # @index-step
+        return x[x]  # @index-float
 
     error = raised(bendc.UnsupportedError, program, f32(2, 3))
-    expect(error, "index-step", op="index", parts=("-1", "f32[2,3]"))
+    expect(error, "index-float", op="index", parts=("integer or bool", "f32[2,3]"))
+
+
+def test_a_masked_selection_outside_a_reduction_is_unsupported():
+    def program(x):
+        return x[x > 0] * 2.0  # @index-mask-use
+
+    error = raised(bendc.UnsupportedError, program, f32(2, 3))
+    expect(error, "index-mask-use", op="mul", parts=("depends on the mask", "f32[2,3]", "x[mask].sum()"))
 
 
 # ------------------------------------------------------------------ dtypes
@@ -237,20 +237,34 @@ def test_int_leaf_is_refused_at_the_call_site():
     expect(info.value, "call-int-leaf", op="call", parts=("'w'", "int64"))
 
 
-def test_int_tensor_arithmetic_is_unsupported():
+def test_int_tensor_floor_division_by_a_tensor_is_unsupported():
     def program(i, j):
-        return i + j  # @int-add
+        return i // j  # @int-floordiv
 
     error = raised(bendc.UnsupportedError, program, i64(1, 2), i64(3, 4))
-    expect(error, "int-add", op="add", parts=("i64[2]",))
+    expect(error, "int-floordiv", op="floordiv", parts=("i64[2]", "positive Python int"))
 
 
-def test_int_tensor_times_a_scalar_is_unsupported():
+def test_index_assignment_with_a_tensor_index_is_unsupported():
     def program(x, i):
-        return x + i * 2.0  # @int-mul
+        y = x * 1.0
+        y[i] = 0.0  # @index-put-tensor
+        return y
 
-    error = raised(bendc.UnsupportedError, program, f32(2), i64(3, 4))
-    expect(error, "int-mul", op="mul", parts=("i64[2]",))
+    error = raised(bendc.UnsupportedError, program, f32(2), i64(1, 0))
+    expect(error, "index-put-tensor", op="index_put", parts=("i64[2]", "unspecified"))
+
+
+def test_a_view_used_after_an_index_assignment_is_unsupported():
+    def program(x):
+        y = x * 1.0
+        row = y[0]
+        y[0, 1] = 5.0  # @index-put
+        return row * 2.0  # @stale-view
+
+    error = raised(bendc.UnsupportedError, program, f32(2, 3))
+    message = expect(error, "stale-view", op="mul", parts=("shares storage",))
+    assert f"{THIS_FILE.name}:{line_of('index-put')}" in message
 
 
 # ------------------------------------------------------------------ autograd

@@ -202,3 +202,36 @@ def test_cnn_train_step_matches_torch(target: str) -> None:
 @pytest.mark.long  # 40 steps, ~22 s; test_cnn_train_step_matches_torch checks the step in make test
 def test_cnn_loss_falls() -> None:
     assert cnn.main(["--steps", "40", "--target", "cpu"]) == 0
+
+
+def test_gpt_example_trains_like_torch_unchanged() -> None:
+    """examples/gpt.py: nanoGPT's model code inside bendc.jit, its losses and parameters against torch's
+    AdamW with the same decay groups and schedule over a few steps, and its loss falling over 60."""
+    import copy
+
+    import gpt
+
+    steps = 4
+    losses, params = gpt.train(steps, target="reference", log_every=0)
+    model = copy.deepcopy(gpt.make_model())
+    named = dict(model.named_parameters())
+    groups = [{"params": [named[n] for n in g["params"]], "weight_decay": g["weight_decay"]}
+              for g in model.configure_optimizers(gpt.WEIGHT_DECAY)]
+    optimizer = torch.optim.AdamW(groups, lr=gpt.LR, betas=(0.9, 0.99))
+    rng = np.random.default_rng(0)
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = gpt.learning_rate(step, steps)
+        idx, targets = (torch.tensor(a) for a in gpt.get_batch(rng))
+        _, loss = model(idx, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        assert_close(losses[step], loss.item(), "loss")
+    for name, value in model.named_parameters():  # Adam turns a gradient's rounding noise near 0 into
+        assert_close(params[name], value.detach().numpy(), name, atol=1e-5)  # an update of up to ~lr (5e-4 here)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    falling, _ = gpt.train(60, target="reference", log_every=0)
+    assert falling[-1] < falling[0] - 0.3
+    text = gpt.generate(params, gpt.TEXT[:gpt.CONFIG.block_size], 4, "reference")
+    assert text.startswith(gpt.TEXT[:gpt.CONFIG.block_size]) and len(text) == gpt.CONFIG.block_size + 4

@@ -56,13 +56,16 @@ def test_an_unsupported_torch_function_names_itself_the_line_and_close_names():
     assert "close supported names: torch.nn.functional.softmax" in text
 
 
-def test_a_non_scalar_torch_constant_is_refused_with_a_hint():
+def test_a_torch_constant_bendc_does_not_trace_is_refused_naming_the_line_that_made_it():
     @bendc.jit(target="reference")
     def step(x):
-        return TF.relu(x) + torch.ones(3)
+        noise = torch.randn(3)  # made here
+        return TF.relu(x) + noise
 
-    with pytest.raises(bendc.UnsupportedError, match="pass it as an array parameter"):
+    with pytest.raises(bendc.UnsupportedError, match="pass it as an array parameter") as error:
         step(np.ones(3, np.float32))
+    made = step.fn.__code__.co_firstlineno + 2
+    assert f"made by torch.randn at {__file__}:{made}" in str(error.value)
 
 
 def test_functional_call_with_modules_and_params():

@@ -171,6 +171,16 @@ SAMPLES: dict[str, Sample] = {
                                                      "input_size": (5, 6)}),
     "adaptive_avg_pool2d": Sample((T("f32[2,3,5,7]"),), {"output_size": (3, 2)}),
     "adaptive_avg_pool2d_grad": Sample((T("f32[2,3,3,2]"),), {"output_size": (3, 2), "input_size": (5, 7)}),
+    # tensor creation and index arithmetic (issue 22: bendc/ops/creation.py, bendc/ops/integer.py)
+    "iota": Sample((), {"shape": (2, 5), "dim": 1, "start": 3, "step": -2, "dtype": "i64"}),
+    "literal": Sample((), {"shape": (2, 2), "dtype": "f32", "values": (0.5, -1.0, 2.0, 3.0)}),
+    "int_add": Sample((T("i64[2,3]"), T("i32[3]")), index_limit=7),
+    "int_sub": Sample((T("i32[2,3]"), T("i32[]")), index_limit=7),
+    "int_mul": Sample((T("i64[2,1]"), T("i64[2,3]")), index_limit=7),
+    "int_floordiv": Sample((T("i64[2,3]"),), {"divisor": 3}, index_limit=11),
+    "int_remainder": Sample((T("i64[2,3]"),), {"divisor": 4}, index_limit=11),
+    "to_int": Sample((T("f32[2,3]"),), {"dtype": "i64"}),
+    "wrap_index": Sample((T("i64[2,3]"),), {"size": 5}, index_limit=4),
     # group norm as fused ops (bendc/ops/group_norm.py)
     "group_norm": Sample((T("f32[2,4,3]"), T("f32[4]"), T("f32[4]")),
                          {"groups": 2, "eps": 1e-5, "weight": True, "bias": True}),
@@ -569,6 +579,23 @@ def split_projection(x, w):
 
 
 COVERAGE_PROGRAMS["split_projection"] = (split_projection, ("w",), lambda: (_rng((3, 4), 0), _rng((4, 5), 1)))
+
+
+def creation_indexing(x, w, index):
+    """Tensors made inside the function, index arithmetic, advanced indexing and index assignment (issue 22)."""
+    a = x * w
+    made = F.arange(3).float() + F.tensor([0.5, -1.0, 2.0]) + F.eye(2, 3) + F.zeros(2, 3)
+    shifted = (index + 1) * 2 - 1
+    picked = a[:, shifted // 2 % 3] + a[:, [-1]] + a[[1, 0], index[:2]].sum() + F.one_hot(index, 3).float().sum(0)
+    written = a.clone()
+    written[:, 0] = 2.0
+    loss = (made * picked).sum() + (a[a > 0.0].sum() + written.sum()) * (x.long() + 1).float().sum()
+    loss.backward()
+    return loss, w.grad
+
+
+COVERAGE_PROGRAMS["creation_indexing"] = (creation_indexing, ("w",), lambda: (
+    _rng((2, 3), 0), _rng((2, 3), 1), np.array([2, 0, -1], np.int64)))
 
 
 def _traced_programs():
