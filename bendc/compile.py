@@ -210,8 +210,8 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
     plan_json = plan.to_json()
     if profile is not None:
         profile.stages["plan+render"] = time.perf_counter() - started
-    precompile(plan_json, modules, {m: kernel_path(cache_dir, m) for m in modules}, profile)
     expect(sum(1 for function in dispatchers(modules.values()) if not function.overloads))  # to compile
+    precompile(plan_json, modules, {m: kernel_path(cache_dir, m) for m in modules}, profile)
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
     final_ir = lambda: graph  # noqa: E731
     return Built(cpu_runner(plan_json, bind_cpu(plan_json, kernels, final_ir), final_ir),

@@ -89,14 +89,30 @@ def _entries(x, key, loc) -> list:
         else:
             entries.append(array.astype(np.int64))
     consumed = sum(1 for e in entries if e is not None and e is not Ellipsis)
-    if sum(1 for e in entries if e is Ellipsis) > 1:
-        raise UnsupportedError("an index can have only a single ellipsis ('...')", loc=loc, op="index")
     if consumed > x.ndim:
         raise ShapeError(f"too many indices for {x.type}: {consumed} dimensions indexed", loc=loc, op="index")
-    if any(e is Ellipsis for e in entries):
-        at = next(i for i, e in enumerate(entries) if e is Ellipsis)
-        entries[at:at + 1] = [slice(None)] * (x.ndim - consumed)
-    return entries
+    if not any(e is Ellipsis for e in entries):
+        return entries
+    # PyTorch's rule, which takes several ellipses: each one stands for the dimensions the other
+    # entries leave (x[..., 0, ...] is x[..., 0]); an entry past the last dimension is an error
+    # (x[..., ..., 1:] of a 3-d x); full slices past it are dropped. `is`, not `==` (Tensor.__eq__).
+    skip = x.ndim - consumed
+    expanded: list = []
+    used = 0
+    for entry in entries:
+        if entry is Ellipsis:
+            count = min(skip, x.ndim - used)
+            expanded += [slice(None)] * count
+            used += count
+        elif entry is None:
+            expanded.append(None)
+        elif used >= x.ndim:
+            raise ShapeError(f"too many indices for {x.type}: {used + 1} dimensions indexed after expanding "
+                             "the ellipses", loc=loc, op="index")
+        else:
+            expanded.append(entry)
+            used += 1
+    return expanded
 
 
 def getitem(x, key, loc):

@@ -25,6 +25,14 @@ def expect(total: int) -> None:
         watch.total += total
 
 
+def compiled_elsewhere(count: int) -> None:
+    """``count`` kernel functions were compiled in a worker process (bendc/codegen/compile_pool.py),
+    whose numba events this process does not see."""
+    for watch in _ACTIVE:
+        watch.functions += count
+        watch.draw()
+
+
 class CompileWatch:
     """A numba event listener (registered as a virtual subclass of numba.core.event.Listener when
     entered, so that importing this module does not import numba)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -548,13 +548,16 @@ _TORCH_DTYPE = {"f32": "float32", "i64": "int64", "i32": "int32", "bool": "bool"
 _IGNORED = ("device", "layout", "pin_memory", "memory_format", "names", "generator")
 
 
-def _creation_tracer(op: str, values: Sequence[Any] = ()):
-    from bendc.trace import active_tracer
+# The tracer of the function being traced: bendc.trace registers its lookup here when it is
+# imported (this module imports nothing of the tracer: bendc.trace imports it).
+ACTIVE_TRACER: list[Callable[[str], Any]] = []
 
+
+def _creation_tracer(op: str, values: Sequence[Any] = ()):
     for value in values:
         if isinstance(value, TensorOps):
             return value.tracer
-    return active_tracer(op)
+    return ACTIVE_TRACER[0](op)
 
 
 def ir_dtype(dtype: Any, default: str, op: str, loc) -> str:

@@ -26,7 +26,7 @@ from bendc.ir.types import TensorType
 from bendc.ops import OPS
 from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
-from bendc.tensor_ops import TensorOps  # comparisons, casts, selection, powers, shape methods
+from bendc.tensor_ops import ACTIVE_TRACER, TensorOps  # comparisons, casts, selection, powers, shape methods
 from bendc.indexing import MaskedSelection, getitem, setitem  # x[key] and x[key] = value
 
 _ACTIVE: list["Tracer"] = []
@@ -49,6 +49,9 @@ def active_tracer(op: str) -> "Tracer":
         raise UnsupportedError("called outside a bendc.jit function; bendc ops work on traced tensors only",
                                loc=user_location(), op=op)
     return _ACTIVE[-1]
+
+
+ACTIVE_TRACER.append(active_tracer)  # the creation functions of bendc/tensor_ops.py ask it
 
 
 class Tracer:

@@ -63,6 +63,7 @@ class Compiled:
     phases: dict[str, float] = field(default_factory=dict)
     where: str = "main"
     error: str | None = None
+    functions: int = 1  # the module's functions it compiled (the job's and the helpers it calls)
 
 
 @dataclass
@@ -198,15 +199,23 @@ def phases_of(dispatcher: Any, signature: tuple) -> dict[str, float]:
     return grouped
 
 
+def _compiled(module: Any) -> int:
+    """How many signatures the module's numba functions have compiled or loaded in this process."""
+    return sum(len(value.overloads) for value in vars(module).values() if _is_dispatcher(value))
+
+
 def compile_job(job: Job, where: str = "main") -> Compiled:
     """Compile one job in this process (numba caches the machine code beside the module)."""
     from runtime.artifact import load_module
 
     start = time.perf_counter()
     try:
-        dispatcher = getattr(load_module(job.path, job.module), job.function)
+        module = load_module(job.path, job.module)
+        before = _compiled(module)
+        dispatcher = getattr(module, job.function)
         dispatcher.compile(job.signature)
-        return Compiled(job, time.perf_counter() - start, phases_of(dispatcher, job.signature), where)
+        return Compiled(job, time.perf_counter() - start, phases_of(dispatcher, job.signature), where,
+                        functions=max(1, _compiled(module) - before))
     except Exception as error:  # noqa: BLE001 - the first call compiles it again and reports it
         return Compiled(job, time.perf_counter() - start, {}, where, f"{type(error).__name__}: {error}"[:200])
 
@@ -283,6 +292,10 @@ def compile_all(jobs: Sequence[Job], workers: int | None = None) -> tuple[list[C
                 outcome.where = f"worker {number}"
                 with lock:
                     results.append(outcome)
+                    if not outcome.error:
+                        from bendc.progress import compiled_elsewhere
+
+                        compiled_elsewhere(outcome.functions)
                 job = None
         except (OSError, EOFError, pickle.UnpicklingError):
             pass
