@@ -3,7 +3,9 @@
 Run a script under ``mpiexec -n N python script.py``; each rank calls ``init()`` once, traces the
 same step on its shard of the batch, and the step's ``all_reduce`` ops (F.all_reduce, or every
 ``.grad`` read under ``data_parallel=True``) average the gradients over the ranks inside the
-compiled step (runtime/collective.py moves them: mpi4py, imported here only when ``init`` runs).
+compiled step (runtime/collective.py moves them: mpi4py, imported here only when ``init`` runs),
+by default as a rank-ordered reduce-scatter and all-gather: about twice the gradient bytes per
+rank per step whatever the number of ranks (``traffic()`` gives this rank's bytes).
 
 ``init`` also installs an excepthook: a rank that raises prints its error and aborts the whole
 job (MPI_Abort), so the other ranks exit within the collective timeout at worst, never hang.
@@ -100,6 +102,14 @@ def overlap() -> dict[str, float]:
         in_flight += (done - started) / 1e9
         blocked += (done - waited) / 1e9
     return {"in_flight_s": in_flight, "blocked_s": blocked}
+
+
+def traffic() -> dict[str, Any]:
+    """This rank's bytes in the last step's exchanges (each bucket's last), summed:
+    ``gradient_bytes``, ``bytes_sent``, ``bytes_received`` (None under BENDC_ALLREDUCE=native, whose
+    algorithm MPI chooses), ``scheme``, ``ranks`` and ``buckets`` (runtime/collective.py). Under the
+    default ``ordered`` scheme a rank sends 2 (N-1)/N times the gradient bytes."""
+    return collective.traffic()
 
 
 def average(value: Any) -> Any:

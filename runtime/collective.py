@@ -4,21 +4,33 @@ A compiled step that all-reduces (IR op ``all_reduce``) has, per bucket, plan st
 ``collective``: ``start`` packs the bucket's gradients into one flat float32 message and starts a
 non-blocking exchange; ``wait``, placed just before the first reader of a reduced gradient, waits
 for it (with a timeout), reduces, and unpacks into the step's outputs; a ``poll`` after each
-kernel in between lets MPI advance the message. The generated modules of all of them name the
-same :class:`Bucket` (``bucket(key, ...)`` returns one object per key).
+kernel in between lets MPI advance the message (and moves a two-phase exchange to its second
+phase as soon as the first is done). The generated modules of all of them name the same
+:class:`Bucket` (``bucket(key, ...)`` returns one object per key).
 
 Backends (:class:`Backend`) move the bytes: :class:`LocalBackend` (one process: the reduction of
 one rank's gradient is the gradient itself) and :class:`MpiBackend` (mpi4py, imported only when a
-world of more than one rank is made). A second engine (NCCL) is a third class with the same four
+world of more than one rank is made). A second engine (NCCL) is a third class with the same
 methods. ``world()`` is the process's world: the one ``use_world`` set (``bendc.distributed.init``),
 else MPI when the process was launched by ``mpiexec`` with more than one rank, else local.
 
-Reduction order: the default ``ordered`` reduction gathers every rank's message (``Iallgather``)
-and sums the ranks in rank order in float64, rounding once to float32 (a mean divides the float64
-sum by the world size first). Every rank sums the same bytes in the same order, so every rank gets
-the same bits, whatever algorithm the MPI library picks for the message size. ``native`` uses the
-library's ``Iallreduce`` (MPI's reduction order depends on its algorithm and is not guaranteed
-identical across ranks or runs; chosen with BENDC_ALLREDUCE=native).
+Reduction schemes (BENDC_ALLREDUCE):
+
+- ``ordered`` (the default): a rank-ordered reduce-scatter, then an all-gather. A bucket of n
+  elements is cut into one contiguous shard per rank (:func:`shard_counts`: n // N each, the first
+  n % N ranks one more). ``Ialltoallv`` sends shard s of every rank's message to rank s, its owner;
+  the owner sums the N copies in rank order in float64 and rounds once to float32 (a mean divides
+  the float64 sum by N first); ``Iallgatherv`` then hands every owner's reduced shard to every
+  rank. Each element is reduced once, by one rank, in a fixed order, so every rank gets the same
+  bits, whatever algorithm the MPI library picks; a rank sends (and receives) 2 (N-1)/N times the
+  bucket's bytes per exchange, about twice the gradients whatever N is.
+- ``allgather``: the previous scheme, kept for comparison: ``Iallgather`` of every rank's whole
+  message, then every rank sums the N rows in rank order (the same bits as ``ordered``); a rank
+  receives (N-1) times the gradients.
+- ``native``: the library's ``Iallreduce`` (MPI's reduction order depends on its algorithm and is
+  not guaranteed identical across ranks or runs).
+
+:func:`traffic` gives the bytes a rank sent and received in each bucket's last exchange.
 
 Failure: every wait has a deadline (BENDC_COLLECTIVE_TIMEOUT seconds, 300 by default); past it,
 or when the ranks' programs differ (checked at a bucket's first exchange, by a digest of the
@@ -46,11 +58,28 @@ def timeout_s() -> float:
     return float(os.environ.get("BENDC_COLLECTIVE_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
+REDUCTION_MODES = ("ordered", "allgather", "native")
+
+
 def reduction_mode() -> str:
+    """BENDC_ALLREDUCE: ``ordered`` (default: rank-ordered reduce-scatter + all-gather),
+    ``allgather`` (every rank gathers every message and sums them in rank order) or ``native``."""
     mode = os.environ.get("BENDC_ALLREDUCE", "ordered")
-    if mode not in ("ordered", "native"):
-        raise CollectiveError(f"BENDC_ALLREDUCE={mode!r}: 'ordered' (default) or 'native'")
+    if mode not in REDUCTION_MODES:
+        raise CollectiveError(f"BENDC_ALLREDUCE={mode!r}: 'ordered' (default), 'allgather' or 'native'")
     return mode
+
+
+def shard_counts(total: int, size: int) -> list[int]:
+    """How many of a bucket's ``total`` elements each rank owns: ``total // size`` each, the first
+    ``total % size`` ranks one more (rank s owns a contiguous run, after those of ranks < s)."""
+    base, extra = divmod(total, size)
+    return [base + (1 if rank < extra else 0) for rank in range(size)]
+
+
+def displacements(counts: Sequence[int]) -> list[int]:
+    """Where each run of ``counts`` starts in a buffer that holds them back to back."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist() if counts else []
 
 
 # ------------------------------------------------------------------ backends
@@ -66,6 +95,16 @@ class Backend:
         raise NotImplementedError
 
     def start_allreduce_sum(self, buffer: Any) -> Any:
+        raise NotImplementedError
+
+    def start_alltoallv(self, send: Any, send_counts: Sequence[int], receive: Any,
+                        receive_counts: Sequence[int]) -> Any:
+        """Run k of ``send`` (runs of ``send_counts``, back to back) goes to rank k; rank k's run
+        for this rank lands at run k of ``receive`` (runs of ``receive_counts``)."""
+        raise NotImplementedError
+
+    def start_allgatherv(self, send: Any, receive: Any, counts: Sequence[int]) -> Any:
+        """Every rank's ``send`` (rank k's has ``counts[k]`` elements) lands at run k of ``receive``."""
         raise NotImplementedError
 
     def test(self, handle: Any) -> bool:
@@ -85,6 +124,14 @@ class LocalBackend(Backend):
         return None
 
     def start_allreduce_sum(self, buffer: Any) -> Any:
+        return None
+
+    def start_alltoallv(self, send, send_counts, receive, receive_counts) -> Any:
+        receive.reshape(-1)[:] = send
+        return None
+
+    def start_allgatherv(self, send, receive, counts) -> Any:
+        receive[:] = send
         return None
 
     def test(self, handle: Any) -> bool:
@@ -113,6 +160,15 @@ class MpiBackend(Backend):
 
     def start_allreduce_sum(self, buffer: Any) -> Any:
         return self.comm.Iallreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM)
+
+    def start_alltoallv(self, send, send_counts, receive, receive_counts) -> Any:
+        float32 = self.MPI.FLOAT
+        return self.comm.Ialltoallv([send, (list(send_counts), displacements(send_counts)), float32],
+                                    [receive, (list(receive_counts), displacements(receive_counts)), float32])
+
+    def start_allgatherv(self, send, receive, counts) -> Any:
+        float32 = self.MPI.FLOAT
+        return self.comm.Iallgatherv([send, float32], [receive, (list(counts), displacements(counts)), float32])
 
     def test(self, handle: Any) -> bool:
         return handle.Test()
@@ -150,6 +206,8 @@ class World:
     backend: Backend
     # bucket key -> (started, waited, done) of its last exchange, perf_counter_ns
     stats: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # bucket key -> its last exchange: (scheme, gradient bytes, bytes sent, bytes received) by this rank
+    traffic: dict[str, tuple[str, int, int | None, int | None]] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -237,8 +295,31 @@ def check_program(current: World, signature: str, what: str) -> None:
 
 
 # ------------------------------------------------------------------ buckets
+def exchange_bytes(mode: str, total: int, rank: int, size: int) -> tuple[int | None, int | None]:
+    """Bytes one rank sends and receives in one exchange of a bucket of ``total`` float32 values,
+    its own shard not counted: ``ordered`` sends the N-1 shards it does not own (reduce-scatter)
+    and its reduced shard to N-1 ranks (all-gather), receives as much; ``allgather`` sends its
+    whole message to N-1 ranks and receives N-1 messages; ``native`` is the library's algorithm
+    (None: not known here; a ring all-reduce moves what ``ordered`` does)."""
+    if size == 1:
+        return 0, 0
+    if mode == "native":
+        return None, None
+    if mode == "allgather":
+        return 4 * total * (size - 1), 4 * total * (size - 1)
+    counts = shard_counts(total, size)
+    mine = counts[rank]
+    sent = (total - mine) + mine * (size - 1)
+    received = mine * (size - 1) + (total - mine)
+    return 4 * sent, 4 * received
+
+
 class Bucket:
-    """One message: the gradients of a bucket packed flat, exchanged, reduced, unpacked."""
+    """One message: the gradients of a bucket packed flat, exchanged, reduced, unpacked.
+
+    ``phase`` is where its exchange stands: ``idle``; ``scatter`` (ordered: the reduce-scatter's
+    Ialltoallv in flight), ``gather`` (ordered: the owner's shard reduced, Iallgatherv in flight),
+    ``gather_all`` (allgather: the Iallgather in flight) or ``native`` (the Iallreduce in flight)."""
 
     def __init__(self, key: str, op: str, shapes: Sequence[Sequence[int]], signature: str) -> None:
         self.key = key
@@ -250,11 +331,14 @@ class Bucket:
         self.signature = signature
         self.checked = False
         self.handle: Any = None
+        self.phase = "idle"
         self.device = False  # this call's buffers are device arrays
         self.message: Any = None
-        self.gathered: Any = None
-        self.reduced = np.empty(self.total, np.float32)
+        self.received: Any = None  # ordered: [N, my shard] (every rank's copy of my shard); allgather: [N, total]
+        self.shard: Any = None  # ordered: my shard, reduced
+        self.reduced: Any = None  # the reduced bucket (native: the message itself)
         self.mode = "ordered"
+        self.shards: list[int] = [self.total]  # elements each rank owns (ordered)
         self.layout: tuple = ()
         self.started_ns = 0
 
@@ -262,17 +346,26 @@ class Bucket:
         return f"bucket {self.key} ({len(self.shapes)} tensors, {4 * self.total} bytes)"
 
     def _buffers(self, current: World, device: bool) -> None:
-        """The message and gather buffers: host numpy, or device arrays for a backend that takes them."""
+        """The exchange's buffers: host numpy, or device arrays for a backend that takes them."""
         self.mode = reduction_mode() if current.size > 1 else "ordered"
-        rows = current.size if self.mode == "ordered" else 1
+        self.shards = shard_counts(self.total, current.size)
+        mine = self.shards[current.rank]
         if device and current.backend.device_buffers:
             from numba import cuda
 
-            self.message = cuda.device_array(self.total, np.float32)
-            self.gathered = cuda.device_array((rows, self.total), np.float32)
+            allocate = cuda.device_array
         else:
-            self.message = np.empty(self.total, np.float32)
-            self.gathered = np.empty((rows, self.total), np.float32)
+            allocate = np.empty
+        self.message = allocate(self.total, np.float32)
+        self.received = self.shard = None
+        self.reduced = self.message
+        if self.mode == "ordered":
+            self.received = allocate((current.size, mine), np.float32)
+            self.shard = allocate(mine, np.float32)
+            self.reduced = allocate(self.total, np.float32)
+        elif self.mode == "allgather":
+            self.received = allocate((current.size, self.total), np.float32)
+            self.reduced = allocate(self.total, np.float32)
 
     def start(self, *gradients: Any) -> None:
         current = world()
@@ -293,36 +386,63 @@ class Bucket:
             else:
                 self.message[low:high] = gradient.reshape(-1)
         self.started_ns = time.perf_counter_ns()
+        backend = current.backend
         if self.mode == "native":
-            self.handle = current.backend.start_allreduce_sum(self.message)
+            self.handle, self.phase = backend.start_allreduce_sum(self.message), "native"
+        elif self.mode == "allgather":
+            self.handle, self.phase = backend.start_allgather(self.message, self.received), "gather_all"
         else:
-            self.handle = current.backend.start_allgather(self.message, self.gathered)
+            mine = self.shards[current.rank]
+            self.handle = backend.start_alltoallv(self.message, self.shards, self.received, [mine] * current.size)
+            self.phase = "scatter"
+
+    def _reduce_shard_and_gather(self, current: World) -> None:
+        """The reduce-scatter is done: sum my shard's N copies in rank order, start the all-gather."""
+        if self.device and current.backend.device_buffers:
+            from runtime.collective_cuda import device_ordered_reduce
+
+            device_ordered_reduce(self.received, self.op, current.size, self.shard)
+        else:
+            ordered_reduce(self.received, self.op, current.size, self.shard)
+        self.handle = current.backend.start_allgatherv(self.shard, self.reduced, self.shards)
+        self.phase = "gather"
 
     def poll(self) -> None:
-        """Let the backend advance the message (MPI progresses non-blocking exchanges only inside calls)."""
-        if self.handle is not None:
-            world().backend.test(self.handle)
+        """Let the backend advance the message (MPI progresses non-blocking exchanges only inside
+        calls); a reduce-scatter found done goes on to its all-gather at once."""
+        if self.handle is None:
+            return
+        current = world()
+        if current.backend.test(self.handle) and self.phase == "scatter":
+            self._reduce_shard_and_gather(current)
 
     def wait(self, *outputs: Any) -> None:
         current = world()
         waited = time.perf_counter_ns()
-        wait_for(current.backend, self.handle, f"the all_reduce of {self.describe()}")
-        self.handle = None
+        what = f"the all_reduce of {self.describe()}"
+        if self.phase == "scatter":
+            wait_for(current.backend, self.handle, f"{what} (reduce-scatter)")
+            self._reduce_shard_and_gather(current)
+        wait_for(current.backend, self.handle, f"{what} (all-gather)" if self.phase == "gather" else what)
+        phase, self.handle, self.phase = self.phase, None, "idle"
         done = time.perf_counter_ns()
         current.stats[self.key] = (self.started_ns, waited, done)
+        current.traffic[self.key] = (self.mode, 4 * self.total,
+                                     *exchange_bytes(self.mode, self.total, current.rank, current.size))
         on_device = self.device and current.backend.device_buffers
-        if self.mode == "native":
-            reduced = self.message if not on_device else self.message.copy_to_host()
+        reduced = self.reduced
+        if phase == "native":
+            if on_device:
+                reduced = self.message.copy_to_host()
             if self.op == "mean":
                 reduced = (reduced.astype(np.float64) / current.size).astype(np.float32)
-        elif on_device:  # reduced on the device, copied device to device below
-            reduced = self.message
-            from runtime.collective_cuda import device_ordered_reduce
+        elif phase == "gather_all":
+            if on_device:  # reduced on the device, copied device to device below
+                from runtime.collective_cuda import device_ordered_reduce
 
-            device_ordered_reduce(self.gathered, self.op, current.size, self.message)
-        else:
-            reduced = self.reduced
-            ordered_reduce(self.gathered, self.op, current.size, reduced)
+                device_ordered_reduce(self.received, self.op, current.size, self.reduced)
+            else:
+                ordered_reduce(self.received, self.op, current.size, self.reduced)
         for output, low, high in zip(outputs, self.offsets, self.offsets[1:]):
             if self.device:
                 output.reshape(high - low).copy_to_device(reduced[low:high])
@@ -338,6 +458,20 @@ def bucket(key: str, op: str, shapes: Sequence[Sequence[int]], signature: str) -
     if key not in _BUCKETS:
         _BUCKETS[key] = Bucket(key, op, shapes, signature)
     return _BUCKETS[key]
+
+
+def traffic() -> dict[str, Any]:
+    """This rank's bytes in the last exchange of every bucket, summed: ``gradient_bytes`` (the
+    buckets' sizes), ``bytes_sent`` and ``bytes_received`` (None under ``native``: the library's
+    algorithm decides), the scheme, and ``buckets`` (how many)."""
+    current = world()
+    records = list(current.traffic.values())
+    sent = [r[2] for r in records]
+    received = [r[3] for r in records]
+    return {"scheme": records[0][0] if records else reduction_mode(), "ranks": current.size,
+            "buckets": len(records), "gradient_bytes": sum(r[1] for r in records),
+            "bytes_sent": None if None in sent else sum(sent),
+            "bytes_received": None if None in received else sum(received)}
 
 
 def cuda_transport() -> str:

@@ -31,14 +31,18 @@ LEAVES = ("w1", "b1", "w2", "b2")
 
 class MirrorBackend(collective.Backend):
     """Rank 0 of a world of ``size`` where every rank sends the same message (an in-process test
-    of packing, exchange, rank-ordered reduction and unpacking)."""
+    of packing, exchange, rank-ordered reduction and unpacking). The all-gather of the reduced
+    shards gives the other owners' shards as they would reduce them (with ``op``): each the
+    rank-ordered reduction of ``size`` copies of its run of the last message scattered."""
 
     name = "mirror"
     rank = 0
 
-    def __init__(self, size: int = 2) -> None:
+    def __init__(self, size: int = 2, op: str = "mean") -> None:
         self.size = size
+        self.op = op
         self.exchanges = 0
+        self.scattered = None
 
     def start_allgather(self, send, receive):
         self.exchanges += 1
@@ -47,6 +51,23 @@ class MirrorBackend(collective.Backend):
 
     def start_allreduce_sum(self, buffer):
         buffer *= self.size
+        return None
+
+    def start_alltoallv(self, send, send_counts, receive, receive_counts):
+        self.exchanges += 1
+        self.scattered = (send.copy(), list(send_counts))
+        receive[:] = send[:send_counts[0]]  # every rank's run for rank 0 is the same
+        return None
+
+    def start_allgatherv(self, send, receive, counts):
+        self.exchanges += 1
+        message, runs = self.scattered
+        starts = collective.displacements(counts)
+        receive[:counts[0]] = send
+        for owner in range(1, self.size):
+            copies = np.tile(message[starts[owner]:starts[owner] + runs[owner]], (self.size, 1))
+            collective.ordered_reduce(copies, self.op, self.size,
+                                      receive[starts[owner]:starts[owner] + counts[owner]])
         return None
 
     def test(self, handle):
@@ -141,7 +162,7 @@ def test_each_bucket_starts_when_its_gradients_are_final_and_waits_before_the_fi
 
 @pytest.mark.parametrize("op, factor", [("mean", 1.0), ("sum", 2.0)])
 def test_a_bucket_over_two_mirrored_ranks_reduces_in_rank_order(world, op, factor, tmp_path):
-    backend = world(MirrorBackend(2)).backend
+    backend = world(MirrorBackend(2, op)).backend
 
     def step(x, w):
         loss = (F.all_reduce(x * w, op=op)).sum()
