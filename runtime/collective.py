@@ -410,7 +410,7 @@ class Bucket:
     def poll(self) -> None:
         """Let the backend advance the message (MPI progresses non-blocking exchanges only inside
         calls); a reduce-scatter found done goes on to its all-gather at once."""
-        if self.handle is None:
+        if self.phase == "idle":
             return
         current = world()
         if current.backend.test(self.handle) and self.phase == "scatter":

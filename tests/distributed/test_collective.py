@@ -205,3 +205,34 @@ def test_a_bucket_checks_that_every_rank_runs_the_same_program(world):
     bucket = collective.Bucket("b", "mean", [(2,)], "step(x f32[2])")
     with pytest.raises(collective.CollectiveError, match="the ranks run different programs"):
         bucket.start(np.ones(2, np.float32))
+
+
+def test_shards_cover_a_bucket_in_rank_order_with_the_first_ranks_one_longer():
+    assert collective.shard_counts(67, 8) == [9, 9, 9, 8, 8, 8, 8, 8]
+    assert collective.shard_counts(3, 8) == [1, 1, 1, 0, 0, 0, 0, 0]  # ranks that own nothing
+    assert collective.displacements([9, 9, 8]) == [0, 9, 18]
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8, 64])
+def test_the_ordered_scheme_moves_about_twice_the_gradients_per_rank_whatever_the_ranks(ranks):
+    total = 1_000_003  # not divisible by any of the rank counts
+    for rank in range(ranks):
+        sent, received = collective.exchange_bytes("ordered", total, rank, ranks)
+        assert sent == received <= 2.1 * 4 * total
+        assert sent >= 2 * (ranks - 1) / ranks * 4 * total - 8 * ranks
+    assert collective.exchange_bytes("allgather", total, 0, ranks) == (4 * total * (ranks - 1),) * 2
+    assert collective.exchange_bytes("native", total, 0, ranks) == (None, None)
+
+
+def test_a_poll_that_finds_the_reduce_scatter_done_starts_the_all_gather(world):
+    backend = world(MirrorBackend(3, "sum")).backend
+    bucket = collective.Bucket("poll", "sum", [(5,), (2,)], "step(x f32[7])")
+    bucket.start(np.arange(5, dtype=np.float32), np.ones(2, np.float32))
+    assert bucket.phase == "scatter"
+    bucket.poll()
+    assert bucket.phase == "gather" and backend.exchanges == 3  # program check, alltoallv, allgatherv
+    out = [np.empty(5, np.float32), np.empty(2, np.float32)]
+    bucket.wait(*out)
+    np.testing.assert_array_equal(out[0], 3 * np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(out[1], [3.0, 3.0])
+    assert collective.world().traffic[bucket.key] == ("ordered", 28, 4 * (4 + 3 * 2), 4 * (3 * 2 + 4))
