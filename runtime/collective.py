@@ -30,6 +30,16 @@ Reduction schemes (BENDC_ALLREDUCE):
 - ``native``: the library's ``Iallreduce`` (MPI's reduction order depends on its algorithm and is
   not guaranteed identical across ranks or runs).
 
+Sharded optimizer (``jit(..., data_parallel="sharded")``, ZeRO-1): each tensor of n elements is
+cut by :func:`shard_counts` too, and its shard on every rank is padded to :func:`shard_size`
+(the largest shard, ceil(n / N)) so that every rank's program has the same types. A
+``reduce_scatter`` bucket (:class:`ShardBucket`) sends each rank its shard of every tensor of
+the bucket (one all-to-all, rank-major: the destination's pieces back to back) and the owner sums
+the N copies in rank order in float64, as ``ordered`` does: the same bits. The optimizer then
+updates the shard only, and an ``all_gather`` bucket hands every owner's updated shard to every
+rank (``Iallgatherv``). A rank sends (and receives) (n - own) + own (N-1) elements per phase pair,
+the ``ordered`` all-reduce's 2 (N-1)/N times the bytes.
+
 :func:`traffic` gives the bytes a rank sent and received in each bucket's last exchange.
 
 Failure: every wait has a deadline (BENDC_COLLECTIVE_TIMEOUT seconds, 300 by default); past it,
@@ -75,6 +85,19 @@ def shard_counts(total: int, size: int) -> list[int]:
     ``total % size`` ranks one more (rank s owns a contiguous run, after those of ranks < s)."""
     base, extra = divmod(total, size)
     return [base + (1 if rank < extra else 0) for rank in range(size)]
+
+
+def shard_size(total: int, size: int) -> int:
+    """The padded shard of a tensor of ``total`` elements on ``size`` ranks: its largest shard,
+    ceil(total / size) elements (a rank that owns fewer holds zeros past its own)."""
+    return -(-total // size)
+
+
+def own_range(total: int, size: int, rank: int) -> tuple[int, int]:
+    """[low, high) of the flat elements of a ``total``-element tensor that ``rank`` owns."""
+    counts = shard_counts(total, size)
+    low = sum(counts[:rank])
+    return low, low + counts[rank]
 
 
 def displacements(counts: Sequence[int]) -> list[int]:
@@ -305,6 +328,31 @@ def reference_all_reduce(x: np.ndarray, op: str) -> np.ndarray:
     return out.reshape(np.shape(x))
 
 
+def reference_reduce_scatter(x: np.ndarray, op: str) -> np.ndarray:
+    """This rank's padded shard (:func:`shard_size`) of the reduction of ``x`` over the world,
+    blocking: the numpy spec of ``reduce_scatter`` (zeros past the rank's own elements)."""
+    current = world()
+    reduced = reference_all_reduce(x, op).reshape(-1)
+    low, high = own_range(reduced.size, current.size, current.rank)
+    out = np.zeros(shard_size(reduced.size, current.size), np.float32)
+    out[:high - low] = reduced[low:high]
+    return out
+
+
+def reference_all_gather(shard: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """The tensor of ``shape`` whose shard on each rank is that rank's ``shard`` (padded, only its
+    own elements read), blocking: the numpy spec of ``all_gather``."""
+    current = world()
+    total = int(np.prod(shape, dtype=np.int64))
+    message = np.ascontiguousarray(shard, dtype=np.float32).reshape(-1)
+    gathered = message[None, :]
+    if current.size > 1:
+        gathered = np.empty((current.size, message.size), np.float32)
+        wait_for(current.backend, current.backend.start_allgather(message, gathered), "all_gather (reference)")
+    counts = shard_counts(total, current.size)
+    return np.concatenate([gathered[r, :counts[r]] for r in range(current.size)]).reshape(tuple(shape))
+
+
 def check_program(current: World, signature: str, what: str) -> None:
     """Every rank runs the same program: their signatures' digests are gathered and compared; on a
     mismatch every rank names each rank's signature (all of them saw the mismatch, so all gather)."""
@@ -482,7 +530,137 @@ class Bucket:
                 output.reshape(-1)[:] = reduced[low:high]
 
 
+class ShardBucket:
+    """One message of a sharded optimizer step: a ``reduce_scatter`` bucket (gradients in, this
+    rank's padded shards of their reductions out) or an ``all_gather`` bucket (this rank's padded
+    shards of the updated parameters in, the whole parameters out).
+
+    Layout: tensor i of n_i elements is cut by ``shard_counts(n_i, N)``; the rank-major message
+    holds, for each rank s in turn, s's piece of every tensor in bucket order (``pack``: indices
+    into the tensors' flat concatenation). The reduce-scatter sends block s to rank s and sums the
+    N blocks it receives in rank order (float64, one rounding: ``ordered_reduce``); the all-gather
+    receives every rank's block into that same layout. Host buffers only: device arrays are staged
+    through host memory."""
+
+    def __init__(self, key: str, kind: str, op: str, shapes: Sequence[Sequence[int]], signature: str) -> None:
+        assert kind in ("reduce_scatter", "all_gather")
+        self.key, self.kind, self.op, self.signature = key, kind, op, signature
+        # reduce_scatter: the padded shards' shapes (the whole sizes come with the first start);
+        # all_gather: the whole tensors' shapes
+        self.shapes = [tuple(s) for s in shapes]
+        self.sizes: list[int] = []
+        self.padded_shapes: list[int] = []  # the padded shards' sizes, as traced
+        self.device = False  # this call's arrays are device arrays (staged through host memory)
+        self.checked = False
+        self.handle: Any = None
+        self.phase = "idle"
+        self.layout: tuple = ()
+        self.started_ns = 0
+
+    def describe(self) -> str:
+        return f"{self.kind} bucket {self.key} ({len(self.shapes)} tensors)"
+
+    def _plan(self, current: World, sizes: list[int]) -> None:
+        """Counts, offsets and the pack index of ``sizes`` on this world; buffers."""
+        size, rank = current.size, current.rank
+        self.sizes = sizes
+        self.total = sum(sizes)
+        self.counts = [shard_counts(n, size) for n in sizes]  # [tensor][rank]
+        self.padded = [shard_size(n, size) for n in sizes]
+        self.per_rank = [sum(c[s] for c in self.counts) for s in range(size)]  # a rank's block
+        bases = displacements(sizes)
+        pieces = []
+        for s in range(size):
+            for n, base in zip(sizes, bases):
+                low, high = own_range(n, size, s)
+                pieces.append(np.arange(base + low, base + high))
+        self.pack = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
+        self.mine = [c[rank] for c in self.counts]
+        self.mine_offsets = displacements(self.mine) + [self.per_rank[rank]]
+        self.flat = np.empty(self.total, np.float32)  # the tensors back to back
+        self.message = np.empty(self.total, np.float32)  # rank-major
+        self.received = np.empty((size, self.per_rank[rank]), np.float32)
+        self.shard = np.empty(self.per_rank[rank], np.float32)
+
+    def _check_ranks(self, current: World) -> None:
+        """The padded shapes the program was traced with are this world's (one trace per world size)."""
+        for n, padded in zip(self.sizes, self.padded_shapes):
+            if shard_size(n, current.size) != padded:
+                raise CollectiveError(f"rank {current.rank} of {current.size}: {self.describe()} was traced for "
+                                      f"another number of ranks (a shard of {padded} of {n} elements; "
+                                      f"{shard_size(n, current.size)} on {current.size} ranks): trace the step "
+                                      "again in this world")
+
+    def start(self, *values: Any) -> None:
+        current = world()
+        if not self.checked:
+            check_program(current, self.signature, self.describe())
+            self.checked = True
+        host = [v if isinstance(v, np.ndarray) else v.copy_to_host() for v in values]
+        if self.kind == "reduce_scatter":
+            sizes, self.padded_shapes = [int(v.size) for v in host], [int(np.prod(s)) for s in self.shapes]
+        else:
+            sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+            self.padded_shapes = [int(v.size) for v in host]
+        if self.layout != (current.size, tuple(sizes)):
+            self.layout = (current.size, tuple(sizes))
+            self._plan(current, sizes)
+        self._check_ranks(current)
+        self.device = bool(values) and not isinstance(values[0], np.ndarray)
+        self.started_ns = time.perf_counter_ns()
+        backend = current.backend
+        if self.kind == "reduce_scatter":
+            for value, low, high in zip(host, displacements(sizes), displacements(sizes)[1:] + [self.total]):
+                self.flat[low:high] = value.reshape(-1)
+            np.take(self.flat, self.pack, out=self.message)
+            mine = self.per_rank[current.rank]
+            self.handle = backend.start_alltoallv(self.message, self.per_rank, self.received, [mine] * current.size)
+            self.phase = "scatter"
+        else:
+            for value, count, low in zip(host, self.mine, self.mine_offsets):
+                self.shard[low:low + count] = value.reshape(-1)[:count]
+            self.handle = backend.start_allgatherv(self.shard, self.message, self.per_rank)
+            self.phase = "gather"
+
+    def poll(self) -> None:
+        if self.phase != "idle":
+            world().backend.test(self.handle)
+
+    def wait(self, *outputs: Any) -> None:
+        current = world()
+        waited = time.perf_counter_ns()
+        part = "reduce-scatter" if self.kind == "reduce_scatter" else "all-gather"
+        wait_for(current.backend, self.handle, f"the {self.kind} of {self.describe()} ({part})")
+        self.handle, self.phase = None, "idle"
+        done = time.perf_counter_ns()
+        current.stats[self.key] = (self.started_ns, waited, done)
+        mine = self.per_rank[current.rank]
+        others = 4 * (self.total - mine) if current.size > 1 else 0
+        gathered = 4 * mine * (current.size - 1)
+        if self.kind == "reduce_scatter":
+            current.traffic[self.key] = ("sharded", 4 * self.total, others, gathered)
+            ordered_reduce(self.received, self.op, current.size, self.shard)
+            for output, count, low, padded in zip(outputs, self.mine, self.mine_offsets, self.padded_shapes):
+                piece = np.zeros(padded, np.float32)
+                piece[:count] = self.shard[low:low + count]
+                _store(output, piece, self.device)
+        else:  # parameters, not gradients: no gradient bytes
+            current.traffic[self.key] = ("sharded", 0, gathered, others)
+            self.flat[self.pack] = self.message
+            for output, low, n in zip(outputs, displacements(self.sizes), self.sizes):
+                _store(output, self.flat[low:low + n], self.device)
+
+
+def _store(output: Any, values: np.ndarray, device: bool) -> None:
+    """``values`` (flat, host) into ``output`` (an array of as many elements, host or device)."""
+    if device:
+        output.reshape(values.size).copy_to_device(values)
+    else:
+        output.reshape(-1)[:] = values
+
+
 _BUCKETS: dict[str, Bucket] = {}
+_SHARD_BUCKETS: dict[str, ShardBucket] = {}
 
 
 def bucket(key: str, op: str, shapes: Sequence[Sequence[int]], signature: str) -> Bucket:
@@ -492,10 +670,19 @@ def bucket(key: str, op: str, shapes: Sequence[Sequence[int]], signature: str) -
     return _BUCKETS[key]
 
 
+def shard_bucket(key: str, kind: str, op: str, shapes: Sequence[Sequence[int]], signature: str) -> ShardBucket:
+    """The process's ``reduce_scatter`` or ``all_gather`` bucket for ``key``."""
+    if key not in _SHARD_BUCKETS:
+        _SHARD_BUCKETS[key] = ShardBucket(key, kind, op, shapes, signature)
+    return _SHARD_BUCKETS[key]
+
+
 def traffic() -> dict[str, Any]:
     """This rank's bytes in the last exchange of every bucket, summed: ``gradient_bytes`` (the
     buckets' sizes), ``bytes_sent`` and ``bytes_received`` (None under ``native``: the library's
-    algorithm decides), the scheme, and ``buckets`` (how many)."""
+    algorithm decides), the scheme (``sharded`` for a sharded optimizer step's reduce-scatter and
+    all-gather buckets, whose all-gathers move parameters: no gradient bytes), and ``buckets``
+    (how many messages)."""
     current = world()
     records = list(current.traffic.values())
     sent = [r[2] for r in records]
