@@ -135,7 +135,6 @@ def average(value: Any) -> Any:
 
 # ------------------------------------------------------------------ the sharded optimizer (ZeRO-1)
 SHARDED = "sharded"
-MODES = (False, True, SHARDED)
 
 
 def sharding(values: Any) -> tuple[int, int] | None:
