@@ -18,9 +18,10 @@ Workloads (each a median of several timed runs after warm-up):
   compile      time to the first result: cold (empty cache) and warm (second process),
                against torch.compile's cold time
   fusion       kernel launches and bytes moved per mlp step, fused vs unfused
-  data_parallel  the mlp step data-parallel on 1 and 2 ranks (mpiexec -n N, global batch 256 split): step
-               time, beside the step without the all-reduce, the exchange alone, and the share of the
-               exchange hidden behind compute (bench/data_parallel.py)
+  data_parallel  the mlp step data-parallel on 1, 2, 4 and 8 ranks (mpiexec -n N, global batch 256 split):
+               step time, beside the step without the all-reduce, the exchange alone, the share of
+               the exchange hidden behind compute, and the bytes a rank sends per step over the
+               gradient bytes (bench/data_parallel.py; bench/scaling.py models more ranks)
   attention    causal grouped-query attention forward + backward (B=4, H=8, Hkv=2, T=512, D=64):
                the tiled, triangular and dense schedules (same compiler, each forced), and vs
                torch's scaled_dot_product_attention (eager, same thread count)
@@ -571,15 +572,16 @@ def blas() -> dict:
 
 # ------------------------------------------------------------------ data parallel (bendc.distributed)
 def bench_data_parallel(runs: int) -> dict:
-    """bench/data_parallel.py under ``mpiexec -n 1`` and ``-n 2`` (the venv's mpiexec, loopback only),
-    with DDP's 25 MB buckets (one bucket for this model: nothing to overlap) and 1 MB ones."""
+    """bench/data_parallel.py under ``mpiexec -n 1``, ``2``, ``4`` and ``8`` (the venv's mpiexec,
+    loopback only: 4 and 8 ranks oversubscribe a machine of fewer cores) with DDP's 25 MB buckets
+    (one bucket for this model: nothing to overlap), and on 2 ranks with 1 MB ones."""
     from bendc.distributed import LOOPBACK_ENV, loopback_command, mpiexec
 
     if not mpiexec().exists():
         return {"name": "data_parallel", "skipped": "no mpiexec beside python: pip install -e '.[distributed]'"}
     env = {**os.environ, **LOOPBACK_ENV, "PYTHONPATH": str(ROOT)}
     measured = {}
-    for ranks, bucket_mb in ((1, 25.0), (2, 25.0), (2, 1.0)):
+    for ranks, bucket_mb in ((1, 25.0), (2, 25.0), (2, 1.0), (4, 25.0), (8, 25.0)):
         command = loopback_command(ranks, [str(ROOT / "bench" / "data_parallel.py"), str(runs), str(bucket_mb)])
         output = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800, check=True).stdout
         measured[(ranks, bucket_mb)] = json.loads(output.strip().splitlines()[-1])
@@ -588,7 +590,9 @@ def bench_data_parallel(runs: int) -> dict:
             "no_all_reduce_ms_2ranks": two["step_ms_without_all_reduce"], "comm_ms": two["communication_ms"],
             "hidden": two["hidden"], "step_ms_2ranks_1mb": small["step_ms"], "buckets_1mb": small["buckets"],
             "no_all_reduce_ms_1mb": small["step_ms_without_all_reduce"], "comm_ms_1mb": small["communication_ms"],
-            "hidden_1mb": small["hidden"]}
+            "hidden_1mb": small["hidden"],
+            **{f"step_ms_{n}ranks": measured[(n, 25.0)]["step_ms"] for n in (4, 8)},
+            **{f"bytes_per_gradient_byte_{n}ranks": measured[(n, 25.0)]["bytes_per_gradient_byte"] for n in (2, 4, 8)}}
 
 
 def machine() -> dict:

@@ -3,7 +3,20 @@
 Run a script under ``mpiexec -n N python script.py``; each rank calls ``init()`` once, traces the
 same step on its shard of the batch, and the step's ``all_reduce`` ops (F.all_reduce, or every
 ``.grad`` read under ``data_parallel=True``) average the gradients over the ranks inside the
-compiled step (runtime/collective.py moves them: mpi4py, imported here only when ``init`` runs).
+compiled step (runtime/collective.py moves them: mpi4py, imported here only when ``init`` runs),
+by default as a rank-ordered reduce-scatter and all-gather: about twice the gradient bytes per
+rank per step whatever the number of ranks (``traffic()`` gives this rank's bytes).
+
+``data_parallel="sharded"`` (ZeRO-1) shards the optimizer of ``bendc.optim`` over the ranks: each
+tensor's flat elements are cut as the reduce-scatter cuts them (runtime/collective.py
+``shard_counts``), each rank holding a padded shard of ceil(n / N) elements (the same types on
+every rank). Inside the step the optimizer's gradient is ``reduce_scatter`` (this rank's shard of
+the reduced gradient), the update runs on the shard with the shard of the optimizer state, and
+``all_gather`` gives every rank the whole new parameters: the state is 1/N of its size per rank,
+and the parameters end bit-identical to the unsharded step (the same float64 rank-ordered sums,
+the same elementwise update on each element). ``bendc.optim.init_*(params, sharded=True)`` makes
+the state's shards; ``full_state`` gathers a sharded state into whole arrays (a checkpoint) and
+``shard_state`` cuts whole arrays into this rank's shards (loading one).
 
 ``init`` also installs an excepthook: a rank that raises prints its error and aborts the whole
 job (MPI_Abort), so the other ranks exit within the collective timeout at worst, never hang.
@@ -14,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from runtime import collective
 
@@ -102,9 +117,126 @@ def overlap() -> dict[str, float]:
     return {"in_flight_s": in_flight, "blocked_s": blocked}
 
 
+def traffic() -> dict[str, Any]:
+    """This rank's bytes in the last step's exchanges (each bucket's last), summed:
+    ``gradient_bytes``, ``bytes_sent``, ``bytes_received`` (None under BENDC_ALLREDUCE=native, whose
+    algorithm MPI chooses), ``scheme``, ``ranks`` and ``buckets`` (runtime/collective.py). Under the
+    default ``ordered`` scheme a rank sends 2 (N-1)/N times the gradient bytes."""
+    return collective.traffic()
+
+
 def average(value: Any) -> Any:
     """The mean over the ranks of a host value (a loss to print): every rank gets the same number."""
     import numpy as np
 
     array = np.asarray(value.copy_to_host() if hasattr(value, "copy_to_host") else value, dtype=np.float32)
     return collective.reference_all_reduce(array, "mean")
+
+
+# ------------------------------------------------------------------ the sharded optimizer (ZeRO-1)
+SHARDED = "sharded"
+
+
+def sharding(values: Any) -> tuple[int, int] | None:
+    """(rank, ranks) when the step tracing ``values`` (a list that may hold traced tensors) runs
+    under ``data_parallel="sharded"``, else None."""
+    from bendc.trace import Tensor
+
+    tracer = next((v.tracer for v in values if isinstance(v, Tensor)), None)
+    if tracer is None or getattr(tracer, "data_parallel", False) != SHARDED:
+        return None
+    current = collective.world()
+    return current.rank, current.size
+
+
+def shard_of(value: Any, rank: int, ranks: int) -> Any:
+    """This rank's padded shard of a traced tensor (flat; ``collective.shard_size`` elements). The
+    flat tensor is first padded with zeros to ranks * shard_size elements, then indexed at the
+    rank's first element, so that every rank's program has the same ops: a rank that owns fewer
+    than shard_size elements reads one element past its own (another rank's, or a zero) into a
+    slot the all-gather drops."""
+    tracer = value.tracer
+    total = value.type.numel
+    padded = collective.shard_size(total, ranks)
+    low, _ = collective.own_range(total, ranks, rank)
+    with tracer.at_user_line("shard"):
+        flat = value.reshape(total)
+        if padded * ranks > total:
+            zeros = tracer.emit("expand", (tracer.const(0.0).id,), shape=(padded * ranks - total,))
+            flat = tracer.emit("concat", (flat.id, zeros.id), axis=0)
+        return tracer.emit("index", (flat.id,), spec=((low, low + padded, 1),))
+
+
+def sharded_gradient(grad: Any, rank: int, ranks: int) -> Any:
+    """This rank's padded shard of a reduced gradient: a gradient that is an ``all_reduce``
+    (every ``.grad`` under data parallel) becomes the ``reduce_scatter`` of the local gradient
+    (the all-reduce, left unread, is dropped by dce); any other value (a gradient the user
+    transformed after its all-reduce) is already the same on every rank and is sliced."""
+    tracer = grad.tracer
+    node = tracer.graph.node(grad.id)
+    if node.op != "all_reduce":
+        return shard_of(grad, rank, ranks)
+    with tracer.at_user_line("reduce_scatter"):
+        return tracer.emit("reduce_scatter", (node.inputs[0],), op=node.attr["op"], group=node.attr["group"],
+                           ranks=ranks)
+
+
+def gather_shard(shard: Any, shape: tuple[int, ...], ranks: int) -> Any:
+    """The whole tensor of ``shape`` from every rank's updated shard (``all_gather``)."""
+    tracer = shard.tracer
+    with tracer.at_user_line("all_gather"):
+        return tracer.emit("all_gather", (shard.id,), op="concat", group="world", ranks=ranks, shape=tuple(shape))
+
+
+def _state_parts(state: Any, params: Any):
+    """The keys of ``state`` whose values have the parameters' structure (the per-parameter
+    arrays: momentum_buffer, exp_avg, exp_avg_sq), with their leaves, and the parameters' leaves."""
+    from bendc import tree
+
+    leaves, treedef = tree.flatten(params)
+    parts = {}
+    for key, value in state.items():
+        if key == "step":
+            continue
+        try:
+            parts[key] = tree.flatten_up_to(treedef, value)
+        except (ValueError, TypeError):
+            continue
+    return parts, leaves, treedef
+
+
+def full_state(state: dict, params: Any) -> dict:
+    """The whole optimizer state from every rank's shards (sharded state as the step returns it):
+    a collective, so every rank calls it; every rank gets the same whole arrays (a checkpoint)."""
+    from bendc import tree
+
+    parts, leaves, treedef = _state_parts(state, params)
+    whole = dict(state)
+    for key, shards in parts.items():
+        whole[key] = tree.unflatten(treedef, [
+            collective.reference_all_gather(np.asarray(shard, np.float32), np.shape(param))
+            for shard, param in zip(shards, leaves)])
+    return whole
+
+
+def shard_state(state: dict, params: Any) -> dict:
+    """This rank's shards of a whole optimizer state (a checkpoint that ``full_state`` or an
+    unsharded step made): the state a ``data_parallel="sharded"`` step takes."""
+    from bendc import tree
+
+    current = collective.world()
+    parts, leaves, treedef = _state_parts(state, params)
+    sharded = dict(state)
+    for key, arrays in parts.items():
+        sharded[key] = tree.unflatten(treedef, [shard_array(np.asarray(a, np.float32), current.rank, current.size)
+                                                for a in arrays])
+    return sharded
+
+
+def shard_array(array: np.ndarray, rank: int, ranks: int) -> np.ndarray:
+    """``rank``'s padded shard of a whole array: its own flat elements, zeros after them."""
+    flat = np.ascontiguousarray(array, np.float32).reshape(-1)
+    low, high = collective.own_range(flat.size, ranks, rank)
+    shard = np.zeros(collective.shard_size(flat.size, ranks), np.float32)
+    shard[:high - low] = flat[low:high]
+    return shard

@@ -216,7 +216,7 @@ class JitFunction:
     def __init__(self, fn: Callable, *, leaves: Sequence[str], target: str, cache_dir: str | None,
                  passes: Sequence[Any] | None, donate: Sequence[str] = (), dynamic: Sequence[str] = (),
                  recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None,
-                 data_parallel: bool = False, bucket_mb: float | None = None) -> None:
+                 data_parallel: bool | str = False, bucket_mb: float | None = None) -> None:
         functools.update_wrapper(self, fn)
         if check is None and os.environ.get("BENDC_CHECK", "") not in ("", "0"):
             check = "reference"
@@ -236,7 +236,10 @@ class JitFunction:
         self.resolved_target = resolve_target(target)
         self.cache_dir = cache_dir
         self.passes = list(passes) if passes is not None else default_passes()
-        self.data_parallel = bool(data_parallel)
+        if isinstance(data_parallel, str) and data_parallel != "sharded":
+            raise SignatureError(f"data_parallel={data_parallel!r}: False, True or 'sharded' (ZeRO-1: "
+                                 "bendc.optim's updates sharded over the ranks)", loc=user_location(), op="jit")
+        self.data_parallel = "sharded" if data_parallel == "sharded" else bool(data_parallel)
         if self.data_parallel or bucket_mb is not None:
             from bendc.distributed import bucket_pass
 
@@ -632,7 +635,7 @@ class JitFunction:
 def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str = "auto",
         cache_dir: str | None = None, passes: Sequence[Any] | None = None, donate: Sequence[str] = (),
         dynamic: Sequence[str] = (), recompile_limit: int = DEFAULT_RECOMPILE_LIMIT, check: str | None = None,
-        data_parallel: bool = False, bucket_mb: float | None = None):
+        data_parallel: bool | str = False, bucket_mb: float | None = None):
     """Compile a PyTorch-style training step; works as ``@jit`` and ``@jit(...)``.
 
     Parameters may be arrays, Python scalars and other hashable values (static: a new value is a
@@ -659,6 +662,9 @@ def jit(fn: Callable | None = None, *, leaves: Sequence[str] = (), target: str =
     ``mpiexec -n N`` (an ``all_reduce`` op where the gradient is final; bendc.distributed), the
     all-reduces bucketed by the ``bucket`` pass into messages of up to ``bucket_mb`` MB (25, as
     DistributedDataParallel) and overlapped with the rest of the backward.
+    ``data_parallel="sharded"`` also shards ``bendc.optim``'s updates (ZeRO-1): each rank updates
+    its shard of every parameter with its shard of the optimizer state (``bendc.optim.init_*(params,
+    sharded=True)``), between a reduce-scatter of the gradients and an all-gather of the parameters.
     """
     def wrap(function: Callable) -> JitFunction:
         return JitFunction(function, leaves=leaves, target=target, cache_dir=cache_dir, passes=passes,

@@ -25,6 +25,12 @@ the traced float32 value (lr / (1 - beta1**step) is still computed in float64
 from it).
 
 The state's ``step`` is a float32 0-d array, as torch keeps it.
+
+Under ``jit(..., data_parallel="sharded")`` (ZeRO-1, bendc/distributed.py) each update runs on
+this rank's padded shard of the parameter (``bendc.distributed.shard_of``) with the
+``reduce_scatter`` of its gradient, and ``all_gather`` makes the new parameter whole: the state
+arrays are this rank's shards (``init_*(params, sharded=True)``: 1-d, ceil(numel / N) elements
+each), and the state the step returns is too.
 """
 from __future__ import annotations
 
@@ -38,35 +44,42 @@ from bendc.trace import Tensor, active_tracer
 
 
 # ------------------------------------------------------------------ state (numpy, outside a trace)
-def _zeros_like(param: Any) -> np.ndarray:
-    return np.zeros(np.shape(param), np.float32)
+def _zeros_like(param: Any, sharded: bool = False) -> np.ndarray:
+    """Zeros of the parameter's shape, or (``sharded``) of this rank's padded shard of it."""
+    if not sharded:
+        return np.zeros(np.shape(param), np.float32)
+    from runtime.collective import shard_size, world
+
+    return np.zeros((shard_size(int(np.prod(np.shape(param), dtype=np.int64)), world().size),), np.float32)
 
 
-def _zeros_tree(params: Any) -> Any:
-    """Zeros like each array of ``params``; one array object under two paths (tied weights) gets one
-    zeros array, so that the state keeps the aliasing the step returns."""
+def _zeros_tree(params: Any, sharded: bool = False) -> Any:
+    """Zeros like each array of ``params`` (or its shard); one array object under two paths (tied
+    weights) gets one zeros array, so that the state keeps the aliasing the step returns."""
     leaves, treedef = tree.flatten(params)
     made: dict[int, np.ndarray] = {}
     zeros = []
     for leaf in leaves:
         if id(leaf) not in made:
-            made[id(leaf)] = _zeros_like(leaf)
+            made[id(leaf)] = _zeros_like(leaf, sharded)
         zeros.append(made[id(leaf)])
     return tree.unflatten(treedef, zeros)
 
 
-def init_sgd(params: Any, momentum: float = 0.0) -> dict:
+def init_sgd(params: Any, momentum: float = 0.0, sharded: bool = False) -> dict:
     """SGD's state: ``{}`` without momentum, else ``{"step": 0, "momentum_buffer": zeros}``
-    (a zero buffer and the step count reproduce torch's first step, buf = grad)."""
+    (a zero buffer and the step count reproduce torch's first step, buf = grad). ``sharded``:
+    this rank's shards (``data_parallel="sharded"``; call after ``bendc.distributed.init``)."""
     if momentum == 0.0:
         return {}
-    return {"step": np.zeros((), np.float32), "momentum_buffer": _zeros_tree(params)}
+    return {"step": np.zeros((), np.float32), "momentum_buffer": _zeros_tree(params, sharded)}
 
 
-def init_adam(params: Any) -> dict:
-    """Adam's and AdamW's state: ``{"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros}``."""
-    return {"step": np.zeros((), np.float32), "exp_avg": _zeros_tree(params),
-            "exp_avg_sq": _zeros_tree(params)}
+def init_adam(params: Any, sharded: bool = False) -> dict:
+    """Adam's and AdamW's state: ``{"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros}``;
+    ``sharded``: this rank's shards (``data_parallel="sharded"``)."""
+    return {"step": np.zeros((), np.float32), "exp_avg": _zeros_tree(params, sharded),
+            "exp_avg_sq": _zeros_tree(params, sharded)}
 
 
 # ------------------------------------------------------------------ helpers
@@ -108,6 +121,35 @@ def _grads(grads: Any, treedef: tree.TreeDef, op: str) -> list:
                                loc=user_location(), op=op) from None
 
 
+def _shard_update(param: Any, grad: Any, sharding: tuple[int, int] | None, state: list[tuple[str, Any]],
+                  op: str) -> tuple[Any, Any, tuple[int, ...] | None]:
+    """Under ``data_parallel="sharded"``: (this rank's shard of ``param``, the reduce-scatter of
+    ``grad``, the whole shape for the all-gather), the ``state`` arrays checked to be shards;
+    else (param, grad, None)."""
+    if sharding is None or not isinstance(param, Tensor) or param.type.numel == 0:
+        return param, grad, None
+    from bendc import distributed
+
+    rank, ranks = sharding
+    shard = distributed.shard_of(param, rank, ranks)
+    for key, value in state:
+        if isinstance(value, Tensor) and value.shape != shard.shape:
+            raise UnsupportedError(f"under data_parallel='sharded' state[{key!r}] of a parameter {param.type} is "
+                                   f"this rank's shard {shard.type}, got {value.type} (make the state with "
+                                   f"bendc.optim.init_{'sgd' if op == 'sgd' else 'adam'}(params, ..., "
+                                   f"sharded=True), or bendc.distributed.shard_state)", loc=user_location(), op=op)
+    return shard, distributed.sharded_gradient(grad, rank, ranks), param.shape
+
+
+def _gathered(new_param: Any, shape: tuple[int, ...] | None, sharding: tuple[int, int] | None) -> Any:
+    """The whole updated parameter: the all-gather of the shards under sharding."""
+    if shape is None:
+        return new_param
+    from bendc import distributed
+
+    return distributed.gather_shard(new_param, shape, sharding[1])
+
+
 def _next_step(step: Any) -> Any:
     """torch's ``state_step += 1``."""
     return step + 1.0 if isinstance(step, Tensor) else step + 1
@@ -134,6 +176,9 @@ def sgd(params: Any, grads: Any, state: Any, lr: Any = 1e-3, momentum: float = 0
     use_momentum = _traced(momentum) or momentum != 0.0
     buffers = _state_part(state, "momentum_buffer", treedef, "sgd") if use_momentum else []
     step = state.get("step") if use_momentum and isinstance(state, dict) else None
+    from bendc.distributed import sharding as _sharding
+
+    sharding = _sharding(leaves)
     new_params, new_buffers = [], []
     updated: dict[int, tuple] = {}  # a traced parameter under two paths (tied weights): updated once
     for index, (param, grad) in enumerate(zip(leaves, gradients)):
@@ -147,6 +192,8 @@ def sgd(params: Any, grads: Any, state: Any, lr: Any = 1e-3, momentum: float = 0
             new_params.append(param)
             new_buffers.append(buf)
             continue
+        whole = param
+        param, grad, shape = _shard_update(param, grad, sharding, [("momentum_buffer", buf)], "sgd")
         if _traced(weight_decay) or weight_decay != 0.0:
             grad = grad + weight_decay * param
         if use_momentum:
@@ -163,9 +210,9 @@ def sgd(params: Any, grads: Any, state: Any, lr: Any = 1e-3, momentum: float = 0
                 else:  # a zero buffer's first step is grad already (0 * momentum + grad)
                     buf = computed
             grad = grad + momentum * buf if nesterov else buf
-        new_params.append(param - lr * grad)
+        new_params.append(_gathered(param - lr * grad, shape, sharding))
         new_buffers.append(buf)
-        updated[id(param)] = (new_params[-1], buf)
+        updated[id(whole)] = (new_params[-1], buf)
     new_state: dict = {}
     if use_momentum:
         new_state = dict(state)
@@ -223,6 +270,9 @@ def _adam(params: Any, grads: Any, state: Any, lr: Any, betas: Any, eps: float, 
         raise UnsupportedError("the optimizer state has no 'step' (make it with bendc.optim.init_adam(params))",
                                loc=user_location(), op=op)
     step = _next_step(state["step"])
+    from bendc.distributed import sharding as _sharding
+
+    sharding = _sharding(leaves)
     new_params, new_m, new_v = [], [], []
     updated: dict[int, tuple] = {}  # a traced parameter under two paths (tied weights): updated once
     for param, grad, m, v in zip(leaves, gradients, exp_avg, exp_avg_sq):
@@ -232,8 +282,10 @@ def _adam(params: Any, grads: Any, state: Any, lr: Any, betas: Any, eps: float, 
         if id(param) in updated and isinstance(param, Tensor):
             p, m, v = updated[id(param)]
         else:
-            p, m, v = updated[id(param)] = _adam_leaf(param, grad, m, v, step, lr, beta1, beta2, eps,
-                                                      weight_decay, decoupled)
+            shard, grad, shape = _shard_update(param, grad, sharding, [("exp_avg", m), ("exp_avg_sq", v)], op)
+            p, m, v = _adam_leaf(shard, grad, m, v, step, lr, beta1, beta2, eps, weight_decay, decoupled)
+            p = _gathered(p, shape, sharding)
+            updated[id(param)] = (p, m, v)
         new_params.append(p), new_m.append(m), new_v.append(v)
     new_state = dict(state)
     new_state.update(step=step, exp_avg=tree.unflatten(treedef, new_m), exp_avg_sq=tree.unflatten(treedef, new_v))

@@ -4,13 +4,17 @@
 
 ``train``: three SGD steps of a tiny MLP, data-parallel, each rank on its shard of a fixed global
 batch; after every step the ranks' parameters are gathered and must be bit-identical; rank 0
-writes the final parameters and the compile report. ``raise``: rank 1 raises on step 3.
-``dies``: rank 1 exits at step 3 without a word. ``stuck``: rank 1 sleeps at step 3.
+writes the final parameters, the compile report, and every rank's traffic and shard sizes
+(traffic.json). ``raise``: rank 1 raises on step 3. ``dies``: rank 1 exits at step 3 without a
+word. ``killed``: rank 1 is killed (SIGKILL) on step 3 in the middle of an exchange, its
+reduce-scatter done and its all-gather not started. ``stuck``: rank 1 sleeps at step 3.
 ``mismatch``: rank 1 traces a batch of another shape.
 """
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
 import time
 
@@ -20,7 +24,7 @@ import bendc
 import bendc.distributed
 import bendc.functional as F
 
-GLOBAL_BATCH, FEATURES, HIDDEN, OUTPUTS, STEPS = 8, 6, 16, 3, 3
+GLOBAL_BATCH, FEATURES, HIDDEN, OUTPUTS, STEPS = 24, 6, 16, 3, 3  # 24 rows: 1, 2, 3, 4 or 8 ranks
 
 
 def mlp_step(x, y, w1, b1, w2, b2):
@@ -45,6 +49,7 @@ def main() -> int:
     target = sys.argv[4] if len(sys.argv) > 4 else "cpu"
     rank, size = bendc.distributed.init()
     from mpi4py import MPI
+    from runtime import collective
 
     # bucket_mb small enough that the tiny model's gradients make two buckets (overlap is reported)
     step = bendc.jit(mlp_step, leaves=("w1", "b1", "w2", "b2"), target=target, cache_dir=cache_dir,
@@ -59,13 +64,22 @@ def main() -> int:
             raise RuntimeError("rank 1 fails on purpose at step 3")
         if scenario == "dies" and rank == 1 and number == 3:
             os._exit(3)  # no excepthook, no MPI_Abort: the launcher sees the rank go
+        if scenario == "killed" and rank == 1 and number == 3:
+            def killed(self, current):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            collective.Bucket._reduce_shard_and_gather = killed
         if scenario == "stuck" and rank == 1 and number == 3:
             time.sleep(600)  # alive but silent: rank 0's wait times out
         loss, *params = step(xs, ys, *params)
         gathered = MPI.COMM_WORLD.allgather(b"".join(np.ascontiguousarray(p).tobytes() for p in params))
         if any(other != gathered[0] for other in gathered):
             raise AssertionError(f"step {number}: the ranks' parameters differ")
+    traffic = {**bendc.distributed.traffic(), "shards": [b.shards for b in collective._BUCKETS.values()]}
+    traffics = MPI.COMM_WORLD.allgather(traffic)
     if rank == 0:
+        with open(os.path.join(out_dir, "traffic.json"), "w") as stream:
+            json.dump(traffics, stream)
         np.savez(os.path.join(out_dir, "params.npz"), *params)
         with open(os.path.join(out_dir, "report.txt"), "w") as stream:
             stream.write(step.report())

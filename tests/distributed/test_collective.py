@@ -31,14 +31,18 @@ LEAVES = ("w1", "b1", "w2", "b2")
 
 class MirrorBackend(collective.Backend):
     """Rank 0 of a world of ``size`` where every rank sends the same message (an in-process test
-    of packing, exchange, rank-ordered reduction and unpacking)."""
+    of packing, exchange, rank-ordered reduction and unpacking). The all-gather of the reduced
+    shards gives the other owners' shards as they would reduce them (with ``op``): each the
+    rank-ordered reduction of ``size`` copies of its run of the last message scattered."""
 
     name = "mirror"
     rank = 0
 
-    def __init__(self, size: int = 2) -> None:
+    def __init__(self, size: int = 2, op: str = "mean") -> None:
         self.size = size
+        self.op = op
         self.exchanges = 0
+        self.scattered = None
 
     def start_allgather(self, send, receive):
         self.exchanges += 1
@@ -47,6 +51,23 @@ class MirrorBackend(collective.Backend):
 
     def start_allreduce_sum(self, buffer):
         buffer *= self.size
+        return None
+
+    def start_alltoallv(self, send, send_counts, receive, receive_counts):
+        self.exchanges += 1
+        self.scattered = (send.copy(), list(send_counts))
+        receive[:] = send[:send_counts[0]]  # every rank's run for rank 0 is the same
+        return None
+
+    def start_allgatherv(self, send, receive, counts):
+        self.exchanges += 1
+        message, runs = self.scattered
+        starts = collective.displacements(counts)
+        receive[:counts[0]] = send
+        for owner in range(1, self.size):
+            copies = np.tile(message[starts[owner]:starts[owner] + runs[owner]], (self.size, 1))
+            collective.ordered_reduce(copies, self.op, self.size,
+                                      receive[starts[owner]:starts[owner] + counts[owner]])
         return None
 
     def test(self, handle):
@@ -141,7 +162,7 @@ def test_each_bucket_starts_when_its_gradients_are_final_and_waits_before_the_fi
 
 @pytest.mark.parametrize("op, factor", [("mean", 1.0), ("sum", 2.0)])
 def test_a_bucket_over_two_mirrored_ranks_reduces_in_rank_order(world, op, factor, tmp_path):
-    backend = world(MirrorBackend(2)).backend
+    backend = world(MirrorBackend(2, op)).backend
 
     def step(x, w):
         loss = (F.all_reduce(x * w, op=op)).sum()
@@ -184,3 +205,37 @@ def test_a_bucket_checks_that_every_rank_runs_the_same_program(world):
     bucket = collective.Bucket("b", "mean", [(2,)], "step(x f32[2])")
     with pytest.raises(collective.CollectiveError, match="the ranks run different programs"):
         bucket.start(np.ones(2, np.float32))
+
+
+def test_shards_cover_a_bucket_in_rank_order_with_the_first_ranks_one_longer():
+    assert collective.shard_counts(67, 8) == [9, 9, 9, 8, 8, 8, 8, 8]
+    assert collective.shard_counts(3, 8) == [1, 1, 1, 0, 0, 0, 0, 0]  # ranks that own nothing
+    assert collective.displacements([9, 9, 8]) == [0, 9, 18]
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8, 64])
+def test_the_ordered_scheme_moves_about_twice_the_gradients_per_rank_whatever_the_ranks(ranks):
+    total = 1_000_003  # not divisible by any of the rank counts
+    for rank in range(ranks):
+        sent, received = collective.exchange_bytes("ordered", total, rank, ranks)
+        assert sent == received <= 2.1 * 4 * total
+        assert sent >= 2 * (ranks - 1) / ranks * 4 * total - 8 * ranks
+    assert collective.exchange_bytes("allgather", total, 0, ranks) == (4 * total * (ranks - 1),) * 2
+    assert collective.exchange_bytes("native", total, 0, ranks) == (None, None)
+
+
+def test_the_all_gather_starts_at_the_wait_never_at_a_poll(world):
+    """Whether a reduce-scatter is done at a poll depends on timing; the all-gathers (collectives)
+    must start in the same order on every rank: at the waits, in the plan's order."""
+    backend = world(MirrorBackend(3, "sum")).backend
+    bucket = collective.Bucket("poll", "sum", [(5,), (2,)], "step(x f32[7])")
+    bucket.start(np.arange(5, dtype=np.float32), np.ones(2, np.float32))
+    assert bucket.phase == "scatter"
+    bucket.poll()
+    assert bucket.phase == "scatter" and backend.exchanges == 2  # program check, alltoallv
+    out = [np.empty(5, np.float32), np.empty(2, np.float32)]
+    bucket.wait(*out)
+    assert backend.exchanges == 3  # the allgatherv
+    np.testing.assert_array_equal(out[0], 3 * np.arange(5, dtype=np.float32))
+    np.testing.assert_array_equal(out[1], [3.0, 3.0])
+    assert collective.world().traffic[bucket.key] == ("ordered", 28, 4 * (4 + 3 * 2), 4 * (3 * 2 + 4))

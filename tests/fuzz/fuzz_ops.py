@@ -126,6 +126,10 @@ OP_TABLE: dict[str, OpEntry] = {
     # because no generator family can reach it. tests/distributed checks it on two ranks against torch.
     "all_reduce": OpEntry(S, "F.all_reduce(x, op='mean'|'sum'); every .grad under jit(data_parallel=True)",
                           "torch.distributed.all_reduce (identity on one rank)", ()),
+    "reduce_scatter": OpEntry(S, "bendc.optim under jit(data_parallel='sharded'): the gradient's shard",
+                              "torch.distributed.reduce_scatter_tensor (flat, padded; one rank: the flat tensor)", ()),
+    "all_gather": OpEntry(S, "bendc.optim under jit(data_parallel='sharded'): the updated parameter",
+                          "torch.distributed.all_gather_into_tensor (one rank: the shard reshaped)", ()),
     # ---------------------------------------------------------------- dropout, activations, losses
     "dropout": OpEntry(D, "F.dropout(x, p, training?, seed=<0-d int64 input>), p in {0, 0.25, 0.5, 0.9, 1}",
                        "x * noise with bendc's Philox mask (fuzz_gen.TorchF.dropout)", ("dropout",)),

@@ -95,6 +95,8 @@ SAMPLES: dict[str, Sample] = {
     "attention": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]")),
                         {"causal": True, "scale": 0.5, "schedule": "triangular"}),
     "all_reduce": Sample((T("f32[2,3]"),), {"op": "mean", "group": "world"}),
+    "reduce_scatter": Sample((T("f32[2,3]"),), {"op": "mean", "group": "world", "ranks": 1}),
+    "all_gather": Sample((T("f32[6]"),), {"op": "concat", "group": "world", "ranks": 1, "shape": (2, 3)}),
     "attention_probs": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]")),
                               {"causal": False, "scale": 0.5, "schedule": "dense"}),
     "attention_score_grad": Sample((T("f32[1,2,6]"), T("f32[1,1,3,2]"), T("f32[1,2,3,2]")),
@@ -516,6 +518,19 @@ def selection(x, y, w):
 
 
 COVERAGE_PROGRAMS["all_reduce"] = (all_reduce, ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1)))
+
+
+def sharded_update(x, w):
+    """data_parallel="sharded"'s halves (bendc.distributed), as bendc.optim emits them: one rank."""
+    import bendc.distributed as distributed
+
+    loss = (x * w).sum()
+    loss.backward()
+    grad = distributed.sharded_gradient(F.all_reduce(w.grad, op="mean"), 0, 1)
+    return loss, distributed.gather_shard(distributed.shard_of(w, 0, 1) - 0.1 * grad, (2, 3), 1)
+
+
+COVERAGE_PROGRAMS["sharded_update"] = (sharded_update, ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1)))
 # dropout, activations, losses (op-coverage issue)
 def activations_losses(x, w, target, logits, seed, index, table):
     h = F.dropout(x * w, 0.25, seed=seed)
