@@ -69,10 +69,11 @@ FAMILIES += ("select", "power", "shape")  # comparisons/where/clamp, powers, sha
 # convolution and pooling (op-coverage issue)
 FAMILIES += ("conv", "pool")
 FAMILIES += ("group_norm_family",)  # group norm as fused ops (bendc/ops/group_norm.py)
+FAMILIES += ("creation",)  # tensors made inside the step, integer index arithmetic (issue 22)
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
-EXACT_FAMILIES = {"arith_tensor", "arith_scalar", "neg", "relu", "pow", "identity", "layout", "index"}
+EXACT_FAMILIES = {"arith_tensor", "arith_scalar", "neg", "relu", "pow", "identity", "layout", "index", "creation"}
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,10 @@ class TorchF:
         raise AttributeError(name)
 
     relu = staticmethod(torch.relu)
+    arange = staticmethod(torch.arange)  # the creation family (bendc.functional's creation functions)
+    tensor = staticmethod(torch.tensor)
+    full = staticmethod(torch.full)
+    ones_like = staticmethod(torch.ones_like)
     sigmoid = staticmethod(torch.sigmoid)
     tanh = staticmethod(torch.tanh)
     exp = staticmethod(torch.exp)
@@ -843,6 +848,37 @@ class Builder:
         if style == "ellipsis":
             parts = ["..."] + parts
         self.emit(f"{x.name}[{', '.join(parts)}]", out, x.bound, (x,), "index")
+        return True
+
+    def creation(self) -> bool:
+        """Tensors made inside the step (issue 22), each rounding as torch's does: F.arange under
+        integer arithmetic (int_add, int_sub, int_mul, int_floordiv, int_remainder) scaling x,
+        a torch.tensor literal, F.full and F.ones_like, and integer index tensors made from an
+        arange (.long() of a float: to_int; negative entries: wrap_index). Index entries are
+        distinct, so the backward's scatter adds each gradient once, as torch's does."""
+        draw = self.draw
+        x = self.pick(lambda v: len(v.shape) > 0 and v.shape[-1] > 0)
+        if x is None:
+            return False
+        n = x.shape[-1]
+        style = draw(st.sampled_from(["arange", "literal", "full", "index"]))
+        if style == "arange":
+            scale, shift, modulus = draw(st.integers(1, 3)), draw(st.integers(0, 4)), draw(st.integers(2, 4))
+            expr = f"{x.name} * ((F.arange({n}) * {scale} + {shift}) // 2 % {modulus} - 1)"
+            self.emit(expr, x.shape, x.bound * max(1, modulus - 2), (x,), "creation")
+        elif style == "literal":
+            values = draw(st.lists(st.sampled_from([-2.0, -1.5, -0.5, 0.25, 1.0, 2.0]), min_size=n, max_size=n))
+            self.emit(f"{x.name} * F.tensor({values!r})", x.shape, x.bound * 2, (x,), "creation")
+        elif style == "full":
+            expr = f"{x.name} + F.full({tuple(x.shape)!r}, 0.5) * F.ones_like({x.name})"
+            self.emit(expr, x.shape, x.bound + 0.5, (x,), "creation")
+        else:
+            count, back = draw(st.integers(1, n)), draw(st.integers(0, n))
+            back = min(back, n)  # entries -back .. count-1-back: distinct after wrapping, all in [-n, n)
+            if count - 1 - back >= n:
+                return False
+            index = f"(F.arange({count}) * 1.0 - {back}).long()"
+            self.emit(f"{x.name}[..., {index}]", (*x.shape[:-1], count), x.bound, (x,), "creation")
         return True
 
     def matmul(self) -> bool:

@@ -37,6 +37,18 @@ OP_TABLE: dict[str, OpEntry] = {
                      "Python scalars", ("arith_scalar", "nonfinite")),
     "grad": OpEntry(D, "leaf.grad after a backward() (placeholder resolved by autodiff); zero_grad empties it",
                     "leaf.grad (cloned: torch accumulates into it in place)", ("grad_read",)),
+    # ---------------------------------------------------------------- made inside the step (issue 22)
+    "iota": OpEntry(D, "F.arange(n), torch.arange, zeros/ones/full/eye and *_like inside the step",
+                    "torch.arange, torch.full, ...", ("creation",)),
+    "literal": OpEntry(D, "F.tensor([...]), torch.tensor of a list inside the step", "torch.tensor", ("creation",)),
+    "int_add": OpEntry(D, "idx + 1 on an integer tensor (F.arange(n) * 3 + 2)", "same", ("creation",)),
+    "int_sub": OpEntry(D, "idx - 1 on an integer tensor, -idx", "same", ("creation",)),
+    "int_mul": OpEntry(D, "idx * stride on an integer tensor", "same", ("creation",)),
+    "int_floordiv": OpEntry(D, "idx // n on an integer tensor", "same", ("creation",)),
+    "int_remainder": OpEntry(D, "idx % n on an integer tensor", "same", ("creation",)),
+    "to_int": OpEntry(D, "x.long(), x.int(), x.to(torch.int64) of a float tensor", "same", ("creation",)),
+    "wrap_index": OpEntry(I, "x[..., idx] with an integer tensor idx (negative entries counted from the end)",
+                          "advanced indexing", ("creation",)),
     # ---------------------------------------------------------------- elementwise
     "add": OpEntry(D, "a + b (broadcast), a + 2.0, 2.0 + a, x + x", "same", ("arith_tensor", "arith_scalar")),
     "sub": OpEntry(D, "a - b (broadcast), a - 2.0, 2.0 - a", "same", ("arith_tensor", "arith_scalar")),
