@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 import cache_worker  # noqa: E402
 
 
-def start(*args: str) -> subprocess.Popen:
-    # A cold compile here runs on the process pool (bendc/codegen/compile_pool.py): its workers write
-    # into the same cache, and a kill of the compiling process must leave nothing half-trusted.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENDC_COMPILE_WORKERS": "1"}
+def start(*args: str, pool: bool = False) -> subprocess.Popen:
+    """A cache worker; ``pool``: its cold compile runs on the compile pool (bendc/codegen/compile_pool.py),
+    whose worker processes write into the same cache (the concurrent compiles and the kills use it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENDC_COMPILE_WORKERS": "1" if pool else "0"}
     return subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=ROOT)
 
@@ -70,7 +70,7 @@ def test_concurrent_compiles_leave_one_valid_entry(tmp_path):
     for round in range(3):
         cache = tmp_path / f"cache{round}"
         barrier = tmp_path / f"go{round}"
-        workers = [start(str(cache), "--wait-for", str(barrier), "--verify") for _ in range(3)]
+        workers = [start(str(cache), "--wait-for", str(barrier), "--verify", pool=True) for _ in range(3)]
         for worker in workers:
             wait_ready(worker)
         barrier.touch()
@@ -97,7 +97,7 @@ def test_concurrent_loads_of_one_entry(tmp_path):
 
 def cold_compile_seconds(tmp_path) -> float:
     barrier = tmp_path / "go-measure"
-    worker = start(str(tmp_path / "measure"), "--wait-for", str(barrier))
+    worker = start(str(tmp_path / "measure"), "--wait-for", str(barrier), pool=True)
     wait_ready(worker)
     began = time.monotonic()
     barrier.touch()
@@ -113,7 +113,7 @@ def test_sigkill_during_a_cold_compile_leaves_nothing_trusted(tmp_path, points):
     for number, delay in enumerate(np.linspace(0.0, seconds * 1.1, points)):
         cache = tmp_path / f"killed{number}"
         barrier = tmp_path / f"go{number}"
-        worker = start(str(cache), "--wait-for", str(barrier))
+        worker = start(str(cache), "--wait-for", str(barrier), pool=True)
         wait_ready(worker)
         barrier.touch()
         time.sleep(delay)
