@@ -218,7 +218,9 @@ def test_the_cuda_core_names_the_gpu_path_calls_exist(artifact: Path) -> None:
     core = cuda_core()
     for owner, names in ((core, ("Device", "ObjectCode", "LaunchConfig", "StreamOptions", "Stream", "launch")),
                          (core.Device, ("set_current", "create_stream", "memory_resource", "compute_capability")),
-                         (core.Stream, ("from_handle", "create_graph_builder", "sync", "handle")),
+                         (core.Stream, ("from_handle", "create_graph_builder", "sync", "handle", "record", "wait")),
+                         (core.Event, ("is_done",)),
+                         (core, ("LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM")),
                          (core.ObjectCode, ("from_cubin", "get_kernel")),
                          (core.Kernel, ("num_arguments", "arguments_info")),
                          (driver, ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync", "CUresult"))):
