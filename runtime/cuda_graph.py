@@ -104,6 +104,18 @@ class CubinMismatch(Exception):
     """A cubin (or a loaded kernel) whose entry or parameters differ from what the plan records."""
 
 
+class CaptureError(Exception):
+    """Recording the step's CUDA graph failed: the capture was ended and the partial graph discarded
+    (the stream is usable again). ``kernel`` names the launch being captured (``step.kernel``), or
+    the stage after the launches (instantiating, uploading) when they were all captured."""
+
+    def __init__(self, kernel: str, error: BaseException) -> None:
+        first = str(error).splitlines()[0] if str(error) else ""
+        super().__init__(f"capturing the CUDA graph failed at {kernel}: {type(error).__name__}: {first}")
+        self.kernel = kernel
+        self.error = error
+
+
 def array_words_count(ndim: int) -> int:
     """How many 8-byte parameter words numba passes for an array of ``ndim`` dimensions."""
     return 5 + 2 * ndim
@@ -584,20 +596,45 @@ class CudaCoreDevice:
 
     def record(self, calls: list[Call]) -> Any:
         """The launches captured in order into one graph on a non-blocking stream, instantiated and
-        uploaded."""
-        builder = self.own_stream.create_graph_builder().begin_building("relaxed")
-        for call in calls:
-            self.launch(call, builder)
-        graph = builder.end_building().complete()
-        graph.upload(self.own_stream)
-        self.own_stream.sync()
-        return graph
+        uploaded. On any error the capture is ended, the builder and any graph made are discarded
+        (the stream leaves capture mode) and CaptureError names the kernel being captured."""
+        builder = self.own_stream.create_graph_builder()
+        graph = None
+        where = "the start of the capture"
+        try:
+            builder.begin_building("relaxed")
+            for call in calls:
+                where = f"kernel {call.step}.{call.launch['kernel']}"
+                self.launch(call, builder)
+            where = "the graph's instantiation (after its last kernel)"
+            graph = builder.end_building().complete()
+            where = "the graph's upload"
+            graph.upload(self.own_stream)
+            self.own_stream.sync()
+            return graph
+        except Exception as error:
+            discard_capture(builder, graph)
+            raise CaptureError(where, error) from error
 
     def replay(self, graph: Any) -> None:
         graph.launch(self.stream)
 
     def synchronize(self) -> None:
         self.stream.sync()
+
+
+def discard_capture(builder: Any, graph: Any) -> None:
+    """End a graph builder's capture if it is still capturing, then close the graph and the builder.
+    Each step is tried whatever the ones before raised (the capture may be invalidated)."""
+    steps = [lambda: builder.end_building() if builder.is_building else None]
+    if graph is not None:
+        steps.append(graph.close)
+    steps.append(builder.close)
+    for step in steps:
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - already failing: the first error is the one raised
+            pass
 
 
 def _offset_size(info: Any) -> tuple[int, int]:

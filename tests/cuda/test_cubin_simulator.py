@@ -582,6 +582,26 @@ def test_jit_cuda_runs_its_cubins_through_the_cubin_runtime(optimizer, monkeypat
         check_optimizer_outputs(mine, theirs, f"step {number}")
 
 
+def test_jit_cuda_raises_a_bendc_error_naming_the_kernel_when_the_capture_fails(optimizer, monkeypatch) -> None:
+    import bendc.cuda_jit as cuda_jit
+    from bendc.errors import InternalError
+    from runtime.cuda_graph import CaptureError
+
+    folder, manifest, _ = optimizer
+    monkeypatch.setenv("BENDC_CACHE_DIR", str(folder / "cache"))
+    monkeypatch.delenv("BENDC_CUDA_RUNTIME", raising=False)
+    monkeypatch.setattr(cuda_jit, "device_arch", lambda: "sm_90")
+
+    class FailingCapture(SimulatedDevice):
+        def record(self, calls):
+            raise CaptureError(f"kernel {calls[0].step}.{calls[0].launch['kernel']}", RuntimeError("CUDA_ERROR_X"))
+
+    monkeypatch.setattr(cuda_jit, "cubin_device", lambda cubins, plan, modules: FailingCapture(cubins, modules))
+    with pytest.raises(InternalError, match=r"momentum: capturing the CUDA graph failed at kernel \w+\.\w+: "
+                                            r"RuntimeError: CUDA_ERROR_X; BENDC_CUDA_RUNTIME=eager"):
+        jitted_optimizer()(*random_inputs(manifest, 0))
+
+
 def test_jit_cuda_falls_back_to_numbas_jit_when_no_cubin_can_be_built(optimizer, monkeypatch, tmp_path,
                                                                       capfd) -> None:
     import bendc.cuda_jit as cuda_jit
