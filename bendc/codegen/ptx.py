@@ -43,12 +43,45 @@ class CompiledKernel:
     entry: str = ""  # the cubin's kernel symbol
     parameters: tuple[tuple[int, int], ...] = ()  # (offset, size) in bytes of each kernel parameter
     cached: bool = False  # found in the kernel cache (bendc/codegen/cubins.py), not compiled now
+    threads: int = 0  # of a block of its launch (compile_plan), 0: not known
 
     def describe(self) -> str:
         when = "from the kernel cache" if self.cached else f"compiled in {self.seconds * 1000:.0f} ms"
+        found = occupancy(self.registers, self.shared_bytes, self.threads, self.arch) if self.threads else None
+        resident = ""
+        if found is not None:
+            resident = (f", {found['blocks']} blocks of {self.threads} threads per SM ({found['percent']}% occupancy, "
+                        f"limited by {found['limit']})")
         return (f"{self.step}.{self.kernel} ({self.arch}): {self.registers} registers, "
                 f"{self.spill_stores} bytes spill stores, {self.spill_loads} bytes spill loads, "
-                f"{self.shared_bytes} bytes shared memory; {when}")
+                f"{self.shared_bytes} bytes shared memory{resident}; {when}")
+
+
+# Per-SM limits of the architectures whose occupancy the report gives (CUDA's occupancy calculator
+# for compute capability 9.0: H100, H200): threads, warps, blocks, 32-bit registers (allocated per
+# warp in units of 256), shared memory (bytes; 1 KiB reserved per block, allocated in 128 bytes).
+SM_LIMITS = {"sm_90": {"warps": 64, "blocks": 32, "registers": 65536, "register_unit": 256,
+                       "shared": 233472, "shared_reserved": 1024, "shared_unit": 128}}
+
+
+def occupancy(registers: int, shared_bytes: int, threads: int, arch: str = "sm_90") -> dict[str, Any] | None:
+    """Blocks of ``threads`` resident per SM for a kernel of ``registers`` per thread and
+    ``shared_bytes`` of static shared memory, the occupancy (resident warps over the SM's) and
+    which limit binds: the fewest blocks that warps, registers, shared memory and the block limit
+    allow. None for an architecture SM_LIMITS does not list."""
+    limits = SM_LIMITS.get(arch)
+    if limits is None or threads <= 0:
+        return None
+    warps = -(-threads // 32)
+    unit = limits["register_unit"]
+    per_warp = -(-max(registers, 1) * 32 // unit) * unit
+    shared_unit = limits["shared_unit"]
+    per_block = -(-(shared_bytes + limits["shared_reserved"]) // shared_unit) * shared_unit
+    by = {"warps": limits["warps"] // warps, "registers": (limits["registers"] // per_warp) // warps,
+          "shared memory": limits["shared"] // per_block, "blocks per SM": limits["blocks"]}
+    limit = min(by, key=lambda name: by[name])
+    blocks = by[limit]
+    return {"blocks": blocks, "percent": round(100 * blocks * warps / limits["warps"]), "limit": limit}
 
 
 class CompileError(Exception):
@@ -190,6 +223,8 @@ def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
                                         step=step.name, kernel=launch["kernel"])
                 if cache is not None:
                     cache.store(step, kernel)
+            block = launch["block"]
+            kernel.threads = int(block[0]) * int(block[1]) * int(block[2])
             compiled.append(kernel)
     return compiled
 

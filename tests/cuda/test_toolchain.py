@@ -65,3 +65,19 @@ def test_a_cuda_core_without_a_linker_is_a_compile_error_naming_the_kernel(monke
     monkeypatch.setitem(sys.modules, "cuda.core", types.ModuleType("cuda.core"))  # an older cuda.core
     with pytest.raises(CompileError, match=r"smoke\.kernel: ImportError: cannot import name 'Linker'"):
         smoke_compile("sm_90")
+
+
+def test_occupancy_for_sm_90_from_registers_shared_memory_and_threads() -> None:
+    """The issue's figures for the tiled attention kernels at 128 threads: 96 registers and 35 KiB
+    of shared memory give 5 blocks (31%), 158 registers 3 blocks (19%)."""
+    from bendc.codegen.ptx import CompiledKernel, occupancy
+
+    assert occupancy(96, 35 * 1024, 128) == {"blocks": 5, "percent": 31, "limit": "registers"}
+    assert occupancy(158, 39 * 1024, 128) == {"blocks": 3, "percent": 19, "limit": "registers"}
+    assert occupancy(32, 0, 256) == {"blocks": 8, "percent": 100, "limit": "warps"}
+    assert occupancy(16, 0, 32) == {"blocks": 32, "percent": 50, "limit": "blocks per SM"}
+    assert occupancy(32, 100 * 1024, 128)["limit"] == "shared memory"
+    assert occupancy(32, 0, 128, "sm_80") is None
+    kernel = CompiledKernel("s", "k", "sm_90", "", b"", 96, 0, 0, 35 * 1024, "", 0.1, threads=128)
+    assert "35840 bytes shared memory, 5 blocks of 128 threads per SM (31% occupancy, limited by registers)" \
+        in kernel.describe()
