@@ -3,7 +3,7 @@ stage (tests/gpu/test_carried.py) depends on nothing of the device's compiler: c
 (cubins for sm_90, from this machine's NVVM and nvJitLink), each with its inputs and the cpu
 build's outputs as .npy files.
 
-    PYTHONPATH=. python tests/gpu/carried.py [FOLDER]      (default tests/gpu/carried: ignored by git)
+    PYTHONPATH=. python tests/gpu/carried.py [FOLDER] [--small]   (default tests/gpu/carried: git-ignored)
 
 Then give the folder to the device tool's ``carry``. Each program's folder holds ``cuda/`` (the
 artifact), ``inputs/in{k}.npy`` and ``expected/out{k}.npy`` (the cpu build's outputs for those
@@ -47,7 +47,10 @@ def compile_artifact(function: str, shapes: str, target: str, folder: Path, opti
         raise SystemExit(f"bendc {' '.join(command)} failed")
 
 
-def build(folder: Path) -> dict:
+SMALL_CHAIN = "x=f32[8,33] w=f32[8,33] b=f32[33]"
+
+
+def build(folder: Path, small: bool = False) -> dict:
     """Build every carried program into ``folder`` (replaced); returns carried.json's content."""
     import runtime
     from runtime.artifact import read_manifest
@@ -58,6 +61,7 @@ def build(folder: Path) -> dict:
     folder.mkdir(parents=True)
     listing: dict = {"arch": ARCH, "programs": {}}
     for name, (function, shapes, options, bitwise) in PROGRAMS.items():
+        shapes = SMALL_CHAIN if small and name == "chain" else shapes
         home = folder / name
         compile_artifact(function, shapes, "cuda", home / "cuda", options)
         compile_artifact(function, shapes, "cpu", home / "cpu", options)
@@ -78,10 +82,11 @@ def build(folder: Path) -> dict:
 
 
 def main() -> int:
-    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT
+    arguments = [a for a in sys.argv[1:] if a != "--small"]
+    folder = Path(arguments[0]) if arguments else DEFAULT
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)  # (read at numba's import) PTX needs the real numba.cuda
     start = time.perf_counter()
-    listing = build(folder)
+    listing = build(folder, small="--small" in sys.argv[1:])
     print(f"carried: {', '.join(listing['programs'])} and grid built into {folder} in "
           f"{time.perf_counter() - start:.1f} s")
     return 0

@@ -31,8 +31,9 @@
 # BENDC_DRY_RUN=1: the dry run (tests/cuda/test_sim_device_check.py, in make test): no GPU; the
 # carried artifacts are built first if missing, every test stage runs under numba's CUDA
 # simulator (NUMBA_ENABLE_CUDASIM=1: tests/gpu/devices.py binds simulated devices), info checks
-# the toolchain without a driver, the benchmarks are skipped, and the limits are 4 times longer
-# (the machine running make test is shared; a simulated thread costs ~170 us).
+# the toolchain without a driver, the benchmarks are skipped, the chain is built on 8 rows, and the
+# limits are 10 times longer (the machine running make test is shared; a simulated thread costs
+# ~170 us and its barriers much more on a loaded machine).
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/device-out}"
@@ -44,10 +45,10 @@ export BENDC_RESULTS="$OUT/results.jsonl" BENDC_CARRIED="${BENDC_CARRIED:-$PWD/t
 for file in stages.jsonl results.jsonl bench.log tests.log info.log; do : > "$OUT/$file"; done
 SCRIPT_START=$(date +%s)
 BUDGET=470  # seconds for all stages together
-SCALE=1     # stage limits times this: the dry run's machine is shared and has no GPU (4)
+SCALE=1     # stage limits times this: the dry run's machine is shared and simulates the GPU (10)
 
 if [ "$DRY_RUN" = 1 ]; then
-    SCALE=4
+    SCALE=10
     BUDGET=$(( BUDGET * SCALE ))
     TESTS_ENV=(env NUMBA_ENABLE_CUDASIM=1)
     INFO_ARGS=(--no-driver)
@@ -94,7 +95,7 @@ stage info 60 "$OUT/info.log" env -u NUMBA_ENABLE_CUDASIM "$PY" tests/gpu/device
 TOOLCHAIN=$?
 if [ ! -f "$BENDC_CARRIED/carried.json" ]; then
     if [ "$DRY_RUN" = 1 ]; then
-        stage build_carried 120 "$OUT/tests.log" env -u NUMBA_ENABLE_CUDASIM "$PY" tests/gpu/carried.py "$BENDC_CARRIED"
+        stage build_carried 120 "$OUT/tests.log" env -u NUMBA_ENABLE_CUDASIM "$PY" tests/gpu/carried.py "$BENDC_CARRIED" --small
     else
         echo "no carried artifacts in $BENDC_CARRIED: build them with tests/gpu/carried.py and carry the folder" \
             | tee -a "$OUT/tests.log"
