@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from bendc.errors import UnsupportedError
+from bendc.errors import InternalError, UnsupportedError
 from runtime.artifact import CUDA_RUNTIMES
 
 ENV = "BENDC_CUDA_RUNTIME"
@@ -75,7 +75,7 @@ def _bind_cubins(kernels: Any, cache_dir: str, mode: str) -> tuple[dict, Any, li
     from bendc.codegen.cubins import CubinCache
     from bendc.codegen.ptx import CompileError, compile_plan, cubin_file, record_launches
     from runtime.cpu import KernelError
-    from runtime.cuda_graph import CubinProgram, check_cubin_data
+    from runtime.cuda_graph import CaptureError, CubinProgram, check_cubin_data
 
     plan = kernels.plan
     arch = device_arch()
@@ -99,6 +99,9 @@ def _bind_cubins(kernels: Any, cache_dir: str, mode: str) -> tuple[dict, Any, li
         program = CubinProgram(plan_json, cubin_device(cubins, plan_json, kernels.modules), mode)
     except KernelError:
         raise  # a hoisted step's index check: as the numba runtime raises it
+    except CaptureError as error:  # the capture was ended and its graph discarded (CudaCoreDevice.record)
+        raise InternalError(f"{plan.name}: {error}; BENDC_CUDA_RUNTIME=eager runs the same cubins without "
+                            "a graph", op="jit") from error
     except Exception as error:  # noqa: BLE001 - GPU-only: cuda.core failing to load or record
         first = str(error).splitlines()[0] if str(error) else ""
         return f"the cubin runtime failed on {arch}: {type(error).__name__}: {first}"

@@ -497,14 +497,14 @@ def _load_cuda_program(folder: str, manifest: dict, cuda_runtime: str | None = N
             print(f"bendc: note: {folder} holds cubins for {arch}; this GPU is {found}: its kernels are "
                   "compiled by numba-cuda at the first run", file=sys.stderr, flush=True)
     if choice in ("graph", "eager"):
-        from runtime.cuda_graph import CubinMismatch, load_cubin_program
+        from runtime.cuda_graph import CaptureError, CubinMismatch, load_cubin_program
 
         try:
             return plan, load_cubin_program(folder, plan, choice, outputs)
         except CubinMismatch as error:
             raise ArtifactInvalid(f"{folder}: {error}") from None
-        except KernelError:
-            raise  # a hoisted step's index check: the caller names the step
+        except (KernelError, CaptureError):
+            raise  # a hoisted step's index check, a failed capture: each names its kernel
         except Exception as error:  # noqa: BLE001 - no cuda.core, no driver, no device: named below
             first = str(error).splitlines()[0] if str(error) else ""
             raise ArtifactInvalid(f"{folder} was built for cuda ({arch}): its cubin runtime needs cuda.core and "

@@ -18,7 +18,9 @@ which waits for the kernels) and raises :class:`~runtime.cpu.KernelError`.
 """
 from __future__ import annotations
 
+import glob
 import importlib.util
+import os
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -36,6 +38,38 @@ def numba_cuda_installed() -> bool:
     return importlib.util.find_spec("numba_cuda") is not None
 
 
+SYSTEM_TOOLKIT = "/usr/local/cuda"  # where a system CUDA toolkit lives when no CUDA_HOME names one
+
+
+def nvvm_wheel_installed() -> bool:
+    """Whether a pip wheel brings libnvvm (``nvidia-nvvm``, or the cu13 wheels' ``nvidia/cu13/lib``),
+    where numba-cuda finds it with no CUDA_HOME."""
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any(glob.glob(os.path.join(root, "*", pattern)) for root in roots
+               for pattern in ("lib/libnvvm.so*", "nvvm/lib64/libnvvm.so*", "lib/nvvm*.dll", "bin/nvvm*.dll"))
+
+
+def nvvm_home_fallback(environ: dict | None = None, system: str = SYSTEM_TOOLKIT,
+                       wheel: bool | None = None) -> str | None:
+    """Point numba-cuda at a system toolkit's NVVM when nothing else would find it.
+
+    The rule: when neither CUDA_HOME nor CUDA_PATH is set and no pip wheel brings libnvvm, but
+    ``system`` (/usr/local/cuda) has an ``nvvm/`` folder, set CUDA_HOME to it (numba-cuda looks
+    there next) and return it; otherwise change nothing and return None. Called before NVVM is
+    first loaded (install_nvvm_options).
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("CUDA_HOME") or environ.get("CUDA_PATH"):
+        return None
+    if nvvm_wheel_installed() if wheel is None else wheel:
+        return None
+    if not os.path.isdir(os.path.join(system, "nvvm")):
+        return None
+    environ["CUDA_HOME"] = system
+    return system
+
+
 def install_nvvm_options() -> None:
     """Make NVVM keep a*b+c as a rounded multiply and a rounded add in bendc's kernels.
 
@@ -45,6 +79,7 @@ def install_nvvm_options() -> None:
     ``fma=False`` for modules compiled from bendc's generated kernels, unless
     the kernel asked for fastmath; other numba code in the process is untouched.
     """
+    nvvm_home_fallback()
     from numba.cuda.cudadrv import nvvm
 
     if getattr(nvvm.compile_ir, "bendc_wrapped", False) or not hasattr(nvvm, "CompilationUnit"):

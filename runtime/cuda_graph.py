@@ -58,6 +58,23 @@ no synchronisation by the caller; otherwise on the program's own non-blocking
 stream. Index checks read back two int64 words per checked step after a call
 (one small copy that waits for the step), as the numba runtime does.
 
+The ``__cuda_array_interface__`` stream protocol (version 3), both ways:
+
+- as a consumer, a device input whose interface names a ``stream`` (another
+  program's DeviceArray, a CuPy array, a numba array written on the legacy
+  stream: 1) is read only after that stream's work so far: the call's stream
+  waits on an event recorded there before the input copies (no host sync).
+  torch tensors export no stream: a torch input puts the call on torch's current
+  stream instead.
+- the call keeps every device input it read alive until an event recorded after
+  its copies has passed (checked at each call and at ``synchronize``), so a
+  producer's buffer freed stream-ordered on the producer's stream cannot be
+  reused while this call's stream still reads it;
+- as a producer, every DeviceArray exports the stream it was written on; a
+  bendc consumer records its after-the-copies event on the array it read, and a
+  program's next call waits on those events before it overwrites a static or
+  resident buffer that another stream may still be reading.
+
 :class:`CubinProgram` does the bookkeeping for any device object (the methods of
 :class:`CudaCoreDevice`); only :class:`CudaCoreDevice` touches a GPU. Offline,
 tests/cuda/test_cubin_simulator.py drives CubinProgram with a device whose
@@ -85,6 +102,18 @@ TORCH_DTYPES = {"torch.float32": "f32", "torch.int64": "i64", "torch.int32": "i3
 
 class CubinMismatch(Exception):
     """A cubin (or a loaded kernel) whose entry or parameters differ from what the plan records."""
+
+
+class CaptureError(Exception):
+    """Recording the step's CUDA graph failed: the capture was ended and the partial graph discarded
+    (the stream is usable again). ``kernel`` names the launch being captured (``step.kernel``), or
+    the stage after the launches (instantiating, uploading) when they were all captured."""
+
+    def __init__(self, kernel: str, error: BaseException) -> None:
+        first = str(error).splitlines()[0] if str(error) else ""
+        super().__init__(f"capturing the CUDA graph failed at {kernel}: {type(error).__name__}: {first}")
+        self.kernel = kernel
+        self.error = error
 
 
 def array_words_count(ndim: int) -> int:
@@ -159,6 +188,8 @@ def device_input(value: Any) -> tuple[int, str, tuple[int, ...]] | None:
     interface = getattr(value, "__cuda_array_interface__", None)
     if interface is None:
         return None
+    if interface.get("mask") is not None:
+        raise ValueError("a masked device array cannot be an input")
     dtype = np.dtype(interface["typestr"])
     shape = tuple(interface["shape"])
     strides = interface.get("strides")
@@ -168,6 +199,23 @@ def device_input(value: Any) -> tuple[int, str, tuple[int, ...]] | None:
     if dtype not in names:
         raise ValueError(f"unsupported device array dtype {dtype}")
     return int(interface["data"][0]), names[dtype], shape
+
+
+def producer_stream(value: Any) -> int | None:
+    """The stream a device input's ``__cuda_array_interface__`` says to order reads after (version 3:
+    an integer handle, 1 the legacy default stream, 2 the per-thread one), or None: no stream named
+    (torch tensors, version 2 exporters, host values), nothing to wait for. 0 is not allowed by the
+    protocol: an error."""
+    if is_torch_cuda(value):
+        return None  # read through data_ptr() on torch's current stream (select_stream)
+    interface = getattr(value, "__cuda_array_interface__", None)
+    stream = None if interface is None else interface.get("stream")
+    if stream is None:
+        return None
+    if int(stream) == 0:
+        raise ValueError("__cuda_array_interface__ stream 0 is disallowed by the protocol (1: the legacy "
+                         "default stream, 2: the per-thread default stream)")
+    return int(stream)
 
 
 def is_torch_cuda(value: Any) -> bool:
@@ -277,6 +325,13 @@ class DeviceArray:
         self._owner = owner  # keeps the memory alive (a fresh copy) or the program (static buffers)
         self.resident = False  # True: a donated parameter's buffer, updated in place by every call
 
+    def read_by(self, event: Any) -> None:
+        """A consumer read this array on its stream up to ``event``: the program whose static or
+        resident buffer this is waits on it before its next call overwrites the buffer."""
+        readers = getattr(self._owner, "readers", None)
+        if readers is not None:
+            readers.append(event)
+
     @property
     def __cuda_array_interface__(self) -> dict:
         stream = self.stream
@@ -311,6 +366,8 @@ class CubinProgram:
         if outputs not in OUTPUT_CONTRACTS:
             raise ValueError(f"output contract {outputs!r}: expected one of {', '.join(OUTPUT_CONTRACTS)}")
         self.device, self.mode, self.output_contract = device, mode, outputs
+        self.readers: list[Any] = []  # events of other streams that read this program's static buffers
+        self.held: list[tuple[Any, list[Any]]] = []  # (event after a call's input copies, the inputs read)
         self.static = static = StaticPlan(plan, device.allocate)
         self.modules: list[Any] = []  # none: no numba here (runtime.api counts compiled functions)
         for pointer, value in static.sources:
@@ -338,6 +395,11 @@ class CubinProgram:
     def run(self, inputs: Sequence[Any]) -> list[DeviceArray]:
         device = self.device
         device.select_stream(inputs)
+        self._release_inputs()
+        for event in self.readers:  # another stream may still read the buffers this call overwrites
+            device.wait_event(event)
+        self.readers.clear()
+        read: list[Any] = []  # device inputs this call's stream reads
         for (pointer, dtype, shape), value in zip(self.static.inputs, inputs):
             nbytes = _nbytes((dtype, shape))
             source = device_input(value)
@@ -352,7 +414,17 @@ class CubinProgram:
                     raise ValueError(f"a device input {source[1]}{list(source[2])} for a parameter "
                                      f"{dtype}{list(shape)}")
                 if nbytes and source[0] != pointer:  # (a static output fed back may be this very buffer)
+                    stream = producer_stream(value)
+                    if stream is not None and stream != device.stream_handle():
+                        device.wait_stream(stream)  # the producer's writes so far come first
                     device.copy(pointer, source[0], nbytes)
+                    read.append(value)
+        if read:
+            event = device.record_event()
+            for value in read:
+                if isinstance(value, DeviceArray):
+                    value.read_by(event)
+            self.held.append((event, read))
         if self.graph is not None:
             device.replay(self.graph)
         else:
@@ -377,6 +449,15 @@ class CubinProgram:
         if nbytes:
             self.device.copy(fresh, pointer, nbytes)
         return DeviceArray(self.device, fresh, dtype, shape, owner)
+
+    def _release_inputs(self) -> None:
+        """Drop the device inputs of earlier calls whose copies the stream has passed."""
+        self.held = [(event, values) for event, values in self.held if not self.device.event_done(event)]
+
+    def synchronize(self) -> None:
+        """Wait for this program's stream; the inputs its calls read are released."""
+        self.device.synchronize()
+        self.held.clear()
 
     def _raise_index_errors(self) -> None:
         words = np.zeros(2 * len(self.static.checks), np.int64)
@@ -428,6 +509,7 @@ class CudaCoreDevice:
         self.own_stream = self.gpu.create_stream(options=core.StreamOptions(nonblocking=True))
         self.stream = self.own_stream
         self._torch_streams: dict[int, Any] = {}
+        self._foreign: dict[int, Any] = {}  # __cuda_array_interface__ stream handle -> cuda.core stream
         self.memory = self.gpu.memory_resource
 
     # memory
@@ -473,6 +555,29 @@ class CudaCoreDevice:
         handle = int(self.stream.handle)
         return handle or 1  # __cuda_array_interface__: 1 is the legacy default stream
 
+    def _foreign_stream(self, handle: int) -> Any:
+        """A cuda.core stream for a ``__cuda_array_interface__`` stream handle (1: legacy default,
+        2: per-thread default)."""
+        if handle not in self._foreign:
+            named = {1: "LEGACY_DEFAULT_STREAM", 2: "PER_THREAD_DEFAULT_STREAM"}.get(handle)
+            stream = getattr(self.core, named, None) if named else None
+            self._foreign[handle] = stream if stream is not None else self.core.Stream.from_handle(handle)
+        return self._foreign[handle]
+
+    def wait_stream(self, handle: int) -> None:
+        """The current stream waits (on the GPU, no host sync) for the work so far on stream
+        ``handle``: an event recorded there, waited on here."""
+        self.stream.wait(self._foreign_stream(handle))
+
+    def record_event(self) -> Any:
+        return self.stream.record()
+
+    def wait_event(self, event: Any) -> None:
+        self.stream.wait(event)
+
+    def event_done(self, event: Any) -> bool:
+        return bool(event.is_done)
+
     # kernels
     def load(self, step: str, launch: dict) -> Any:
         code = self.core.ObjectCode.from_cubin(self.cubins[launch["cubin"]], name=launch["cubin"])
@@ -491,20 +596,45 @@ class CudaCoreDevice:
 
     def record(self, calls: list[Call]) -> Any:
         """The launches captured in order into one graph on a non-blocking stream, instantiated and
-        uploaded."""
-        builder = self.own_stream.create_graph_builder().begin_building("relaxed")
-        for call in calls:
-            self.launch(call, builder)
-        graph = builder.end_building().complete()
-        graph.upload(self.own_stream)
-        self.own_stream.sync()
-        return graph
+        uploaded. On any error the capture is ended, the builder and any graph made are discarded
+        (the stream leaves capture mode) and CaptureError names the kernel being captured."""
+        builder = self.own_stream.create_graph_builder()
+        graph = None
+        where = "the start of the capture"
+        try:
+            builder.begin_building("relaxed")
+            for call in calls:
+                where = f"kernel {call.step}.{call.launch['kernel']}"
+                self.launch(call, builder)
+            where = "the graph's instantiation (after its last kernel)"
+            graph = builder.end_building().complete()
+            where = "the graph's upload"
+            graph.upload(self.own_stream)
+            self.own_stream.sync()
+            return graph
+        except Exception as error:
+            discard_capture(builder, graph)
+            raise CaptureError(where, error) from error
 
     def replay(self, graph: Any) -> None:
         graph.launch(self.stream)
 
     def synchronize(self) -> None:
         self.stream.sync()
+
+
+def discard_capture(builder: Any, graph: Any) -> None:
+    """End a graph builder's capture if it is still capturing, then close the graph and the builder.
+    Each step is tried whatever the ones before raised (the capture may be invalidated)."""
+    steps = [lambda: builder.end_building() if builder.is_building else None]
+    if graph is not None:
+        steps.append(graph.close)
+    steps.append(builder.close)
+    for step in steps:
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - already failing: the first error is the one raised
+            pass
 
 
 def _offset_size(info: Any) -> tuple[int, int]:

@@ -17,10 +17,12 @@ kernel kit (bendc/kernels/cuda_kit.py), given a :class:`CudaNode`.
 - ``elementwise``: one cell per thread in a grid-stride loop; the flat cell
   id is split into the loop indices, the ops' ``scalar`` renderers give the
   body (``math.*`` and ``np.float32(...)`` constants: float32 throughout).
-  Epilogue sums of a fused group are ``cuda.atomic.add`` into outputs that a
-  ``zero`` kernel clears first: the summed operand stays in registers (a
-  separate reduction kernel would need it written out, which is what fusion
-  saved), at the price of a summation order that varies from run to run.
+  Each epilogue sum of a fused group gets a kernel of its own: a block per
+  output element whose threads recompute the summed operand from the group's
+  inputs over the reduced cells in order, then a shared-memory tree of fixed
+  shape (the operand is never written out, which is what fusion saved, and
+  no atomics: the same bits every run, as the cpu target promises). Few
+  output elements make few blocks (as the standalone sum kernels).
 - ``layout``: no kernel (consumers read through strides) unless the view is
   materialized (see views.py): then a copy kernel.
 - the op's own kernels (``Lowering.cuda``): softmax rows and sums
@@ -45,9 +47,11 @@ from bendc.codegen.views import Views, materialize, resolve_accesses, view_acces
 from bendc.ir.graph import Graph, Node
 from bendc.ir.printer import format_node
 from bendc.ir.types import numel
+from bendc.ops.base import reduced_axes
 from bendc.kernels.access import Access, dense
 from bendc.kernels.cuda_kit import (FASTMATH_DECORATOR, JIT_DEFINITION, KERNEL_DECORATOR, CudaNode, Kernels, Launch, argument_list,
-                                    grid_stride_launch, grid_stride_loop, kernel_source, unflatten, used, zero_kernel)
+                                    block_per_row_launch, grid_stride_launch, grid_stride_loop, kernel_source,
+                                    tree_block, tree_lines, unflatten, used)
 from bendc.kernels.templates import helper_functions
 from bendc.ops import OPS
 from runtime.dtypes import NUMBA_NAMES
@@ -180,11 +184,12 @@ def _argument_names(step: Step) -> dict[int, str]:
 
 
 # ------------------------------------------------------------------ elementwise
-def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels:
-    domain = elementwise_domain(graph, step.nodes)
-    prelude, loops = unflatten("cell", domain, "i")
+def _fused_members(step: Step, graph: Graph, access: dict[int, Access], domain: tuple[int, ...],
+                   loops: list[str]) -> tuple[list[str], dict[int, str]]:
+    """The statements computing every non-sum member of a fused group at the cell whose loop indexes
+    are ``loops`` (``cell`` its row-major index), and the local holding each member."""
     arg_of = _argument_names(step)
-    out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
+    sums = set(epilogues(graph, step.nodes))
     local: dict[int, str] = {}
     reads: dict[str, str] = {}
     body: list[str] = []
@@ -201,19 +206,24 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
             body.append(f"{reads[element]} = {element}  # %{value}")
         return reads[element]
 
-    sums = epilogues(graph, step.nodes)
     for number, id in enumerate(step.nodes):
-        node = graph.node(id)
         if id in sums:
-            kept = reduction_index(graph, node, loops)
-            flat = dense(id, node.type.shape).flat(kept)
-            body.append(f"cuda.atomic.add({out_of[id]}, {flat}, {local[node.inputs[0]]})"
-                        f"  # %{id} = {node.op} (epilogue)")
             continue
+        node = graph.node(id)
         operands = [operand_reference(graph, o, node, local, domain, loops, read) for o in node.inputs]
-        expression = member_expression(node, operands, domain, loops)
         local[id] = f"v{number}"
-        body.append(f"v{number} = {expression}  # %{id} = {node.op}")
+        body.append(f"v{number} = {member_expression(node, operands, domain, loops)}  # %{id} = {node.op}")
+    return body, local
+
+
+def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels:
+    """The fused group's kernel over its cells, and for each epilogue sum its own kernel
+    (_epilogue_sum_kernel): no atomics, so every sum has the same bits every run."""
+    domain = elementwise_domain(graph, step.nodes)
+    prelude, loops = unflatten("cell", domain, "i")
+    out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
+    sums = epilogues(graph, step.nodes)
+    body, local = _fused_members(step, graph, access, domain, loops)
     for id in step.outputs:
         if id in sums:
             continue
@@ -223,16 +233,59 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
             body.append(f"{out_of[id]}[cell] = {local[id]}")
     body = [line for text in body for line in text.split("\n")]
     cells = numel(domain)
-    source = kernel_source("kernel", _arguments(step), grid_stride_loop(cells, used(prelude, body) + body))
-    launches = [grid_stride_launch("kernel", cells)]
+    plain = [id for id in step.outputs if id not in sums]
+    source, launches = "", []
+    if plain:  # (a group of sums only writes nothing per cell)
+        source = kernel_source("kernel", _arguments(step), grid_stride_loop(cells, used(prelude, body) + body))
+        launches.append(grid_stride_launch("kernel", cells))
     summary = f"{len(step.nodes)} fused elementwise ops over [{','.join(map(str, domain))}]"
     if sums:
-        sizes = {out_of[e]: graph.node(e).type.numel for e in sums}
-        zero, launch = zero_kernel(_arguments(step), sizes, "the epilogue sums' outputs: the kernel adds into them")
-        source = zero + source
-        launches.insert(0, launch)
-        summary += ", epilogue " + ", ".join(f"{graph.node(e).op} %{e}" for e in sums)
+        block = tree_block(max(numel(domain) // max(1, graph.node(e).type.numel) for e in sums))
+        source = f"\nBLOCK = {block}\n" + source
+        for number, id in enumerate(sums):
+            sum_source, launch = _epilogue_sum_kernel(step, graph, access, domain, id, f"sum{number}", block)
+            source += sum_source
+            launches.append(launch)
+        summary += ", epilogue " + ", ".join(f"{graph.node(e).op} %{e}" for e in sums) + \
+            " (a block per output element, a fixed tree: the same bits every run)"
     return Kernels(summary, source, launches, prelude=helper_functions(source, "cuda"))
+
+
+def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], domain: tuple[int, ...],
+                         id: int, name: str, block: int) -> tuple[str, Launch]:
+    """One epilogue sum of a fused group, deterministic: a block per output element (grid-stride
+    over the blocks) whose threads each add the group's summed operand, recomputed from the
+    inputs, over the reduced cells t, t + BLOCK, ... in order, then one shared-memory tree in a
+    fixed shape (kit.tree_lines); thread 0 writes the element once (no atomics, no clearing)."""
+    node = graph.node(id)
+    axes = set(reduced_axes(graph, node))
+    kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(domain))
+    reduced_shape = tuple(size if axis in axes else 1 for axis, size in enumerate(domain))
+    outputs, reduced = numel(kept_shape), numel(reduced_shape)
+    kept_split, kept = unflatten("o", kept_shape, "k")
+    reduced_split, summed = unflatten("q", reduced_shape, "s")
+    loops = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, summed))]
+    members, local = _fused_members(step, graph, access, domain, loops)
+    members = [line for text in members for line in text.split("\n")]
+    strides = [numel(domain[axis + 1:]) for axis in range(len(domain))]
+    flat = " + ".join(f"{loop} * {stride}" if stride != 1 else loop
+                      for loop, stride in zip(loops, strides) if loop != "0") or "0"
+    per_cell = used(reduced_split, [f"cell = {flat}"] + members) + [f"cell = {flat}"] + members
+    out = f"out{step.outputs.index(id)}"
+    target = dense(id, node.type.shape).flat(reduction_index(graph, node, loops))
+    inner = (["total = np.float32(0.0)", "q = t", f"while q < {reduced}:"]
+             + ["    " + line for line in per_cell]
+             + [f"    total += {local[node.inputs[0]]}", "    q += BLOCK", "partial[t] = total"]
+             + tree_lines("sum")
+             + ["if t == 0:", f"    {out}[{target}] = partial[0]  # %{id} = {node.op} (epilogue)",
+                "cuda.syncthreads()  # partial is reused"])
+    inner = used(kept_split, inner) + inner
+    body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
+             "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
+            + ["    o += cuda.gridDim.x"])
+    source = kernel_source(name, _arguments(step), body,
+                           f"%{id} = {node.op}: a block per output element, its cells in order, a fixed tree.")
+    return source, block_per_row_launch(name, outputs, block, 4 * block)
 
 
 # ------------------------------------------------------------------ materialized views

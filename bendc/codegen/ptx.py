@@ -15,6 +15,7 @@ CUDA simulator (NUMBA_ENABLE_CUDASIM=1), which replaces numba.cuda.
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -42,12 +43,45 @@ class CompiledKernel:
     entry: str = ""  # the cubin's kernel symbol
     parameters: tuple[tuple[int, int], ...] = ()  # (offset, size) in bytes of each kernel parameter
     cached: bool = False  # found in the kernel cache (bendc/codegen/cubins.py), not compiled now
+    threads: int = 0  # of a block of its launch (compile_plan), 0: not known
 
     def describe(self) -> str:
         when = "from the kernel cache" if self.cached else f"compiled in {self.seconds * 1000:.0f} ms"
+        found = occupancy(self.registers, self.shared_bytes, self.threads, self.arch) if self.threads else None
+        resident = ""
+        if found is not None:
+            resident = (f", {found['blocks']} blocks of {self.threads} threads per SM ({found['percent']}% occupancy, "
+                        f"limited by {found['limit']})")
         return (f"{self.step}.{self.kernel} ({self.arch}): {self.registers} registers, "
                 f"{self.spill_stores} bytes spill stores, {self.spill_loads} bytes spill loads, "
-                f"{self.shared_bytes} bytes shared memory; {when}")
+                f"{self.shared_bytes} bytes shared memory{resident}; {when}")
+
+
+# Per-SM limits of the architectures whose occupancy the report gives (CUDA's occupancy calculator
+# for compute capability 9.0: H100, H200): threads, warps, blocks, 32-bit registers (allocated per
+# warp in units of 256), shared memory (bytes; 1 KiB reserved per block, allocated in 128 bytes).
+SM_LIMITS = {"sm_90": {"warps": 64, "blocks": 32, "registers": 65536, "register_unit": 256,
+                       "shared": 233472, "shared_reserved": 1024, "shared_unit": 128}}
+
+
+def occupancy(registers: int, shared_bytes: int, threads: int, arch: str = "sm_90") -> dict[str, Any] | None:
+    """Blocks of ``threads`` resident per SM for a kernel of ``registers`` per thread and
+    ``shared_bytes`` of static shared memory, the occupancy (resident warps over the SM's) and
+    which limit binds: the fewest blocks that warps, registers, shared memory and the block limit
+    allow. None for an architecture SM_LIMITS does not list."""
+    limits = SM_LIMITS.get(arch)
+    if limits is None or threads <= 0:
+        return None
+    warps = -(-threads // 32)
+    unit = limits["register_unit"]
+    per_warp = -(-max(registers, 1) * 32 // unit) * unit
+    shared_unit = limits["shared_unit"]
+    per_block = -(-(shared_bytes + limits["shared_reserved"]) // shared_unit) * shared_unit
+    by = {"warps": limits["warps"] // warps, "registers": (limits["registers"] // per_warp) // warps,
+          "shared memory": limits["shared"] // per_block, "blocks per SM": limits["blocks"]}
+    limit = min(by, key=lambda name: by[name])
+    blocks = by[limit]
+    return {"blocks": blocks, "percent": round(100 * blocks * warps / limits["warps"]), "limit": limit}
 
 
 class CompileError(Exception):
@@ -139,8 +173,9 @@ def cubin_file(step: str, kernel: str, arch: str) -> str:
 
 def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", fastmath: bool = False,
                    step: str = "", kernel: str = "") -> CompiledKernel:
-    """NVVM -> PTX -> cubin for one Python kernel function and its numba signature."""
-    from cuda.core import Linker, LinkerOptions, ObjectCode
+    """NVVM -> PTX -> cubin for one Python kernel function and its numba signature. Any failure,
+    an older cuda.core without a Linker included (ImportError), is a CompileError naming the kernel
+    (bendc.jit then falls back to numba's JIT)."""
     from numba import cuda
 
     if not hasattr(cuda, "compile_ptx"):
@@ -149,6 +184,8 @@ def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", f
     install_nvvm_options()
     start = time.perf_counter()
     try:
+        from cuda.core import Linker, LinkerOptions, ObjectCode
+
         ptx, _ = cuda.compile_ptx(function, signature, cc=compute_capability(arch), fastmath=fastmath)
         linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, verbose=True))
         cubin = linker.link("cubin")
@@ -186,5 +223,85 @@ def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
                                         step=step.name, kernel=launch["kernel"])
                 if cache is not None:
                     cache.store(step, kernel)
+            block = launch["block"]
+            kernel.threads = int(block[0]) * int(block[1]) * int(block[2])
             compiled.append(kernel)
     return compiled
+
+
+# ------------------------------------------------------------------ the toolchain
+def toolchain() -> dict[str, Any]:
+    """The versions and paths the cuda path depends on, each recorded as found or as the error that
+    stopped it: NVVM (its API and IR versions and the library numba-cuda loads), nvJitLink, the
+    driver's CUDA version (needs a GPU's driver), CUDA_HOME (after the /usr/local/cuda fallback:
+    runtime.cuda.nvvm_home_fallback), numba-cuda and cuda.core."""
+    import importlib
+
+    from runtime.cuda import nvvm_home_fallback
+
+    facts: dict[str, Any] = {"cuda_home_fallback": nvvm_home_fallback(), "CUDA_HOME": os.environ.get("CUDA_HOME")}
+
+    def record(name: str, read: Callable[[], Any]) -> None:
+        try:
+            facts[name] = read()
+        except Exception as error:  # noqa: BLE001 - recorded: toolchain_problems reads it
+            facts[name] = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+    def nvvm_facts() -> dict:
+        from numba.cuda.cudadrv import libs, nvvm
+
+        found = libs.get_cuda_paths()["nvvm"]
+        return {"version": list(nvvm.NVVM().get_version()), "ir_version": list(nvvm.NVVM().get_ir_version()),
+                "library": getattr(found, "info", None), "found_by": getattr(found, "by", None)}
+
+    def nvjitlink_version() -> list[int]:
+        from cuda.bindings import nvjitlink
+
+        return list(nvjitlink.version())
+
+    def driver_version() -> int:
+        from cuda.bindings import driver
+
+        (result,) = driver.cuInit(0)
+        if result != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuInit: {result!r}")
+        return int(driver.cuDriverGetVersion()[1])
+
+    record("nvvm", nvvm_facts)
+    record("nvjitlink", nvjitlink_version)
+    record("cuda_driver", driver_version)
+    for module in ("numba_cuda", "cuda.core", "cuda.bindings"):
+        record(module, lambda module=module: getattr(importlib.import_module(module), "__version__", "?"))
+    return facts
+
+
+def toolchain_problems(facts: dict[str, Any], driver: bool = True) -> list[str]:
+    """What in ``toolchain()``'s facts stops the cuda path, one line each (empty: none). The rules:
+    NVVM and nvJitLink must load; with ``driver`` (a GPU run) the driver must answer, and its CUDA
+    major version must be at least nvJitLink's (cubins from nvJitLink 13 need a CUDA 13 driver)."""
+    problems = [f"{name}: {facts.get(name)}" for name in ("nvvm", "nvjitlink")
+                if not isinstance(facts.get(name), (dict, list))]
+    if driver:
+        found = facts.get("cuda_driver")
+        if not isinstance(found, int):
+            problems.append(f"cuda_driver: {found}")
+        elif isinstance(facts.get("nvjitlink"), list) and found // 1000 < facts["nvjitlink"][0]:
+            problems.append(f"the driver supports CUDA {found // 1000}.{found % 1000 // 10}, older than nvJitLink "
+                            f"{'.'.join(map(str, facts['nvjitlink']))}: its cubins will not load (update the "
+                            "driver or install the cuda wheels of the driver's version)")
+    return problems
+
+
+def smoke_compile(arch: str = "sm_90") -> CompiledKernel:
+    """One tiny kernel through NVVM and nvJitLink for ``arch``: the toolchain works end to end
+    (CompileError otherwise). Needs no GPU."""
+    source = ("def bendc_kernel_smoke(x, out):\n"
+              "    i = cuda.grid(1)\n"
+              "    if i < out.shape[0]:\n"
+              "        out[i] = x[i] * x[i] + x[i]\n")
+    from numba import cuda
+
+    namespace: dict[str, Any] = {"cuda": cuda}
+    exec(compile(source, "<bendc toolchain smoke test>", "exec"), namespace)  # noqa: S102 - a fixed kernel
+    return compile_kernel(namespace["bendc_kernel_smoke"], "void(float32[::1], float32[::1])", arch=arch,
+                          step="smoke", kernel="kernel")

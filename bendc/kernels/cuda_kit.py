@@ -31,8 +31,14 @@ FASTMATH_DECORATOR = "@functools.partial(jit, fastmath=True)"
 WARP = 32
 MAX_BLOCK = 256   # threads per block for grid-stride and tree kernels
 MAX_GRID = 4096   # blocks of a grid-stride kernel (each thread then loops)
-MAX_ROWS = 65535  # blocks of a block-per-row kernel (each block then loops)
+MAX_ROWS = 65535  # blocks of a block-per-row kernel (each block then loops); grid.y and grid.z blocks
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory a block may declare
+# The launch limits of every CUDA GPU since compute capability 3.0 (the CUDA programming guide's
+# "Technical Specifications"): grid.x < 2^31, grid.y and grid.z <= 65535, 1024 threads a block
+# (z at most 64). A launch past them fails with CUDA_ERROR_INVALID_VALUE.
+LIMIT_GRID = (2**31 - 1, 65535, 65535)
+LIMIT_BLOCK = (1024, 1024, 64)
+LIMIT_BLOCK_THREADS = 1024
 
 
 @dataclass
@@ -43,6 +49,10 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        assert launch_limits_broken(self.grid, self.block) == [], \
+            f"{self.kernel}[grid={self.grid}, block={self.block}]: {launch_limits_broken(self.grid, self.block)}"
 
     @property
     def threads(self) -> int:
@@ -121,6 +131,34 @@ def power_of_two_at_least(n: int) -> int:
     while size < n:
         size *= 2
     return size
+
+
+def launch_limits_broken(grid: Sequence[int], block: Sequence[int]) -> list[str]:
+    """What a launch configuration breaks of the GPU's limits (LIMIT_GRID, LIMIT_BLOCK,
+    LIMIT_BLOCK_THREADS); empty when it may be launched."""
+    broken = [f"grid.{axis} = {size} not in [1, {limit}]" for axis, size, limit in zip("xyz", grid, LIMIT_GRID)
+              if not 1 <= size <= limit]
+    broken += [f"block.{axis} = {size} not in [1, {limit}]" for axis, size, limit in zip("xyz", block, LIMIT_BLOCK)
+               if not 1 <= size <= limit]
+    if numel(tuple(block)) > LIMIT_BLOCK_THREADS:
+        broken.append(f"{numel(tuple(block))} threads a block > {LIMIT_BLOCK_THREADS}")
+    return broken
+
+
+def block_loop(variable: str, axis: str, count: int, body: list[str]) -> list[str]:
+    """``body`` for each ``variable`` in range(``count``), a value per block along the grid's ``axis``
+    (y or z: at most MAX_ROWS blocks, grid_blocks gives the launch's size). Past MAX_ROWS values each
+    block loops, ``gridDim`` values apart; every thread of a block takes the same iterations, so
+    ``syncthreads`` inside stays safe. Within the limit it is one assignment (no loop)."""
+    if count <= MAX_ROWS:
+        return [f"{variable} = cuda.blockIdx.{axis}"] + body
+    return ([f"{variable} = cuda.blockIdx.{axis}", f"while {variable} < {count}:"]
+            + ["    " + line for line in body] + [f"    {variable} += cuda.gridDim.{axis}"])
+
+
+def grid_blocks(count: int) -> int:
+    """The blocks along grid.y or grid.z of a block_loop over ``count`` values."""
+    return max(1, min(count, MAX_ROWS))
 
 
 def grid_stride_launch(kernel: str, cells: int) -> Launch:

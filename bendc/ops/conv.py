@@ -486,10 +486,10 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
     positions, taps = s["HO"] * s["WO"], s["KH"] * s["KW"]
     kw, cg = s["KW"], s["CG"]
     bias = f" + {op.read(2, ['o'])}" if len(op.shapes) == 3 else ""
-    body = ["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
+    head = ["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
             "tile_b = cuda.shared.array((TILE, PADDED), numba.float32)",
-            "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
-            "row = cuda.blockIdx.y * TILE + ty", "column = cuda.blockIdx.x * TILE + tx", "g = cuda.blockIdx.z",
+            "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", "column = cuda.blockIdx.x * TILE + tx"]
+    per_tile = ["row = row_tile * TILE + ty",
             "acc = np.float32(0.0)",
             f"for tile in range({kit.ceil_div(k_size, tile)}):",
             "    # the weight tile: rows of output channels, columns of (c', i, j)",
@@ -522,10 +522,13 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
             f"    o = g * {m} + row",
             f"    n = column // {positions}",
             f"    out0[(n * {s['O']} + o) * {positions} + column % {positions}] = acc{bias}"]
+    # columns on grid.x; channel tiles on y and groups on z, each block looping past 65535 of them
+    row_tiles = kit.ceil_div(m, tile)
+    body = head + kit.block_loop("g", "z", s["G"], kit.block_loop("row_tile", "y", row_tiles, per_tile))
     constants = f"\nTILE = {tile}\nPADDED = {tile + 1}  # a padding column against shared-memory bank conflicts\n"
     source = constants + kit.kernel_source("kernel", op.arguments, body,
                                            "Implicit GEMM: one output element per thread, TILE x TILE tiles.")
-    grid = (kit.ceil_div(columns, tile), kit.ceil_div(m, tile), s["G"])
+    grid = (kit.ceil_div(columns, tile), kit.grid_blocks(row_tiles), kit.grid_blocks(s["G"]))
     launch = kit.Launch("kernel", grid, (tile, tile, 1), 2 * tile * (tile + 1) * 4)
     return kit.Kernels(f"conv2d {s['G']} group(s) of [{m},{k_size}] @ [{k_size},{columns}] implicit GEMM, "
                        f"{tile}x{tile} tiles", source, [launch])

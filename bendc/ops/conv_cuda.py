@@ -78,17 +78,17 @@ def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, 
     positions = ph["count"] * pw["count"]
     ih = f"{ph['first']} + qh * {s['SH']}" if ph["count"] > 1 else str(ph["first"])
     iw = f"{pw['first']} + qw * {s['SW']}" if pw["count"] > 1 else str(pw["first"])
-    head = ["tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
-            f"row = cuda.blockIdx.y * {rows} + ty", f"column = cuda.blockIdx.x * {tile} + tx", "g = cuda.blockIdx.z",
+    head = ["tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", f"column = cuda.blockIdx.x * {tile} + tx",
             "# the column's input position: sample n, the phase's qh-th row and qw-th column",
             f"n = column // {positions}", f"qh = column % {positions} // {pw['count']}",
-            f"qw = column % {pw['count']}", "acc = np.float32(0.0)"]
+            f"qw = column % {pw['count']}"]
+    per_tile = [f"row = row_tile * {rows} + ty", "acc = np.float32(0.0)"]
     loop: list[str] = []
     if k_size:  # else no tap reaches this phase: zeros
         tap = [f"o = g * {og} + k // {taps}", f"th = k % {taps} // {pw['taps']}", f"tw = k % {pw['taps']}"]
-        loop = ([f"tile_a = cuda.shared.array(({rows}, {tile + 1}), numba.float32)",
-                 f"tile_b = cuda.shared.array(({tile}, {tile + 1}), numba.float32)",
-                 f"for tile in range({kit.ceil_div(k_size, tile)}):",
+        head = [f"tile_a = cuda.shared.array(({rows}, {tile + 1}), numba.float32)",
+                f"tile_b = cuda.shared.array(({tile}, {tile + 1}), numba.float32)"] + head
+        loop = ([f"for tile in range({kit.ceil_div(k_size, tile)}):",
                  "    # W^T: rows of this group's input channels, columns of the taps (o', th, tw)",
                  f"    k = tile * {tile} + tx",
                  f"    if row < {cg} and k < {k_size}:"]
@@ -114,8 +114,10 @@ def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, 
     tail = [f"if row < {cg} and column < {columns}:",
             f"    ih = {ih}", f"    iw = {iw}",
             f"    out0[((n * {s['C']} + g * {cg} + row) * {s['H']} + ih) * {s['W']} + iw] = acc"]
-    body = head + loop + tail
-    grid = (kit.ceil_div(columns, tile), kit.ceil_div(cg, rows), s["G"])
+    # columns on grid.x; channel tiles on y and groups on z, each block looping past 65535 of them
+    row_tiles = kit.ceil_div(cg, rows)
+    body = head + kit.block_loop("g", "z", s["G"], kit.block_loop("row_tile", "y", row_tiles, per_tile + loop + tail))
+    grid = (kit.ceil_div(columns, tile), kit.grid_blocks(row_tiles), kit.grid_blocks(s["G"]))
     shared = (rows + tile) * (tile + 1) * 4 if k_size else 0
     doc = (f"Implicit GEMM over the input rows {ph['first']}, {ph['first'] + s['SH']}, .. and columns "
            f"{pw['first']}, {pw['first'] + s['SW']}, ..: {taps} of the {s['KH'] * s['KW']} taps reach them; "
@@ -157,7 +159,8 @@ def grad_weight_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
     body = [f"tile_a = cuda.shared.array(({slices}, {rows}, {padded}), numba.float32)",
             f"tile_b = cuda.shared.array(({slices}, {tile}, {padded}), numba.float32)",
             "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", "tz = cuda.threadIdx.z",
-            f"row = cuda.blockIdx.y * {rows} + ty", f"column = cuda.blockIdx.x * {tile} + tx", "g = cuda.blockIdx.z",
+            f"column = cuda.blockIdx.x * {tile} + tx"]
+    per_tile = [f"row = row_tile * {rows} + ty",
             f"o = g * {og} + row",
             "acc = np.float32(0.0)",
             f"for step in range({kit.ceil_div(tiles, slices)}):",
@@ -195,13 +198,17 @@ def grad_weight_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
             "    total = tile_a[0, ty, tx]",
             f"    for z in range(1, {slices}):",
             "        total += tile_a[z, ty, tx]",
-            f"    out0[o * {k_size} + column] = total"]
+            f"    out0[o * {k_size} + column] = total",
+            "cuda.syncthreads()  # the slices' sums are read before the next tile overwrites them"]
+    # dw columns on grid.x; channel tiles on y and groups on z, each block looping past 65535 of them
+    row_tiles = kit.ceil_div(og, rows)
+    body += kit.block_loop("g", "z", s["G"], kit.block_loop("row_tile", "y", row_tiles, per_tile))
     source = kit.kernel_source("kernel", op.arguments, body,
                                f"Implicit GEMM over the N*HO*WO reduction, {slices} slice(s) per block; "
                                "one dw element per (ty, tx), its slices summed in order.")
     shared = slices * (rows + tile) * padded * 4
     assert shared <= kit.MAX_SHARED_BYTES, shared
-    grid = (kit.ceil_div(k_size, tile), kit.ceil_div(og, rows), s["G"])
+    grid = (kit.ceil_div(k_size, tile), kit.grid_blocks(row_tiles), kit.grid_blocks(s["G"]))
     launch = kit.Launch("kernel", grid, (tile, rows, slices), shared)
     return kit.Kernels(f"conv2d_grad_weight {s['G']} group(s) of [{og},{reduction}] @ [{reduction},{k_size}] "
                        f"implicit GEMM, {rows}x{tile} tiles, the reduction in {slices} slice(s) per block",

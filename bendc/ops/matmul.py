@@ -89,17 +89,19 @@ def _cuda_matmul(op: kit.CudaNode) -> kit.Kernels:
                 f"if row < {m} and col < {n}:",
                 f"    out0[out_base + row * {n} + col] = acc"])
     inner = kit.used(split, inner) + inner
+    # column tiles on grid.x (up to 2^31 blocks); row tiles on y and batch entries on z, which take
+    # at most 65535 blocks each: past that each block loops (kit.block_loop)
+    row_tiles = kit.ceil_div(m, tile) or 1
+    per_tile = ["row0 = row_tile * TILE", "row = row0 + ty"] + inner
     body = (["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
              "tile_b = cuda.shared.array((TILE, PADDED), numba.float32)",
              "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
-             "row0 = cuda.blockIdx.y * TILE", "col0 = cuda.blockIdx.x * TILE",
-             "row = row0 + ty", "col = col0 + tx",
-             "z = cuda.blockIdx.z", f"while z < {batches}:"]
-            + ["    " + line for line in inner] + ["    z += cuda.gridDim.z"])
+             "col0 = cuda.blockIdx.x * TILE", "col = col0 + tx"]
+            + kit.block_loop("z", "z", batches, kit.block_loop("row_tile", "y", row_tiles, per_tile)))
     constants = f"\nTILE = {tile}\nPADDED = {tile + 1}  # a padding column against shared-memory bank conflicts\n"
     source = constants + kit.kernel_source("kernel", op.arguments, body,
                                              "One output element per thread, TILE x TILE tiles in shared memory.")
-    grid = (kit.ceil_div(n, tile) or 1, kit.ceil_div(m, tile) or 1, max(1, min(batches, kit.MAX_ROWS)))
+    grid = (kit.ceil_div(n, tile) or 1, kit.grid_blocks(row_tiles), kit.grid_blocks(batches))
     launch = kit.Launch("kernel", grid, (tile, tile, 1), 2 * tile * (tile + 1) * 4)
     layout = ", ".join(f"{name} strides {tuple(a.strides[-2:])}{' (column-major loads)' if swap else ''}"
                        for name, a, swap in (("a", a_access, a_swap), ("b", b_access, b_swap)))

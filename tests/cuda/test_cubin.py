@@ -218,7 +218,9 @@ def test_the_cuda_core_names_the_gpu_path_calls_exist(artifact: Path) -> None:
     core = cuda_core()
     for owner, names in ((core, ("Device", "ObjectCode", "LaunchConfig", "StreamOptions", "Stream", "launch")),
                          (core.Device, ("set_current", "create_stream", "memory_resource", "compute_capability")),
-                         (core.Stream, ("from_handle", "create_graph_builder", "sync", "handle")),
+                         (core.Stream, ("from_handle", "create_graph_builder", "sync", "handle", "record", "wait")),
+                         (core.Event, ("is_done",)),
+                         (core, ("LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM")),
                          (core.ObjectCode, ("from_cubin", "get_kernel")),
                          (core.Kernel, ("num_arguments", "arguments_info")),
                          (driver, ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync", "CUresult"))):
@@ -241,3 +243,84 @@ def test_a_plan_without_launch_records_is_refused(artifact: Path) -> None:
         StaticPlan(plan, lambda nbytes: (0x1000, None))
     with pytest.raises(CubinMismatch, match="records no entry, parameters"):
         check_cubins(str(artifact), plan)
+
+
+# ------------------------------------------------------------------ a failed capture (CudaCoreDevice.record)
+class FakeBuilder:
+    """cuda.core's GraphBuilder as record() drives it: capturing between begin and end_building."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.is_building = log, False
+
+    def begin_building(self, mode: str) -> "FakeBuilder":
+        self.is_building = True
+        self.log.append("begin")
+        return self
+
+    def end_building(self) -> "FakeBuilder":
+        self.is_building = False
+        self.log.append("end")
+        return self
+
+    def complete(self):
+        self.log.append("complete")
+        return FakeGraph(self.log)
+
+    def close(self) -> None:
+        self.log.append("closed builder")
+
+
+class FakeGraph:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def upload(self, stream) -> None:
+        if "fail upload" in self.log:
+            raise RuntimeError("CUDA_ERROR_OUT_OF_MEMORY")
+
+    def close(self) -> None:
+        self.log.append("closed graph")
+
+
+def capturing_device(log: list, failing_launch: int | None):
+    """A CudaCoreDevice over fakes (no GPU): its record() is the real one."""
+    from types import SimpleNamespace
+
+    from runtime.cuda_graph import CudaCoreDevice
+
+    launched = []
+
+    def launch(stream, config, kernel, *words) -> None:
+        if len(launched) == failing_launch:
+            raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+        launched.append(kernel)
+
+    device = CudaCoreDevice.__new__(CudaCoreDevice)
+    device.core = SimpleNamespace(launch=launch)
+    device.own_stream = device.stream = SimpleNamespace(create_graph_builder=lambda: FakeBuilder(log),
+                                                        sync=lambda: None)
+    return device
+
+
+def fake_calls():
+    from runtime.cuda_graph import Call
+
+    return [Call(f"s{k}", {"kernel": f"k{k}"}, (0,), kernel=(f"kernel{k}", None)) for k in range(3)]
+
+
+def test_a_failed_capture_ends_the_capture_discards_the_graph_and_names_the_kernel() -> None:
+    from runtime.cuda_graph import CaptureError
+
+    log: list = []
+    with pytest.raises(CaptureError, match=r"capturing the CUDA graph failed at kernel s1\.k1: RuntimeError: "
+                                           "CUDA_ERROR_INVALID_VALUE") as caught:
+        capturing_device(log, failing_launch=1).record(fake_calls())
+    assert caught.value.kernel == "kernel s1.k1"
+    assert log == ["begin", "end", "closed builder"]  # the stream left capture mode; nothing kept
+    log = ["fail upload"]
+    with pytest.raises(CaptureError, match="failed at the graph's upload: RuntimeError: CUDA_ERROR_OUT_OF_MEMORY"):
+        capturing_device(log, failing_launch=None).record(fake_calls())
+    assert log[1:] == ["begin", "end", "complete", "closed graph", "closed builder"]
+    log = []
+    graph = capturing_device(log, failing_launch=None).record(fake_calls())
+    assert isinstance(graph, FakeGraph) and log == ["begin", "end", "complete"]

@@ -121,6 +121,127 @@ class SimulatedDevice:
         for call in graph:
             self.launch(call)
 
+    # streams: this device is synchronous (every operation is done when it returns)
+    def wait_stream(self, handle: int) -> None:
+        pass
+
+    def record_event(self) -> None:
+        return None
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def event_done(self, event) -> bool:
+        return True
+
+
+class Streams:
+    """A simulated GPU's streams: each a queue of operations that run, in order, only when the
+    stream is synchronised or when another stream that runs reaches a wait on an event recorded
+    after them. Nothing runs ahead on its own, so a read not ordered after its producer sees the
+    memory as it was before the producer's work; a stream-ordered free runs when its stream does."""
+
+    def __init__(self) -> None:
+        self.queues: dict[int, list] = {}
+        self.enqueued: dict[int, int] = {}
+        self.done: dict[int, int] = {}
+        self.memory: dict[int, np.ndarray] = {}  # shared by every device on this GPU
+        self.next = 0x7F0000000000
+
+    def new(self) -> int:
+        handle = 0x5000 + 0x10 * len(self.queues)
+        self.queues[handle], self.enqueued[handle], self.done[handle] = [], 0, 0
+        return handle
+
+    def enqueue(self, handle: int, operation) -> None:
+        self.queues[handle].append(operation)
+        self.enqueued[handle] += 1
+
+    def event(self, handle: int) -> tuple[int, int]:
+        """An event recorded on ``handle`` now: passed once the operations enqueued so far ran."""
+        return handle, self.enqueued[handle]
+
+    def run_until(self, event: tuple[int, int]) -> None:
+        handle, count = event
+        while self.done[handle] < count:
+            operation = self.queues[handle].pop(0)
+            operation()
+            self.done[handle] += 1
+
+    def passed(self, event: tuple[int, int]) -> bool:
+        return self.done[event[0]] >= event[1]
+
+
+class Allocation:
+    """Device memory freed stream-ordered on the stream that allocated it when dropped (as
+    cuda.core's stream-ordered memory resource does)."""
+
+    def __init__(self, streams: Streams, stream: int, base: int, nbytes: int) -> None:
+        self.streams, self.stream, self.base = streams, stream, base
+        streams.memory[base] = self.buffer = np.full(nbytes, 0xA5, np.uint8)
+
+    def __del__(self) -> None:
+        memory, base = self.streams.memory, self.base
+        self.streams.enqueue(self.stream, lambda: memory.pop(base))
+
+
+class AsyncSimulatedDevice(SimulatedDevice):
+    """SimulatedDevice with asynchronous streams (Streams): every copy, launch and free is queued
+    on this device's own stream; a download synchronises it. Devices made over the same Streams
+    share memory, as two programs on one GPU do."""
+
+    def __init__(self, streams: Streams, cubins: dict[str, bytes], modules: dict) -> None:
+        super().__init__(cubins, modules)
+        self.streams = streams
+        self.memory = streams.memory
+        self.handle = streams.new()
+
+    @classmethod
+    def for_artifact(cls, streams: Streams, folder: Path, plan: dict) -> "AsyncSimulatedDevice":
+        device = SimulatedDevice.for_artifact(folder, plan)
+        return cls(streams, device.cubins, device.modules)
+
+    def allocate(self, nbytes: int) -> tuple[int, Allocation]:
+        base = self.streams.next
+        self.streams.next += -(-nbytes // ALIGN) * ALIGN + ALIGN
+        allocation = Allocation(self.streams, self.handle, base, nbytes)
+        return base, allocation
+
+    def _queue(self, operation) -> None:
+        self.streams.enqueue(self.handle, operation)
+
+    def upload(self, pointer: int, host: np.ndarray) -> None:
+        staged = np.array(host)  # pageable host memory: staged before the call returns
+        self._queue(lambda: SimulatedDevice.upload(self, pointer, staged))
+
+    def copy(self, destination: int, source: int, nbytes: int) -> None:
+        self._queue(lambda: SimulatedDevice.copy(self, destination, source, nbytes))
+
+    def download(self, pointer: int, host: np.ndarray) -> None:
+        self._queue(lambda: SimulatedDevice.download(self, pointer, host))
+        self.synchronize()
+
+    def launch(self, call) -> None:
+        self._queue(lambda: SimulatedDevice.launch(self, call))
+
+    def stream_handle(self) -> int:
+        return self.handle
+
+    def synchronize(self) -> None:
+        self.streams.run_until(self.streams.event(self.handle))
+
+    def wait_stream(self, handle: int) -> None:
+        self.wait_event(self.streams.event(handle))
+
+    def record_event(self) -> tuple[int, int]:
+        return self.streams.event(self.handle)
+
+    def wait_event(self, event) -> None:
+        self._queue(lambda: self.streams.run_until(event))
+
+    def event_done(self, event) -> bool:
+        return self.streams.passed(event)
+
 
 class FakeDeviceArray:
     """An input already in (simulated) device memory: read through __cuda_array_interface__."""
@@ -201,6 +322,100 @@ def test_a_bad_index_raises_the_steps_check_and_the_next_call_is_clean(built) ->
     with pytest.raises(KernelError, match="7"):
         program.run(bad)
     check_outputs(program.run(inputs), want)
+
+
+# ------------------------------------------------------------------ streams: __cuda_array_interface__
+def two_programs(folder: Path, plan: dict, outputs: str = "copy"):
+    """Two programs of the same step on one simulated GPU with asynchronous streams, each on its
+    own stream (two CudaCoreDevices), and a synchronous reference program."""
+    streams = Streams()
+    first, second = (CubinProgram(plan, AsyncSimulatedDevice.for_artifact(streams, folder, plan), outputs=outputs)
+                     for _ in range(2))
+    return first, second, CubinProgram(plan, SimulatedDevice.for_artifact(folder, plan))
+
+
+def host(arrays) -> list[np.ndarray]:
+    return [a.copy_to_host() for a in arrays]
+
+
+def check_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(mine, theirs, err_msg=f"out{index}")
+
+
+def test_a_consumer_waits_for_the_producers_stream(built) -> None:
+    """Program A's outputs fed to program B (another stream): B's stream waits on an event recorded
+    on the stream A's outputs name in __cuda_array_interface__ before copying them."""
+    folder, plan, inputs, _ = built
+    a, b, reference = two_programs(folder, plan)
+
+    def chained(outputs: list) -> list:  # the same data, the updated w1, b1, w2, b2 (outputs 1..)
+        return list(inputs[:2]) + list(outputs[1:])
+
+    produced = a.run(inputs)
+    assert all(o.__cuda_array_interface__["stream"] == a.device.handle for o in produced)
+    got = host(b.run(chained(produced)))  # only B's stream is synchronised here
+    first = host(reference.run(inputs))
+    check_same(host(produced), first)
+    check_same(got, host(reference.run(chained(first))))
+
+
+def fed_back(manifest: dict, inputs: list, outputs: list) -> list:
+    """The optimizer's next inputs: the updates in place of the parameters they update."""
+    return [outputs[FEEDS[spec["name"]]] if spec["name"] in FEEDS else value
+            for spec, value in zip(manifest["inputs"], inputs)]
+
+
+def test_a_consumer_keeps_its_inputs_alive_until_its_stream_has_read_them(optimizer) -> None:
+    """A's copy-contract output (the optimizer's c: not updated in place), dropped by the caller
+    once B's call returned, is freed on A's stream; B holds it until its own stream has passed its
+    copies. (The optimizer has no index checks, whose read-back would synchronise B's call.)"""
+    folder, manifest, plan = optimizer
+    a, b, reference = two_programs(folder / "cuda", plan)
+    inputs = list(random_inputs(manifest, 0))
+    produced = a.run(inputs)
+    a.device.synchronize()
+    first = host(produced)
+    results = b.run(fed_back(manifest, inputs, produced))
+    del produced
+    a.device.synchronize()  # A's stream runs on: the frees of the outputs dropped above, unless B holds them
+    check_same(host(results), host(reference.run(fed_back(manifest, inputs, first))))
+    assert b.held  # released at B's next call or synchronize, once B's stream passed the copies
+    b.synchronize()
+    assert not b.held
+
+
+def test_a_producer_waits_for_its_readers_before_overwriting_its_buffers(optimizer) -> None:
+    """Resident outputs (donated parameters updated in place) and static ones are overwritten by the
+    producer's next call: that call's stream first waits for the streams that read them (the
+    events B recorded on A's arrays)."""
+    folder, manifest, plan = optimizer
+    for contract in ("copy", "static"):
+        a, b, reference = two_programs(folder / "cuda", plan, outputs=contract)
+        inputs, other = list(random_inputs(manifest, 0)), list(random_inputs(manifest, 1))
+        produced = a.run(inputs)
+        a.device.synchronize()
+        results = b.run(fed_back(manifest, inputs, produced))
+        again = a.run(other)  # writes over the buffers B copies from
+        a.device.synchronize()
+        first = host(reference.run(inputs))
+        check_same(host(results), host(reference.run(fed_back(manifest, inputs, first))))
+        check_same(host(again), host(reference.run(other)))
+
+
+def test_the_stream_protocols_edge_values() -> None:
+    from runtime.cuda_graph import producer_stream
+
+    class Exported:
+        def __init__(self, **extra) -> None:
+            self.__cuda_array_interface__ = {"version": 3, "shape": (2,), "typestr": "<f4", "strides": None,
+                                             "data": (0x1000, False), **extra}
+
+    assert producer_stream(Exported()) is None and producer_stream(Exported(stream=None)) is None
+    assert producer_stream(Exported(stream=1)) == 1  # the legacy default stream (numba's default)
+    assert producer_stream(np.zeros(2)) is None
+    with pytest.raises(ValueError, match="stream 0 is disallowed"):
+        producer_stream(Exported(stream=0))
 
 
 # ------------------------------------------------------------------ donated parameters, resident
@@ -365,6 +580,26 @@ def test_jit_cuda_runs_its_cubins_through_the_cubin_runtime(optimizer, monkeypat
     assert not resident & set(devices[0].copies)  # fed back with no copy
     for number, (mine, theirs) in enumerate(zip(got, cpu_steps(folder, manifest))):
         check_optimizer_outputs(mine, theirs, f"step {number}")
+
+
+def test_jit_cuda_raises_a_bendc_error_naming_the_kernel_when_the_capture_fails(optimizer, monkeypatch) -> None:
+    import bendc.cuda_jit as cuda_jit
+    from bendc.errors import InternalError
+    from runtime.cuda_graph import CaptureError
+
+    folder, manifest, _ = optimizer
+    monkeypatch.setenv("BENDC_CACHE_DIR", str(folder / "cache"))
+    monkeypatch.delenv("BENDC_CUDA_RUNTIME", raising=False)
+    monkeypatch.setattr(cuda_jit, "device_arch", lambda: "sm_90")
+
+    class FailingCapture(SimulatedDevice):
+        def record(self, calls):
+            raise CaptureError(f"kernel {calls[0].step}.{calls[0].launch['kernel']}", RuntimeError("CUDA_ERROR_X"))
+
+    monkeypatch.setattr(cuda_jit, "cubin_device", lambda cubins, plan, modules: FailingCapture(cubins, modules))
+    with pytest.raises(InternalError, match=r"momentum: capturing the CUDA graph failed at kernel \w+\.\w+: "
+                                            r"RuntimeError: CUDA_ERROR_X; BENDC_CUDA_RUNTIME=eager"):
+        jitted_optimizer()(*random_inputs(manifest, 0))
 
 
 def test_jit_cuda_falls_back_to_numbas_jit_when_no_cubin_can_be_built(optimizer, monkeypatch, tmp_path,

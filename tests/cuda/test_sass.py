@@ -20,6 +20,7 @@ import glob
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -42,11 +43,38 @@ ARCH = "sm_90"
 FLOAT_OPS = re.compile(r"\b(FFMA|FMUL|FADD)\b")
 
 
+def find_nvdisasm(prefix: str = sys.prefix, path: str | None = None) -> str | None:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel under ``prefix``, else the first on ``path``
+    ($PATH), else CUDA_HOME's or /usr/local/cuda's bin/ (a device image with a system toolkit and
+    no wheel); None when there is none."""
+    found = glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", "nvidia", "*", "bin", "nvdisasm"))
+    if found:
+        return found[0]
+    on_path = shutil.which("nvdisasm", path=path)
+    if on_path:
+        return on_path
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home and os.access(os.path.join(home, "bin", "nvdisasm"), os.X_OK):
+            return os.path.join(home, "bin", "nvdisasm")
+    return None
+
+
 def nvdisasm() -> str:
-    found = glob.glob(os.path.join(sys.prefix, "lib", "python3*", "site-packages", "nvidia", "*", "bin", "nvdisasm"))
-    if not found:
-        pytest.fail("nvdisasm is missing: the cuda extra installs nvidia-cuda-nvdisasm")
-    return found[0]
+    found = find_nvdisasm()
+    if found is None:
+        pytest.fail("nvdisasm is missing: the cuda extra installs nvidia-cuda-nvdisasm (or put a CUDA toolkit's "
+                    "bin/ on PATH)")
+    return found
+
+
+def test_nvdisasm_is_found_on_path_without_the_wheel(tmp_path, monkeypatch) -> None:
+    tool = tmp_path / "bin" / "nvdisasm"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    assert find_nvdisasm(prefix=str(tmp_path / "no-wheel"), path=str(tool.parent)) == str(tool)
+    assert find_nvdisasm(prefix=sys.prefix, path=str(tool.parent)) != str(tool)  # the wheel's comes first
 
 
 def sass_ops(cubin: bytes, tmp_path) -> collections.Counter:

@@ -2,8 +2,8 @@
 architecture, run from their cubins through cuda.core as one CUDA graph, as eager launches and
 through the numba JIT path, against the cpu build. Skipped without a usable GPU and cuda.core.
 
-Bitwise where bendc promises it (+ - * / chains without fastmath: no FMA); the mlp step sums with
-atomics on the GPU (the order varies), so there a tolerance. Also: donated parameters resident in
+Bitwise where bendc promises it (+ - * / chains without fastmath: no FMA); the mlp step sums in
+another order than the cpu (a fixed tree per block), so there a tolerance. Also: donated parameters resident in
 their static buffers across steps (no copy when fed back, torch tensors over the same memory), and
 bendc.jit(target="cuda") building this GPU's cubins and running them in the cubin runtime (numba's
 JIT when BENDC_CUDA_RUNTIME=numba). tests/gpu/device_check.sh runs this.
