@@ -588,5 +588,16 @@ for _name in ("max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "l
     TORCH_FUNCTIONS[f"torch.{_name}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_name}"] = _reduction(_name)
 # ---- end of reductions
 
+# ---- issue 22's elementwise math: methods with attributes (bendc/tensor_math.py) and torch's aliases of the
+# ops that declare their method (bendc/ops/math_ops.py)
+from bendc.tensor_math import FUNCTIONS as _MATH_FUNCTIONS  # noqa: E402
+
+for _name, _function in _MATH_FUNCTIONS.items():
+    TORCH_FUNCTIONS[f"torch.{_name}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_name}"] = _function
+for _alias, _method in (("fix", "trunc"), ("arcsin", "asin"), ("arccos", "acos"), ("arctan", "atan"),
+                        ("arctan2", "atan2")):
+    TORCH_FUNCTIONS[f"torch.{_alias}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_alias}"] = _tensor_method(_method)
+# ---- end of elementwise math
+
 
 TORCH_FUNCTION[:] = [torch_function]

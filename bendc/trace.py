@@ -26,6 +26,7 @@ from bendc.ops import OPS
 from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
 from bendc.tensor_ops import TensorOps  # comparisons, casts, selection, powers, shape methods
+from bendc.tensor_math import MathMethods  # nan_to_num, round(decimals=) (issue 22)
 
 _ACTIVE: list["Tracer"] = []
 # The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
@@ -200,7 +201,7 @@ def _normalize_dim(dim: int, ndim: int, op: str, loc) -> int:
     return dim % rank
 
 
-class Tensor(ReductionMethods, TensorOps):
+class Tensor(ReductionMethods, TensorOps, MathMethods):
     """A traced value: arithmetic on it records nodes (PyTorch semantics). Reductions beyond sum come
     from :class:`bendc.reductions.ReductionMethods`; comparisons, casts, selection, powers and shape
     methods from :class:`bendc.tensor_ops.TensorOps`."""
