@@ -81,24 +81,29 @@ def _binary(name, reference, scalar, vjp, doc):
               lowering=Lowering("elementwise", scalar=scalar), vjp=vjp, doc=doc, method=name)
 
 
-def _reference_select(numpy_fn):
+def _reference_select(keep_first):
+    """a where ``keep_first(a, b)``, else b: the scalar renderers' rule exactly (numpy's maximum picks
+    either zero of a -0.0/+0.0 tie depending on its SIMD path; torch's CPU kernels do too)."""
     def reference(values, attrs):
+        a, b = np.broadcast_arrays(_f32(values[0]), _f32(values[1]))
         with np.errstate(invalid="ignore"):
-            return _f32(numpy_fn(_f32(values[0]), _f32(values[1])))
+            return _f32(np.where(keep_first(a, b), a, b))
 
     return reference
 
 
-_binary("maximum", _reference_select(np.maximum), lambda a, b: f"({a} if ({a} >= {b} or {a} != {a}) else {b})",
+_binary("maximum", _reference_select(lambda a, b: (a >= b) | np.isnan(a)), lambda a, b: f"({a} if ({a} >= {b} or {a} != {a}) else {b})",
         vjp_maximum, "`%2 = maximum %0, %1`: the larger of a and b, NaN if either is NaN (torch.maximum); "
         "a tie of -0.0 and +0.0 gives a.")
-_binary("minimum", _reference_select(np.minimum), lambda a, b: f"({a} if ({a} <= {b} or {a} != {a}) else {b})",
+_binary("minimum", _reference_select(lambda a, b: (a <= b) | np.isnan(a)), lambda a, b: f"({a} if ({a} <= {b} or {a} != {a}) else {b})",
         vjp_maximum, "`%2 = minimum %0, %1`: the smaller of a and b, NaN if either is NaN (torch.minimum); "
         "a tie of -0.0 and +0.0 gives a.")
-_binary("fmax", _reference_select(np.fmax), lambda a, b: f"({a} if ({a} >= {b} or {b} != {b}) else {b})",
-        vjp_fmax, "`%2 = fmax %0, %1`: the larger of a and b, a NaN ignored (NaN only if both are; torch.fmax).")
-_binary("fmin", _reference_select(np.fmin), lambda a, b: f"({a} if ({a} <= {b} or {b} != {b}) else {b})",
-        vjp_fmax, "`%2 = fmin %0, %1`: the smaller of a and b, a NaN ignored (NaN only if both are; torch.fmin).")
+_binary("fmax", _reference_select(lambda a, b: (a >= b) | np.isnan(b)), lambda a, b: f"({a} if ({a} >= {b} or {b} != {b}) else {b})",
+        vjp_fmax, "`%2 = fmax %0, %1`: the larger of a and b, a NaN ignored (NaN only if both are; torch.fmax); "
+        "a tie of -0.0 and +0.0 gives a.")
+_binary("fmin", _reference_select(lambda a, b: (a <= b) | np.isnan(b)), lambda a, b: f"({a} if ({a} <= {b} or {b} != {b}) else {b})",
+        vjp_fmax, "`%2 = fmin %0, %1`: the smaller of a and b, a NaN ignored (NaN only if both are; torch.fmin); "
+        "a tie of -0.0 and +0.0 gives a.")
 
 
 # ------------------------------------------------------------------ isnan, isinf, isfinite, nan_to_num
