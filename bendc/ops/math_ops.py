@@ -22,11 +22,10 @@ import math
 import numpy as np
 
 from bendc.ir.types import TensorType
-from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, require_float
+from bendc.ops.base import InferError, Lowering, define_op, require_float
 from bendc.ops.elementwise import _infer_float_broadcast as _infer_float
 
 F32 = np.float32
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _f32(x) -> np.ndarray:
