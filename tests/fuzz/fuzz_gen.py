@@ -69,6 +69,7 @@ FAMILIES += ("select", "power", "shape")  # comparisons/where/clamp, powers, sha
 # convolution and pooling (op-coverage issue)
 FAMILIES += ("conv", "pool")
 FAMILIES += ("group_norm_family",)  # group norm as fused ops (bendc/ops/group_norm.py)
+FAMILIES += ("math_ops", "optimizers")  # issue 22: two-operand math, lerp, nan_to_num, logs; adagrad/rmsprop/adadelta
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -158,25 +159,29 @@ class Program:
         printer.text(repr(self))
 
 
-def _method_bounds() -> dict[str, float]:
+def _method_bounds() -> tuple[dict[str, float], frozenset[str]]:
     """Each registry method's largest magnitude over [-1, 1] (its numpy reference on a grid), for ops
-    that are unary and finite there; others need a family of their own."""
+    that are unary and finite there (others need a family of their own), and those of them whose
+    result is boolean (isnan, isinf, isfinite)."""
     from bendc.ops import OPS
     from bendc.ops.base import METHODS
 
     grid = np.linspace(-1.0, 1.0, 2001, dtype=np.float32)
-    bounds = {}
+    bounds, boolean = {}, set()
     for name, op in METHODS.items():
         if OPS[op].arity != 1:
             continue
         with np.errstate(all="ignore"):
-            values = np.asarray(OPS[op].reference([grid], {}), dtype=np.float64)
+            result = np.asarray(OPS[op].reference([grid], {}))
+        values = result.astype(np.float64)
         if np.isfinite(values).all():
             bounds[name] = max(1.0, float(np.abs(values).max()))
-    return bounds
+            if result.dtype == np.bool_:
+                boolean.add(name)
+    return bounds, frozenset(boolean)
 
 
-REGISTRY_METHODS = _method_bounds()
+REGISTRY_METHODS, BOOLEAN_METHODS = _method_bounds()
 
 
 # ================================================================== torch equivalents of bendc.functional
@@ -285,6 +290,74 @@ class TorchOptim:
             exp_avg.append(m)
             exp_avg_sq.append(v)
         return tuple(new_params), {"step": step, "exp_avg": tuple(exp_avg), "exp_avg_sq": tuple(exp_avg_sq)}
+
+
+def _torch_step(state):
+    """torch.optim's ``state_step += 1`` and the step as a Python float (``_get_value``)."""
+    step = state["step"] + 1
+    return step, float(step)
+
+
+def _torch_adagrad(params, grads, state, lr=1e-2, lr_decay=0.0, weight_decay=0.0, eps=1e-10):
+    """torch.optim.Adagrad's single-tensor step, out of place."""
+    step, count = _torch_step(state)
+    clr = lr / (1 + (count - 1) * lr_decay)
+    new_params, sums = [], []
+    for param, grad, total in zip(params, grads, state["sum"]):
+        if weight_decay != 0:
+            grad = grad + weight_decay * param
+        total = total + grad * grad
+        new_params.append(param + (-clr) * grad / (total.sqrt() + eps))
+        sums.append(total)
+    return tuple(new_params), {"step": step, "sum": tuple(sums)}
+
+
+def _torch_rmsprop(params, grads, state, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+                   centered=False):
+    """torch.optim.RMSprop's single-tensor step, out of place."""
+    step, _ = _torch_step(state)
+    new_state = {"step": step, "square_avg": [], "momentum_buffer": [], "grad_avg": []}
+    new_params = []
+    for index, (param, grad) in enumerate(zip(params, grads)):
+        if weight_decay != 0:
+            grad = grad + weight_decay * param
+        square_avg = state["square_avg"][index] * alpha + (1 - alpha) * grad * grad
+        if centered:
+            grad_avg = torch.lerp(state["grad_avg"][index], grad, 1 - alpha)
+            avg = (square_avg - grad_avg * grad_avg).sqrt() + eps
+            new_state["grad_avg"].append(grad_avg)
+        else:
+            avg = square_avg.sqrt() + eps
+        if momentum > 0:
+            buf = state["momentum_buffer"][index] * momentum + grad / avg
+            new_params.append(param - lr * buf)
+            new_state["momentum_buffer"].append(buf)
+        else:
+            new_params.append(param + (-lr) * grad / avg)
+        new_state["square_avg"].append(square_avg)
+    return tuple(new_params), {key: tuple(value) if isinstance(value, list) else value
+                               for key, value in new_state.items() if value != []}
+
+
+def _torch_adadelta(params, grads, state, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0):
+    """torch.optim.Adadelta's single-tensor step, out of place."""
+    step, _ = _torch_step(state)
+    new_params, square_avgs, acc_deltas = [], [], []
+    for param, grad, square_avg, acc_delta in zip(params, grads, state["square_avg"], state["acc_delta"]):
+        if weight_decay != 0:
+            grad = grad + weight_decay * param
+        square_avg = square_avg * rho + (1 - rho) * grad * grad
+        delta = (acc_delta + eps).sqrt() / (square_avg + eps).sqrt() * grad
+        acc_delta = acc_delta * rho + (1 - rho) * delta * delta
+        new_params.append(param - lr * delta)
+        square_avgs.append(square_avg)
+        acc_deltas.append(acc_delta)
+    return tuple(new_params), {"step": step, "square_avg": tuple(square_avgs), "acc_delta": tuple(acc_deltas)}
+
+
+TorchOptim.adagrad = staticmethod(_torch_adagrad)
+TorchOptim.rmsprop = staticmethod(_torch_rmsprop)
+TorchOptim.adadelta = staticmethod(_torch_adadelta)
 
 
 class TorchBendc:
@@ -554,15 +627,22 @@ class Builder:
         return True
 
     def method(self) -> bool:
-        """An op that declares its Tensor method in its op file (OpDef.method: PyTorch's name and
-        semantics), on an operand squashed into [-1, 1]: new such ops are fuzzed with no edit here."""
+        """One to three ops that declare their Tensor method in their op file (OpDef.method: PyTorch's
+        name and semantics), each on its operand squashed into [-1, 1], so new such ops are fuzzed
+        with no edit here. A boolean result (isnan, isinf, isfinite) becomes a float mask at once
+        (``.float()``; torch's spelling casts to the operand's dtype) and ends the chain."""
         x = self.pick()
         if x is None or not REGISTRY_METHODS:
             return False
-        name = self.draw(st.sampled_from(sorted(REGISTRY_METHODS)))
-        spelling = f"{x.name}.tanh().{name}()" if self.draw(st.booleans()) else f"F.{name}({x.name}.tanh())"
-        self.emit(spelling, x.shape, REGISTRY_METHODS[name], (x,), "method")
-        self.families.add("method")
+        names = self.draw(st.lists(st.sampled_from(sorted(REGISTRY_METHODS)), min_size=1, max_size=3, unique=True))
+        for name in names:
+            squashed = f"{x.name}.tanh()"
+            spelling = f"{squashed}.{name}()" if self.draw(st.booleans()) else f"F.{name}({squashed})"
+            if name in BOOLEAN_METHODS:
+                self.emit(f"{spelling}.float()", x.shape, 1.0, (), "method",  # a mask requires no grad
+                          torch_expr=f"{spelling}.to({x.name}.dtype)")
+                break
+            x = self.emit(spelling, x.shape, REGISTRY_METHODS[name], (x,), "method")
         return True
 
     def pow(self) -> bool:
@@ -1594,6 +1674,195 @@ def _pool_family(self: Builder) -> bool:
 
 Builder.conv = _conv_family
 Builder.pool = _pool_family
+
+
+# ---------------------------------------------------------------- issue 22: elementwise math, more optimizers
+for _name in ("maximum", "minimum", "fmax", "fmin", "atan2", "lerp", "log2", "log10", "log1p"):
+    setattr(TorchF, _name, staticmethod(getattr(torch, _name)))
+TorchF.nan_to_num = staticmethod(torch.nan_to_num)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _math_ops_family(self: Builder) -> bool:
+    """issue 22's elementwise math that the ``method`` family cannot reach: maximum/minimum/fmax/fmin
+    and atan2 of two values (broadcasting), lerp (a number or a tensor weight), nan_to_num (of a
+    finite value; of a log or a reciprocal that is NaN or +-inf where its operand is <= 0 or 0, or
+    of a poisoned value, with NaN and the infinities replaced), log2/log10 of x*x + 0.5 and log1p
+    of x*x (their positive domains).
+
+    Extrema and the nan_to_num of non-finite values read values bitwise equal to torch's (a tie,
+    or a sign at zero, of a rounded value could differ). atan2's second operand is y*y + 0.5 or,
+    for an exact first operand only, its negative (the branch cut at +-pi sits on a's sign)."""
+    draw = self.draw
+    form = draw(st.sampled_from(["extremum", "log", "atan2", "lerp", "nan_to_num", "extremum", "log"]))
+    if form == "extremum":
+        x = self.pick(lambda v: v.exact and math.isfinite(v.bound))
+        if x is None:
+            return False
+        y = self.pick(lambda v: v.exact and math.isfinite(v.bound) and _broadcast(v.shape, x.shape) is not None)
+        if y is None or draw(st.integers(0, 3)) == 0:
+            y = self.new_input(x.shape)
+        # one or two in a row (x.maximum(low).minimum(high): a clamp between tensors)
+        for op in draw(st.lists(st.sampled_from(["maximum", "minimum", "fmax", "fmin"]), min_size=1, max_size=2,
+                                unique=True)):
+            expr = f"{x.name}.{op}({y.name})" if draw(st.booleans()) else f"F.{op}({x.name}, {y.name})"
+            if x.shape != y.shape:
+                self.exact_grads = False
+            x = self.emit(expr, _broadcast(x.shape, y.shape), max(x.bound, y.bound), (x, y), "math_ops", exact=True,
+                          torch_expr=expr.replace("F.", "torch."))
+            y = self.pick_or_new(x.shape, lambda v: v.exact and math.isfinite(v.bound))
+        return True
+    if form == "atan2":
+        x = self.pick(lambda v: math.isfinite(v.bound))
+        y = self.pick(lambda v: v.bound ** 2 + 0.5 <= LIMIT and _broadcast(v.shape, x.shape) is not None) \
+            if x is not None else None
+        if y is None:
+            return False
+        sign = "-" if x.exact and draw(st.booleans()) else ""
+        expr = f"F.atan2({x.name}, {sign}({y.name} * {y.name} + 0.5))" if draw(st.booleans()) else \
+            f"{x.name}.atan2({sign}({y.name} * {y.name} + 0.5))"
+        self.emit(expr, _broadcast(x.shape, y.shape), math.pi, (x, y), "math_ops", exact=False,
+                  torch_expr=expr.replace("F.", "torch."))
+        return True
+    if form == "lerp":
+        x = self.pick(lambda v: math.isfinite(v.bound))
+        if x is None:
+            return False
+        y = self.pick(lambda v: math.isfinite(v.bound) and _broadcast(v.shape, x.shape) is not None)
+        if y is None or draw(st.booleans()):
+            y = self.new_input(x.shape)
+        shape = _broadcast(x.shape, y.shape)
+        operands = (x, y)
+        if draw(st.booleans()):
+            weight = draw(st.sampled_from([0.25, 0.5, 0.75, -0.5, 1.5, 0.0, 1.0]))
+            weight_text, weight_bound = repr(weight), abs(weight)
+        else:
+            w = self.pick(lambda v: v.bound <= 2.0 and _broadcast(v.shape, shape) is not None)
+            if w is None:
+                return False
+            operands, shape = (x, y, w), _broadcast(shape, w.shape)
+            weight_text, weight_bound = w.name, w.bound
+        bound = x.bound + weight_bound * (x.bound + y.bound) + max(x.bound, y.bound)
+        if bound > LIMIT:
+            return False
+        expr = f"{x.name}.lerp({y.name}, {weight_text})" if draw(st.booleans()) else \
+            f"F.lerp({x.name}, {y.name}, {weight_text})"
+        self.emit(expr, shape, bound, operands, "math_ops", exact=False, torch_expr=expr.replace("F.", "torch."))
+        return True
+    if form == "nan_to_num":
+        return _nan_to_num(self)
+    x = self.pick(lambda v: v.bound ** 2 + 1 <= LIMIT)
+    if x is None:
+        return False
+    for op in draw(st.lists(st.sampled_from(["log2", "log10", "log1p"]), min_size=1, max_size=3, unique=True)):
+        operand = f"({x.name} * {x.name})" if op == "log1p" else f"({x.name} * {x.name} + 0.5)"
+        expr = f"{operand}.{op}()" if draw(st.booleans()) else f"F.{op}({operand})"
+        x = self.emit(expr, x.shape, math.log(x.bound ** 2 + 1) + 1, (x,), "math_ops", exact=False,
+                      torch_expr=expr.replace("F.", "torch."))
+    return True
+
+
+def _nan_to_num(self: Builder) -> bool:
+    """x.nan_to_num(nan, posinf, neginf) of a finite value (the identity; its gradient is g), or of a
+    value with NaN and infinities: x.log() (NaN below 0, -inf at 0), 1.0 / x (+-inf at +-0) or a
+    poisoned value (x * inf, x * nan). A default replacement (the float32 extremes) makes a value
+    that is only returned (poisoned); a non-finite operand is detached most of the time (its
+    gradient is NaN, in torch as in bendc)."""
+    draw = self.draw
+    source = draw(st.sampled_from(["finite", "log", "reciprocal", "poisoned"]))
+    if source == "finite":
+        x = self.pick(lambda v: math.isfinite(v.bound))
+        if x is None:
+            return False
+        operand, operands, finite_bound, exact = x.name, (x,), x.bound, x.exact
+    elif source == "poisoned":
+        poisoned = [v for v in self.values if v.poison and math.isinf(v.bound)]
+        if not poisoned:
+            return False
+        x = draw(st.sampled_from(poisoned))
+        operand, operands, finite_bound, exact = x.name, (x,), 0.0, x.exact
+    else:
+        x = self.pick(lambda v: v.exact and math.isfinite(v.bound))
+        if x is None:
+            return False
+        detached = f"{x.name}.detach()" if draw(st.integers(0, 3)) else x.name
+        if source == "log":
+            operand, finite_bound = f"{detached}.log()", 104.0  # |log x| of any finite float32 x (a subnormal)
+        else:
+            operand, finite_bound = f"(1.0 / {detached})", 1e38  # 1 / a tiny x: only returned
+        operands, exact = (x,), source == "reciprocal"
+    nan = draw(st.sampled_from([0.0, 1.5, -2.0]))
+    posinf = draw(st.sampled_from([None, 10.0]))
+    neginf = draw(st.sampled_from([None, -10.0]))
+    arguments = [f"nan={nan!r}"] if draw(st.booleans()) or source == "finite" else [repr(nan)]
+    if posinf is not None:
+        arguments.append(f"posinf={posinf!r}")
+    if neginf is not None:
+        arguments.append(f"neginf={neginf!r}")
+    bound = max(finite_bound, abs(nan), _FLOAT32_MAX if posinf is None or neginf is None else 10.0)
+    if source == "finite":
+        bound = x.bound
+    expr = f"{operand}.nan_to_num({', '.join(arguments)})" if draw(st.booleans()) else \
+        f"F.nan_to_num({operand}, {', '.join(arguments)})"
+    self.emit(expr, x.shape, bound, operands, "math_ops", exact=exact, poison=bound > LIMIT,
+              torch_expr=expr.replace("F.", "torch."))
+    return True
+
+
+def _optimizers_family(self: Builder) -> bool:
+    """bendc.optim.adagrad (lr_decay from a traced 0-d step: the adagrad_lr op), rmsprop (momentum,
+    centered) and adadelta on one parameter, a traced or a number lr, against TorchOptim's
+    out-of-place torch.optim formulas."""
+    draw = self.draw
+    operands = self.adam_operands()
+    if operands is None:
+        return False
+    p, g, first, second = operands
+    which = draw(st.sampled_from(["adagrad", "adagrad", "rmsprop", "adadelta"]))
+    lr = self.new_input((), "hyper", False, high=0).name if draw(st.booleans()) else \
+        repr(draw(st.sampled_from([0.1, 0.01])))
+    step = self.new_input((), "step", False).name if draw(st.booleans()) else str(draw(st.integers(0, 3)))
+    square = f"{second.name} * {second.name}"
+    state_deps = g.deps | second.deps  # what the new sum / square_avg depends on
+    uses_first = which == "adadelta"
+    if which == "adagrad":
+        state = f"{{'step': {step}, 'sum': ({square},)}}"
+        weight_decay = draw(st.sampled_from([0.0, 0.01]))
+        options = f", lr_decay={draw(st.sampled_from([0.0, 0.1, 0.001]))!r}, weight_decay={weight_decay!r}"
+        if weight_decay:
+            state_deps = state_deps | p.deps
+    elif which == "rmsprop":
+        momentum = draw(st.sampled_from([0.0, 0.9]))
+        centered = draw(st.booleans())
+        parts = [f"'step': {step}", f"'square_avg': ({square},)"]
+        if momentum:
+            parts.append(f"'momentum_buffer': ({first.name},)")
+        if centered:  # square_avg - grad_avg ** 2 stays >= 0.01: |grad_avg| < 0.1, square_avg >= 0.02
+            parts.append(f"'grad_avg': ({first.name} * 0.1 / ({first.name}.abs() + 1.0),)")
+            parts[1] = f"'square_avg': ({square} + 0.02,)"
+        state = "{" + ", ".join(parts) + "}"
+        options = f", momentum={momentum!r}, centered={centered}"
+        uses_first = bool(momentum) or centered
+    else:
+        state = f"{{'step': {step}, 'square_avg': ({square},), 'acc_delta': ({first.name} * {first.name},)}}"
+        options = f", rho={draw(st.sampled_from([0.9, 0.5]))!r}"
+    names = [self.fresh(), self.fresh()]
+    self.lines.append((f"({names[0]},), {names[1]} = bendc.optim.{which}(({p.name},), ({g.name},), {state}, "
+                       f"lr={lr}{options})",) * 2)
+    deps = p.deps | state_deps | (first.deps if uses_first else frozenset())
+    key = {"adagrad": "sum", "rmsprop": "square_avg", "adadelta": "square_avg"}[which]
+    state_value = self.fresh()
+    self.lines.append((f"({state_value},) = {names[1]}['{key}']",) * 2)
+    # adagrad's and rmsprop's steps are lr * g / sqrt(sum): as large as lr / eps where sum ~ 0
+    self.values += [Value(names[0], p.shape, LIMIT, deps, False),
+                    Value(state_value, p.shape, second.bound ** 2 + g.bound ** 2 + 1.0, state_deps, False)]
+    self.families.add("optimizers")
+    self.exact_grads = False
+    return True
+
+
+Builder.math_ops = _math_ops_family
+Builder.optimizers = _optimizers_family
 
 
 @st.composite

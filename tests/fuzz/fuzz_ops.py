@@ -201,6 +201,19 @@ OP_TABLE: dict[str, OpEntry] = {
                                    "torch.nn.functional.adaptive_avg_pool2d", ("pool",)),
     "adaptive_avg_pool2d_grad": OpEntry(I, "backward of adaptive_avg_pool2d", "autograd of adaptive_avg_pool2d",
                                         ("pool",)),
+    # ---------------------------------------------------------------- issue 22: elementwise math, optimizers
+    **{op: OpEntry(D, f"x.{op}(y), F.{op}(x, y) (tensors, broadcasting; exact operands: ties and zeros)",
+                   f"torch.{op}", ("math_ops",)) for op in ("maximum", "minimum", "fmax", "fmin")},
+    "atan2": OpEntry(D, "x.atan2(+-(y*y + 0.5)), F.atan2 (broadcasting)", "torch.atan2", ("math_ops",)),
+    "lerp": OpEntry(D, "x.lerp(end, weight), F.lerp (a number or a tensor weight, broadcasting)", "torch.lerp",
+                    ("math_ops",)),
+    "nan_to_num": OpEntry(D, "x.nan_to_num(nan, posinf=, neginf=), F.nan_to_num: of a finite value, of "
+                             "x.log() / 1.0 / x (NaN and +-inf where x <= 0 or x = 0), of x * inf",
+                          "torch.nan_to_num", ("math_ops",)),
+    **{op: OpEntry(D, f"(x*x + 0.5).{op}(), F.{op} (log1p of x*x): a positive domain", f"torch.{op}",
+                   ("math_ops",)) for op in ("log2", "log10", "log1p")},
+    "adagrad_lr": OpEntry(D, "bendc.optim.adagrad(..., {'step': <0-d array parameter>, ...}, lr_decay=d)",
+                          "lr / (1 + (step - 1) * lr_decay) (torch.optim.Adagrad)", ("optimizers",)),
 }
 
 
