@@ -26,7 +26,7 @@ from bendc.ops import OPS
 from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
 from bendc.tensor_ops import TensorOps  # comparisons, casts, selection, powers, shape methods
-from bendc.tensor_math import MathMethods  # nan_to_num, round(decimals=) (issue 22)
+from bendc.tensor_math import MathMethods, as_dtype  # nan_to_num, round(decimals=), any/all, ... (issue 22)
 
 _ACTIVE: list["Tracer"] = []
 # The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
@@ -371,12 +371,16 @@ class Tensor(ReductionMethods, TensorOps, MathMethods):
             return ()  # PyTorch: dim 0 (or -1) of a 0-d tensor reduces nothing
         return tuple(sorted(normalized))
 
-    def sum(self, dim=None, keepdim: bool = False) -> Tensor:
+    def sum(self, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+        if dtype is not None:  # bendc/tensor_math.py: float32 only, cast before the sum as torch does
+            return as_dtype(self, dtype, "sum").sum(dim, keepdim)
         with self.tracer.at_user_line("sum") as builder:
             dims = self._dims(dim, "sum", builder.loc)
             return self.tracer.emit("sum", (self.id,), dims=dims, keepdim=bool(keepdim))
 
-    def mean(self, dim=None, keepdim: bool = False) -> Tensor:
+    def mean(self, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+        if dtype is not None:
+            return as_dtype(self, dtype, "mean").mean(dim, keepdim)
         with self.tracer.at_user_line("mean") as builder:
             dims = self._dims(dim, "mean", builder.loc)
             count = 1
