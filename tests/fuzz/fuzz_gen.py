@@ -70,6 +70,7 @@ FAMILIES += ("select", "power", "shape")  # comparisons/where/clamp, powers, sha
 FAMILIES += ("conv", "pool")
 FAMILIES += ("group_norm_family",)  # group norm as fused ops (bendc/ops/group_norm.py)
 FAMILIES += ("math_ops", "optimizers")  # issue 22: two-operand math, lerp, nan_to_num, logs; adagrad/rmsprop/adadelta
+FAMILIES += ("composites",)  # issue 22: roll, repeat_interleave, any/all, sum/mean(dtype=), einsum
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -144,7 +145,7 @@ class Program:
         return "\n".join(text) + "\n"
 
     def repro(self, target: str) -> str:
-        head = ["import math", "import numpy as np", "import bendc", "import bendc.functional as F", "",
+        head = ["import math", "import numpy as np", "import torch", "import bendc", "import bendc.functional as F", "",
                 f"@bendc.jit(leaves={self.leaves!r}, target={target!r}"
                 + ("" if self.passes is None else f", passes={list(self.passes)!r}") + ")"]
         inputs = [f"{i.name} = {i.numpy_source()}  # {i.kind}{list(i.shape)}{' leaf' if i.leaf else ''}"
@@ -406,7 +407,7 @@ def run_torch(program: Program, dtype: torch.dtype) -> tuple:
 def run_bendc(program: Program, target: str, cache_dir: str | None, repeat: bool = True) -> tuple:
     import bendc
     import bendc.functional as F
-    fn = compile_step(program.source("bendc"), {"F": F, "bendc": bendc, "math": math})
+    fn = compile_step(program.source("bendc"), {"F": F, "bendc": bendc, "math": math, "torch": torch})
     jitted = bendc.jit(fn, leaves=program.leaves, target=target, cache_dir=cache_dir,
                        passes=None if program.passes is None else list(program.passes))
     def host(r):
@@ -1397,10 +1398,15 @@ class Builder:
             mask = f"(~{mask} {joiner} ({x.name} > {draw(st.sampled_from([0.0, -0.5]))!r}))"
         form = draw(st.sampled_from(["mul", "add", "float", "where", "masked_fill", "clamp", "clamp_tensor", "abs",
                                      "sign", "detach"]))
+        gradient_operands = None  # the operands the result's gradient reaches, where fewer than ``operands``
+        # a mask carries no gradient: where y appears only in the mask, the result depends on x alone
+        # (torch refuses a backward from a loss on such a result when x needs no grad)
         if form == "mul":
             expr, torch_expr, bound = f"{mask} * {x.name}", None, x.bound
+            gradient_operands = (x,)
         elif form == "add":
             expr, torch_expr, bound = f"{x.name} + {mask}", None, x.bound + 1
+            gradient_operands = (x,)
         elif form == "float":  # a mask alone requires no grad
             # torch's spelling casts to x's dtype: .float() in torch's float64 run would hand float32
             # to a float64 op after it (conv2d refused "expected scalar type Float but found Double")
@@ -1412,6 +1418,7 @@ class Builder:
         elif form == "masked_fill":
             fill = draw(st.sampled_from([0.0, -2.5, 1.0]))
             expr, torch_expr, bound = f"{x.name}.masked_fill({mask}, {fill!r})", None, max(x.bound, 2.5)
+            gradient_operands = (x,)
         elif form == "clamp":
             low = draw(st.sampled_from([None, -1.0, 0.0, -0.5]))
             high = draw(st.sampled_from([None, 1.0, 0.0, 0.5])) if low is not None else draw(st.sampled_from([1.0, 0.5]))
@@ -1435,7 +1442,7 @@ class Builder:
             return False
         if len(operands) == 2 and x.shape != y.shape:
             self.exact_grads = False
-        self.emit(expr, shape, bound, operands, "select", exact=True, torch_expr=torch_expr)
+        self.emit(expr, shape, bound, gradient_operands or operands, "select", exact=True, torch_expr=torch_expr)
         return True
 
     def power(self) -> bool:
@@ -1861,7 +1868,82 @@ def _optimizers_family(self: Builder) -> bool:
     return True
 
 
+def _composites_family(self: Builder) -> bool:
+    """issue 22's composites of existing ops (bendc/tensor_math.py): x.roll / torch.roll, x.repeat_interleave,
+    x.any / x.all as float masks, x.sum / x.mean with dtype=torch.float32, and torch.einsum of x and a
+    second operand over random letters (shared ones summed or kept, an output in any order)."""
+    draw = self.draw
+    x = self.pick(lambda v: len(v.shape) > 0 and math.isfinite(v.bound))
+    if x is None:
+        return False
+    rank = len(x.shape)
+    form = draw(st.sampled_from(["roll", "repeat_interleave", "any", "sum_dtype", "einsum", "einsum"]))
+    if form == "roll":
+        dims = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda d: d % rank))
+        shifts = [draw(st.integers(-5, 5)) for _ in dims]
+        if len(dims) == 1 and draw(st.booleans()):
+            expr = f"{x.name}.roll({shifts[0]}, {dims[0]})"
+        elif draw(st.integers(0, 3)) == 0:
+            expr = f"{x.name}.roll({shifts[0]})"
+        else:
+            expr = f"torch.roll({x.name}, {tuple(shifts)!r}, {tuple(dims)!r})"
+        self.emit(expr, x.shape, x.bound, (x,), "composites", exact=True, grad_exact=False)
+        return True
+    if form == "repeat_interleave":
+        repeats = draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            dim = draw(st.integers(-rank, rank - 1))
+            shape = list(x.shape)
+            shape[dim] *= repeats
+            expr = f"{x.name}.repeat_interleave({repeats}, dim={dim})"
+        else:
+            shape, expr = [_numel(x.shape) * repeats], f"torch.repeat_interleave({x.name}, {repeats})"
+        self.emit(expr, tuple(shape), x.bound, (x,), "composites", exact=True, grad_exact=False)
+        return True
+    if form in ("any", "sum_dtype"):
+        dim, axes = self._reduction_dims(rank)
+        keepdim = draw(st.booleans())
+        out = ([1 if a in axes else d for a, d in enumerate(x.shape)] if keepdim
+               else [d for a, d in enumerate(x.shape) if a not in axes])
+        spelled = f"{tuple(range(rank))!r}, " if dim is None else f"{dim!r}, "  # torch: keepdim needs a dim
+        if form == "any":
+            operand = f"{x.name}.relu()" if draw(st.booleans()) else x.name  # zeros, so that all() varies
+            mask = f"{operand}.{draw(st.sampled_from(['any', 'all']))}({spelled}keepdim={keepdim})"
+            self.emit(f"{mask}.float()", out, 1.0, (), "composites", torch_expr=f"{mask}.to({x.name}.dtype)")
+            return True
+        op = draw(st.sampled_from(["sum", "mean"]))
+        bound = x.bound * (_numel([x.shape[a] for a in axes]) if op == "sum" else 1)
+        if bound > LIMIT:
+            return False
+        # torch's float64 run keeps its dtype (float32 there would meet float64 operands later)
+        call = f"{x.name}.{op}({spelled}keepdim={keepdim}, dtype={{}})"
+        self.emit(call.format("torch.float32"), out, bound, (x,), "composites", exact=False,
+                  torch_expr=call.format(f"{x.name}.dtype"))
+        return True
+    letters = "abcd"[:rank]
+    size = dict(zip(letters, x.shape))
+    shared = [c for c in letters if draw(st.booleans())]
+    own = "efg"[:draw(st.integers(0, min(3, MAX_RANK - len(shared))))]
+    for c in own:
+        size[c] = draw(st.integers(1, 3))
+    term = list(shared + list(own))
+    term = [term[k] for k in draw(st.permutations(range(len(term))))] if term else []
+    y = self.pick_or_new(tuple(size[c] for c in term))
+    every = list(letters) + list(own)
+    output = [c for c in every if draw(st.booleans())]
+    output = [output[k] for k in draw(st.permutations(range(len(output))))] if output else []
+    summed = [c for c in every if c not in output]
+    bound = x.bound * y.bound * _numel([size[c] for c in summed])
+    if bound > LIMIT or not math.isfinite(y.bound):
+        return False
+    equation = f"{letters},{''.join(term)}->{''.join(output)}"
+    self.emit(f"F.einsum({equation!r}, {x.name}, {y.name})", tuple(size[c] for c in output), bound, (x, y),
+              "composites", exact=False, torch_expr=f"torch.einsum({equation!r}, {x.name}, {y.name})")
+    return True
+
+
 Builder.math_ops = _math_ops_family
+Builder.composites = _composites_family
 Builder.optimizers = _optimizers_family
 
 

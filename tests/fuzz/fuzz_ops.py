@@ -58,8 +58,9 @@ OP_TABLE: dict[str, OpEntry] = {
     "le": OpEntry(I, "backward of relu (mask y <= 0)", "autograd of relu", ("unary",)),
     "where": OpEntry(I, "backward of relu (select 0 or the gradient)", "autograd of relu", ("unary",)),
     # ---------------------------------------------------------------- reductions and rows
-    "sum": OpEntry(D, "x.sum(dim=None|int|tuple, keepdim), x.mean(...), the loss reduction", "same",
-                   ("reduce", "backward")),
+    "sum": OpEntry(D, "x.sum(dim=None|int|tuple, keepdim), x.mean(...), the loss reduction; x.sum/mean(..., "
+                      "dtype=torch.float32), x.any/x.all (counts), F.einsum's summed letters", "same",
+                   ("reduce", "backward", "composites")),
     "sum_to_size": OpEntry(I, "gradient of a broadcast operand (autodiff) and of batched matmul operands",
                            "autograd's sum over broadcast dims", ("arith_tensor", "matmul")),
     "expand": OpEntry(I, "backward of sum/mean and of norm_mean", "autograd of sum", ("reduce", "norm")),
@@ -83,8 +84,9 @@ OP_TABLE: dict[str, OpEntry] = {
                      ("index", "rope_family")),
     "index_scatter": OpEntry(I, "backward of x[key]", "autograd of indexing", ("index",)),
     # ---------------------------------------------------------------- products, attention, rope
-    "matmul": OpEntry(D, "a @ b (1-D promotion, batched, broadcast batch dims, x @ x), F.linear(x, w, b?)",
-                      "torch.matmul / F.linear", ("matmul",)),
+    "matmul": OpEntry(D, "a @ b (1-D promotion, batched, broadcast batch dims, x @ x), F.linear(x, w, b?); "
+                         "F.einsum(equation, x, y) (its contractions)",
+                      "torch.matmul / F.linear / torch.einsum", ("matmul", "composites")),
     "attention": OpEntry(D, "F.scaled_dot_product_attention(q, k, v, is_causal, scale, enable_gqa); "
                             "q (B,H,T,D), k/v (B,Hkv,T,D); q, q, q allowed",
                          "torch.nn.functional.scaled_dot_product_attention", ("attention",)),
@@ -115,8 +117,8 @@ OP_TABLE: dict[str, OpEntry] = {
     "adam_bias_root": OpEntry(D, "F.adam_step with a traced 0-d step (as adam_step_size)", "as adam_step_size",
                               ("adam", "adam_traced")),
     "concat": OpEntry(I, "backward of slices that tile an axis (x[..., :k] and x[..., k:] both used): "
-                      "canonicalize turns the sum of their index_scatters into one concat", "autograd of the slices",
-                      ("split",)),
+                      "canonicalize turns the sum of their index_scatters into one concat; x.roll / torch.roll "
+                      "(two slices joined)", "autograd of the slices; torch.roll", ("split", "composites")),
     "adam_lr_step_size": OpEntry(D, "bendc.optim.adam(..., lr=<0-d array parameter>)", "lr / (1 - beta1 ** step)",
                                  ("adam_traced",)),
     "bias_correction": OpEntry(D, "bendc.optim.adam(..., betas=(<0-d array parameter>, 0.999))",
