@@ -15,6 +15,7 @@ from bendc.errors import ShapeError, UnsupportedError, user_location
 from bendc.ops.base import f32_value
 from bendc.ops.base import METHODS
 from bendc.reductions import FUNCTIONS as REDUCTIONS
+from bendc.tensor_math import FUNCTIONS as MATH_FUNCTIONS
 from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
 
 
@@ -26,6 +27,8 @@ def __getattr__(name: str) -> Any:
 
         function.__name__ = name
         return function
+    if name in MATH_FUNCTIONS:  # nan_to_num, round(decimals=) (bendc/tensor_math.py)
+        return MATH_FUNCTIONS[name]
     if name in REDUCTIONS:  # max, min, amax, ... cumsum (bendc/reductions.py): not globals, so that
         return REDUCTIONS[name]  # max and min do not shadow the builtins in this module
     raise AttributeError(f"module 'bendc.functional' has no attribute {name!r}")

@@ -44,24 +44,24 @@ from bendc.trace import Tensor, active_tracer
 
 
 # ------------------------------------------------------------------ state (numpy, outside a trace)
-def _zeros_like(param: Any, sharded: bool = False) -> np.ndarray:
-    """Zeros of the parameter's shape, or (``sharded``) of this rank's padded shard of it."""
+def _zeros_like(param: Any, sharded: bool = False, fill: float = 0.0) -> np.ndarray:
+    """``fill`` (zeros) of the parameter's shape, or (``sharded``) of this rank's padded shard of it."""
     if not sharded:
-        return np.zeros(np.shape(param), np.float32)
+        return np.full(np.shape(param), fill, np.float32)
     from runtime.collective import shard_size, world
 
-    return np.zeros((shard_size(int(np.prod(np.shape(param), dtype=np.int64)), world().size),), np.float32)
+    return np.full((shard_size(int(np.prod(np.shape(param), dtype=np.int64)), world().size),), fill, np.float32)
 
 
-def _zeros_tree(params: Any, sharded: bool = False) -> Any:
-    """Zeros like each array of ``params`` (or its shard); one array object under two paths (tied
-    weights) gets one zeros array, so that the state keeps the aliasing the step returns."""
+def _zeros_tree(params: Any, sharded: bool = False, fill: float = 0.0) -> Any:
+    """Zeros (or ``fill``) like each array of ``params`` (or its shard); one array object under two
+    paths (tied weights) gets one array, so that the state keeps the aliasing the step returns."""
     leaves, treedef = tree.flatten(params)
     made: dict[int, np.ndarray] = {}
     zeros = []
     for leaf in leaves:
         if id(leaf) not in made:
-            made[id(leaf)] = _zeros_like(leaf, sharded)
+            made[id(leaf)] = _zeros_like(leaf, sharded, fill)
         zeros.append(made[id(leaf)])
     return tree.unflatten(treedef, zeros)
 
@@ -80,6 +80,27 @@ def init_adam(params: Any, sharded: bool = False) -> dict:
     ``sharded``: this rank's shards (``data_parallel="sharded"``)."""
     return {"step": np.zeros((), np.float32), "exp_avg": _zeros_tree(params, sharded),
             "exp_avg_sq": _zeros_tree(params, sharded)}
+
+
+def init_rmsprop(params: Any, momentum: float = 0.0, centered: bool = False) -> dict:
+    """RMSprop's state: ``{"step": 0, "square_avg": zeros}``, with ``"momentum_buffer"`` when
+    momentum > 0 and ``"grad_avg"`` when centered (as torch keeps them)."""
+    state = {"step": np.zeros((), np.float32), "square_avg": _zeros_tree(params)}
+    if momentum > 0:
+        state["momentum_buffer"] = _zeros_tree(params)
+    if centered:
+        state["grad_avg"] = _zeros_tree(params)
+    return state
+
+
+def init_adagrad(params: Any, initial_accumulator_value: float = 0.0) -> dict:
+    """Adagrad's state: ``{"step": 0, "sum": initial_accumulator_value everywhere}``."""
+    return {"step": np.zeros((), np.float32), "sum": _zeros_tree(params, fill=initial_accumulator_value)}
+
+
+def init_adadelta(params: Any) -> dict:
+    """Adadelta's state: ``{"step": 0, "square_avg": zeros, "acc_delta": zeros}``."""
+    return {"step": np.zeros((), np.float32), "square_avg": _zeros_tree(params), "acc_delta": _zeros_tree(params)}
 
 
 # ------------------------------------------------------------------ helpers
@@ -102,10 +123,15 @@ def _hyper(value: Any, name: str, op: str) -> Any:
     return float(value)
 
 
+# op -> the function that makes its state (named in errors about a state that does not fit)
+_INIT = {"sgd": "init_sgd", "adam": "init_adam", "adamw": "init_adam", "rmsprop": "init_rmsprop",
+         "adagrad": "init_adagrad", "adadelta": "init_adadelta"}
+
+
 def _state_part(state: Any, key: str, treedef: tree.TreeDef, op: str) -> list:
     if not isinstance(state, dict) or key not in state:
-        raise UnsupportedError(f"the optimizer state has no {key!r} (make it with bendc.optim.init_"
-                               f"{'sgd' if op == 'sgd' else 'adam'}(params))", loc=user_location(), op=op)
+        raise UnsupportedError(f"the optimizer state has no {key!r} (make it with bendc.optim.{_INIT[op]}"
+                               "(params))", loc=user_location(), op=op)
     try:
         return tree.flatten_up_to(treedef, state[key])
     except ValueError as error:
@@ -304,3 +330,191 @@ def adamw(params: Any, grads: Any, state: Any, lr: Any = 1e-3, betas: Any = (0.9
     """torch.optim.AdamW's step (amsgrad=False, maximize=False): decoupled weight decay
     (param *= 1 - lr * weight_decay). Returns (new_params, new_state)."""
     return _adam(params, grads, state, lr, betas, eps, weight_decay, decoupled=True, op="adamw")
+
+
+# ------------------------------------------------------------------ RMSprop, Adagrad, Adadelta
+def _static(value: Any, name: str, op: str) -> float:
+    """A hyperparameter that must be a Python number (only ``lr`` may be traced in these optimizers)."""
+    value = _hyper(value, name, op)
+    if _traced(value):
+        raise UnsupportedError(f"{name} must be a Python number here (only lr may be a traced value in "
+                               f"bendc.optim.{op})", loc=user_location(), op=op)
+    return value
+
+
+def _update_leaves(params: Any, grads: Any, state: Any, keys: tuple[str, ...], op: str, update: Any) -> tuple:
+    """Apply ``update(param, grad, *state_values) -> (new_param, *new_state_values)`` to each parameter
+    with a gradient; a None gradient keeps its parameter and state, and a traced parameter under two
+    paths (tied weights) is updated once. Returns (new_params, new_state) with the step incremented."""
+    leaves, treedef = tree.flatten(params)
+    gradients = _grads(grads, treedef, op)
+    parts = [_state_part(state, key, treedef, op) for key in keys]
+    new_params: list = []
+    new_parts: list[list] = [[] for _ in keys]
+    updated: dict[int, tuple] = {}
+    for index, (param, grad) in enumerate(zip(leaves, gradients)):
+        values = tuple(part[index] for part in parts)
+        if grad is not None and id(param) in updated and isinstance(param, Tensor):
+            result = updated[id(param)]
+        elif grad is None:
+            result = (param, *values)
+        else:
+            result = updated[id(param)] = update(param, grad, *values)
+        new_params.append(result[0])
+        for collected, value in zip(new_parts, result[1:]):
+            collected.append(value)
+    new_state = dict(state)
+    new_state.update({key: tree.unflatten(treedef, collected) for key, collected in zip(keys, new_parts)})
+    new_state["step"] = _next_step(state["step"])
+    return tree.unflatten(treedef, new_params), new_state
+
+
+def _require_step(state: Any, op: str) -> None:
+    if not isinstance(state, dict) or "step" not in state:
+        raise UnsupportedError(f"the optimizer state has no 'step' (make it with bendc.optim.{_INIT[op]}(params))",
+                               loc=user_location(), op=op)
+
+
+def rmsprop(params: Any, grads: Any, state: Any, lr: Any = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+            weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False) -> tuple[Any, dict]:
+    """torch.optim.RMSprop's step (maximize=False), state from ``init_rmsprop(params, momentum, centered)``:
+
+    grad += weight_decay * param; square_avg = square_avg * alpha + (1 - alpha) * grad * grad;
+    centered: grad_avg = grad_avg.lerp(grad, 1 - alpha) and avg = sqrt(square_avg - grad_avg**2),
+    else avg = sqrt(square_avg); avg += eps; with momentum buf = buf * momentum + grad / avg and
+    param - lr * buf, else param + (-lr * grad) / avg. Returns (new_params, new_state).
+    """
+    lr = _hyper(lr, "lr", "rmsprop")
+    alpha, eps, weight_decay, momentum = (_static(v, n, "rmsprop") for v, n in (
+        (alpha, "alpha"), (eps, "eps"), (weight_decay, "weight_decay"), (momentum, "momentum")))
+    _require_step(state, "rmsprop")
+    keys = ("square_avg",) + (("momentum_buffer",) if momentum > 0 else ()) + (("grad_avg",) if centered else ())
+
+    def update(param, grad, square_avg, *rest):
+        rest = list(rest)
+        buf = rest.pop(0) if momentum > 0 else None
+        grad_avg = rest.pop(0) if centered else None
+        if weight_decay != 0.0:
+            grad = grad + weight_decay * param            # grad.add(param, alpha=weight_decay)
+        square_avg = square_avg * alpha + (1.0 - alpha) * grad * grad  # mul_(alpha).addcmul_(g, g, 1 - alpha)
+        if centered:
+            grad_avg = _lerp(grad_avg, grad, 1.0 - alpha)
+            avg = (square_avg - grad_avg * grad_avg).sqrt()  # square_avg.addcmul(grad_avg, grad_avg, value=-1)
+        else:
+            avg = square_avg.sqrt()
+        avg = avg + eps
+        if momentum > 0:
+            buf = buf * momentum + grad / avg              # buf.mul_(momentum).addcdiv_(grad, avg)
+            new_param = param + (-lr) * buf                # param.add_(buf, alpha=-lr)
+        else:
+            new_param = param + ((-lr) * grad) / avg       # param.addcdiv_(grad, avg, value=-lr)
+        return (new_param, square_avg) + ((buf,) if momentum > 0 else ()) + ((grad_avg,) if centered else ())
+
+    return _update_leaves(params, grads, state, keys, "rmsprop", update)
+
+
+def _lerp(start: Any, end: Any, weight: float) -> Any:
+    """torch's lerp with a Python-number weight: start + w * (end - start) for |w| < 0.5, else
+    end - (end - start) * (1 - w)."""
+    if abs(weight) < 0.5:
+        return start + weight * (end - start)
+    return end - (end - start) * (1.0 - weight)
+
+
+def adagrad(params: Any, grads: Any, state: Any, lr: Any = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
+            eps: float = 1e-10) -> tuple[Any, dict]:
+    """torch.optim.Adagrad's step (maximize=False), state from ``init_adagrad(params,
+    initial_accumulator_value)``: grad += weight_decay * param; clr = lr / (1 + (step - 1) * lr_decay)
+    (float64 from the step count, rounded once); sum += grad * grad; param + (-clr * grad) /
+    (sqrt(sum) + eps). Returns (new_params, new_state)."""
+    lr = _hyper(lr, "lr", "adagrad")
+    lr_decay, weight_decay, eps = (_static(v, n, "adagrad") for v, n in (
+        (lr_decay, "lr_decay"), (weight_decay, "weight_decay"), (eps, "eps")))
+    _require_step(state, "adagrad")
+    step = _next_step(state["step"])
+    if lr_decay == 0.0:
+        clr = lr                                           # lr / 1.0
+    elif not _traced(step):  # a Python step count: torch's float64 arithmetic here
+        decayed = 1.0 + (float(step) - 1.0) * lr_decay
+        clr = lr * (1.0 / decayed) if _traced(lr) else lr / decayed
+    else:
+        tracer = step.tracer
+        with tracer.at_user_line("adagrad"):
+            scale = tracer.emit("adagrad_lr", (step.id,), lr=1.0 if _traced(lr) else lr, lr_decay=lr_decay)
+        clr = lr * scale if _traced(lr) else scale         # a traced lr: one more float32 rounding
+
+    def update(param, grad, total):
+        if weight_decay != 0.0:
+            grad = grad + weight_decay * param             # grad.add(param, alpha=weight_decay)
+        total = total + grad * grad                        # state_sum.addcmul_(grad, grad, value=1)
+        std = total.sqrt() + eps                           # state_sum.sqrt().add_(eps)
+        return param + ((-clr) * grad) / std, total        # param.addcdiv_(grad, std, value=-clr)
+
+    return _update_leaves(params, grads, state, ("sum",), "adagrad", update)
+
+
+def adadelta(params: Any, grads: Any, state: Any, lr: Any = 1.0, rho: float = 0.9, eps: float = 1e-6,
+             weight_decay: float = 0.0) -> tuple[Any, dict]:
+    """torch.optim.Adadelta's step (maximize=False), state from ``init_adadelta(params)``:
+    grad += weight_decay * param; square_avg = square_avg * rho + (1 - rho) * grad * grad;
+    delta = sqrt(acc_delta + eps) / sqrt(square_avg + eps) * grad;
+    acc_delta = acc_delta * rho + (1 - rho) * delta * delta; param - lr * delta.
+    Returns (new_params, new_state)."""
+    lr = _hyper(lr, "lr", "adadelta")
+    rho, eps, weight_decay = (_static(v, n, "adadelta") for v, n in (
+        (rho, "rho"), (eps, "eps"), (weight_decay, "weight_decay")))
+    _require_step(state, "adadelta")
+
+    def update(param, grad, square_avg, acc_delta):
+        if weight_decay != 0.0:
+            grad = grad + weight_decay * param             # grad.add(param, alpha=weight_decay)
+        square_avg = square_avg * rho + (1.0 - rho) * grad * grad  # mul_(rho).addcmul_(g, g, 1 - rho)
+        std = (square_avg + eps).sqrt()
+        delta = (acc_delta + eps).sqrt() / std * grad      # acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
+        acc_delta = acc_delta * rho + (1.0 - rho) * delta * delta
+        return param + (-lr) * delta, square_avg, acc_delta  # param.add_(delta, alpha=-lr)
+
+    return _update_leaves(params, grads, state, ("square_avg", "acc_delta"), "adadelta", update)
+
+
+# ------------------------------------------------------------------ gradient clipping
+def clip_grad_norm(grads: Any, max_norm: float, norm_type: float = 2.0) -> tuple[Any, Any]:
+    """torch.nn.utils.clip_grad_norm_ as a function: returns (clipped_grads, total_norm).
+
+    total_norm is the norm (``norm_type``: 2, 1, any p > 0, or inf) of the per-gradient norms, in
+    float32; every gradient is multiplied by min(max_norm / (total_norm + 1e-6), 1), as torch does
+    (clip_coef.clamp(max=1.0)); None gradients stay None. ``max_norm`` is a Python number or a traced
+    0-d value.
+    """
+    max_norm = _hyper(max_norm, "max_norm", "clip_grad_norm")
+    norm_type = float(_static(norm_type, "norm_type", "clip_grad_norm"))
+    if not norm_type > 0:
+        raise UnsupportedError(f"norm_type must be positive (or inf), got {norm_type!r}", loc=user_location(),
+                               op="clip_grad_norm")
+    leaves, treedef = tree.flatten(grads)
+    present = [g for g in leaves if g is not None]
+    if not present:
+        raise UnsupportedError("clip_grad_norm got no gradients (all None)", loc=user_location(),
+                               op="clip_grad_norm")
+    if not all(isinstance(g, Tensor) for g in present):
+        raise UnsupportedError("clip_grad_norm takes the traced gradients of a jitted step (p.grad)",
+                               loc=user_location(), op="clip_grad_norm")
+    from bendc import functional as F
+
+    norms = F.stack([_vector_norm(g, norm_type) for g in present])
+    total_norm = _vector_norm(norms, norm_type)
+    coefficient = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    clipped = [None if g is None else g * coefficient for g in leaves]
+    return tree.unflatten(treedef, clipped), total_norm
+
+
+def _vector_norm(x: Tensor, p: float) -> Tensor:
+    """torch.linalg.vector_norm of all elements: sqrt(sum x*x) for p = 2, max |x| for inf,
+    sum |x| for 1, else sum(|x|**p) ** (1/p)."""
+    if p == 2.0:
+        return (x * x).sum().sqrt()
+    if p == float("inf"):
+        return x.abs().amax()
+    if p == 1.0:
+        return x.abs().sum()
+    return (x.abs() ** p).sum() ** (1.0 / p)

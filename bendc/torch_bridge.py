@@ -125,13 +125,11 @@ def _rmatmul(input, other):
 
 
 def _sum(input, dim=None, keepdim=False, dtype=None):
-    _defaults("sum", {"dtype": dtype}, dtype=None)
-    return input.sum(dim, keepdim)
+    return input.sum(dim, keepdim, dtype=dtype)
 
 
 def _mean(input, dim=None, keepdim=False, dtype=None):
-    _defaults("mean", {"dtype": dtype}, dtype=None)
-    return input.mean(dim, keepdim)
+    return input.mean(dim, keepdim, dtype=dtype)
 
 
 def _rsqrt(input):
@@ -587,6 +585,19 @@ def _reduction(name: str) -> Callable:
 for _name in ("max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "logsumexp", "cumsum"):
     TORCH_FUNCTIONS[f"torch.{_name}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_name}"] = _reduction(_name)
 # ---- end of reductions
+
+# ---- issue 22's elementwise math: methods with attributes (bendc/tensor_math.py) and torch's aliases of the
+# ops that declare their method (bendc/ops/math_ops.py)
+from bendc.tensor_math import FUNCTIONS as _MATH_FUNCTIONS, TENSOR_METHODS as _MATH_METHODS  # noqa: E402
+
+for _name, _function in _MATH_FUNCTIONS.items():
+    TORCH_FUNCTIONS[f"torch.{_name}"] = _function
+    if _name in _MATH_METHODS:
+        TORCH_FUNCTIONS[f"torch.Tensor.{_name}"] = _function
+for _alias, _method in (("fix", "trunc"), ("arcsin", "asin"), ("arccos", "acos"), ("arctan", "atan"),
+                        ("arctan2", "atan2")):
+    TORCH_FUNCTIONS[f"torch.{_alias}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_alias}"] = _tensor_method(_method)
+# ---- end of elementwise math
 
 
 TORCH_FUNCTION[:] = [torch_function]

@@ -28,6 +28,7 @@ from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
 from bendc.tensor_ops import ACTIVE_TRACER, TensorOps  # comparisons, casts, selection, powers, shape methods
 from bendc.indexing import MaskedSelection, getitem, setitem  # x[key] and x[key] = value
+from bendc.tensor_math import MathMethods, as_dtype, normalize_dim as _normalize_dim  # nan_to_num, round(decimals=), any/all, ... (issue 22)
 
 _ACTIVE: list["Tracer"] = []
 # The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
@@ -220,14 +221,7 @@ class Tracer:
         return "\n".join(lines) + "\n"
 
 
-def _normalize_dim(dim: int, ndim: int, op: str, loc) -> int:
-    rank = max(ndim, 1)
-    if not isinstance(dim, int) or not -rank <= dim < rank:
-        raise ShapeError(f"dim {dim} is out of range for a tensor of {ndim} dimensions", loc=loc, op=op)
-    return dim % rank
-
-
-class Tensor(ReductionMethods, TensorOps):
+class Tensor(ReductionMethods, TensorOps, MathMethods):
     """A traced value: arithmetic on it records nodes (PyTorch semantics). Reductions beyond sum come
     from :class:`bendc.reductions.ReductionMethods`; comparisons, casts, selection, powers and shape
     methods from :class:`bendc.tensor_ops.TensorOps`."""
@@ -434,12 +428,16 @@ class Tensor(ReductionMethods, TensorOps):
             return ()  # PyTorch: dim 0 (or -1) of a 0-d tensor reduces nothing
         return tuple(sorted(normalized))
 
-    def sum(self, dim=None, keepdim: bool = False) -> Tensor:
+    def sum(self, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+        if dtype is not None:  # bendc/tensor_math.py: float32 only, cast before the sum as torch does
+            return as_dtype(self, dtype, "sum").sum(dim, keepdim)
         with self.tracer.at_user_line("sum") as builder:
             dims = self._dims(dim, "sum", builder.loc)
             return self.tracer.emit("sum", (self.id,), dims=dims, keepdim=bool(keepdim))
 
-    def mean(self, dim=None, keepdim: bool = False) -> Tensor:
+    def mean(self, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+        if dtype is not None:
+            return as_dtype(self, dtype, "mean").mean(dim, keepdim)
         with self.tracer.at_user_line("mean") as builder:
             dims = self._dims(dim, "mean", builder.loc)
             count = 1

@@ -293,7 +293,10 @@ define_op(
 
 # ------------------------------------------------------------------ compare and select
 def _infer_le(types, attrs):
-    require_float(types, "le")
+    """Float32 with float32 or integer with integer operands, as lt/gt/ge/eq/ne (bendc/ops/pointwise.py)."""
+    if not (all(t.is_float for t in types) or all(t.is_index for t in types)):
+        raise InferError(f"le compares float32 with float32 or integer with integer operands, got "
+                         f"{', '.join(map(str, types))}", unsupported=True)
     return TensorType("bool", broadcast_shapes(*(t.shape for t in types)))
 
 
@@ -304,7 +307,7 @@ define_op(
     reference=lambda v, a: np.asarray(np.less_equal(v[0], v[1])),
     lowering=Lowering("elementwise", scalar=lambda a, b: f"({a} <= {b})"),
     no_vjp="a comparison has a boolean result",
-    doc="`%2 = le %0, %1 : bool[..]`: a <= b.",
+    doc="`%2 = le %0, %1 : bool[..]`: a <= b, broadcasting (NaN compares false).",
 )
 
 

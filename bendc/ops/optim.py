@@ -98,3 +98,23 @@ define_op(
     no_vjp="the betas and the step count are constants",
     doc="`%2 = bias_correction %beta, %step : f32[]`: 1 - beta**step, in float64 (traced betas).",
 )
+
+
+def _reference_adagrad_lr(values, attrs):
+    step = np.float64(values[0])
+    return np.array(np.float64(attrs["lr"]) / (1.0 + (step - 1.0) * np.float64(attrs["lr_decay"])),
+                    dtype=np.float32)
+
+
+define_op(
+    name="adagrad_lr",
+    arity=1,
+    infer=_infer_step_scalar,
+    reference=_reference_adagrad_lr,
+    lowering=Lowering("elementwise", scalar=lambda step, *, lr, lr_decay: (
+        f"np.float32({lr!r} / (1.0 + (float({step}) - 1.0) * {lr_decay!r}))")),
+    no_vjp="the step count is a constant",
+    attr_names=("lr", "lr_decay"),
+    doc="`%1 = adagrad_lr[lr=0.01, lr_decay=0.001] %step : f32[]`: torch.optim.Adagrad's "
+        "lr / (1 + (step - 1) * lr_decay), in float64.",
+)

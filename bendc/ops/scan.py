@@ -48,7 +48,9 @@ def vjp_cumsum(b, node, grad, needs):
 def _cpu_cumsum(attrs, ins, out):
     shape = ins[0].shape
     dim = attrs["dim"]
-    lines = ins[0].numel // max(shape[dim], 1)
+    size = shape[dim]
+    # The line count from the other dims (not numel // size: a zero-size dim has lines of no elements).
+    lines = numel(shape[:dim] + shape[dim + 1:])
     parallel = ins[0].numel >= PARALLEL_CELLS and lines > 1
     loop = "prange" if parallel else "range"
     order = "range(x.shape[1] - 1, -1, -1)" if attrs["reverse"] else "range(x.shape[1])"
@@ -61,13 +63,13 @@ def _cpu_cumsum(attrs, ins, out):
               "            out[r, c] = np.float32(total)\n\n\n")
     if dim == len(shape) - 1:
         return source + ("def kernel(in0, out0):\n"
-                         f"    _lines(np.ascontiguousarray(in0).reshape((-1, in0.shape[{dim}])), "
-                         f"out0.reshape((-1, in0.shape[{dim}])))\n")
+                         f"    _lines(np.ascontiguousarray(in0).reshape(({lines}, {size})), "
+                         f"out0.reshape(({lines}, {size})))\n")
     return source + (
         "def kernel(in0, out0):\n"
         f"    moved = np.ascontiguousarray(np.moveaxis(in0, {dim}, -1))\n"
         "    result = np.empty_like(moved)\n"
-        f"    _lines(moved.reshape((-1, in0.shape[{dim}])), result.reshape((-1, in0.shape[{dim}])))\n"
+        f"    _lines(moved.reshape(({lines}, {size})), result.reshape(({lines}, {size})))\n"
         f"    out0[...] = np.moveaxis(result, -1, {dim})\n")
 
 

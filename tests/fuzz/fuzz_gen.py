@@ -70,6 +70,8 @@ FAMILIES += ("select", "power", "shape")  # comparisons/where/clamp, powers, sha
 FAMILIES += ("conv", "pool")
 FAMILIES += ("group_norm_family",)  # group norm as fused ops (bendc/ops/group_norm.py)
 FAMILIES += ("creation",)  # tensors made inside the step, integer index arithmetic (issue 22)
+FAMILIES += ("math_ops", "optimizers")  # issue 22: two-operand math, lerp, nan_to_num, logs; adagrad/rmsprop/adadelta
+FAMILIES += ("composites",)  # issue 22: roll, repeat_interleave, any/all, sum/mean(dtype=), einsum
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -144,7 +146,7 @@ class Program:
         return "\n".join(text) + "\n"
 
     def repro(self, target: str) -> str:
-        head = ["import math", "import numpy as np", "import bendc", "import bendc.functional as F", "",
+        head = ["import math", "import numpy as np", "import torch", "import bendc", "import bendc.functional as F", "",
                 f"@bendc.jit(leaves={self.leaves!r}, target={target!r}"
                 + ("" if self.passes is None else f", passes={list(self.passes)!r}") + ")"]
         inputs = [f"{i.name} = {i.numpy_source()}  # {i.kind}{list(i.shape)}{' leaf' if i.leaf else ''}"
@@ -159,25 +161,29 @@ class Program:
         printer.text(repr(self))
 
 
-def _method_bounds() -> dict[str, float]:
+def _method_bounds() -> tuple[dict[str, float], frozenset[str]]:
     """Each registry method's largest magnitude over [-1, 1] (its numpy reference on a grid), for ops
-    that are unary and finite there; others need a family of their own."""
+    that are unary and finite there (others need a family of their own), and those of them whose
+    result is boolean (isnan, isinf, isfinite)."""
     from bendc.ops import OPS
     from bendc.ops.base import METHODS
 
     grid = np.linspace(-1.0, 1.0, 2001, dtype=np.float32)
-    bounds = {}
+    bounds, boolean = {}, set()
     for name, op in METHODS.items():
         if OPS[op].arity != 1:
             continue
         with np.errstate(all="ignore"):
-            values = np.asarray(OPS[op].reference([grid], {}), dtype=np.float64)
+            result = np.asarray(OPS[op].reference([grid], {}))
+        values = result.astype(np.float64)
         if np.isfinite(values).all():
             bounds[name] = max(1.0, float(np.abs(values).max()))
-    return bounds
+            if result.dtype == np.bool_:
+                boolean.add(name)
+    return bounds, frozenset(boolean)
 
 
-REGISTRY_METHODS = _method_bounds()
+REGISTRY_METHODS, BOOLEAN_METHODS = _method_bounds()
 
 
 # ================================================================== torch equivalents of bendc.functional
@@ -292,6 +298,74 @@ class TorchOptim:
         return tuple(new_params), {"step": step, "exp_avg": tuple(exp_avg), "exp_avg_sq": tuple(exp_avg_sq)}
 
 
+def _torch_step(state):
+    """torch.optim's ``state_step += 1`` and the step as a Python float (``_get_value``)."""
+    step = state["step"] + 1
+    return step, float(step)
+
+
+def _torch_adagrad(params, grads, state, lr=1e-2, lr_decay=0.0, weight_decay=0.0, eps=1e-10):
+    """torch.optim.Adagrad's single-tensor step, out of place."""
+    step, count = _torch_step(state)
+    clr = lr / (1 + (count - 1) * lr_decay)
+    new_params, sums = [], []
+    for param, grad, total in zip(params, grads, state["sum"]):
+        if weight_decay != 0:
+            grad = grad + weight_decay * param
+        total = total + grad * grad
+        new_params.append(param + (-clr) * grad / (total.sqrt() + eps))
+        sums.append(total)
+    return tuple(new_params), {"step": step, "sum": tuple(sums)}
+
+
+def _torch_rmsprop(params, grads, state, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+                   centered=False):
+    """torch.optim.RMSprop's single-tensor step, out of place."""
+    step, _ = _torch_step(state)
+    new_state = {"step": step, "square_avg": [], "momentum_buffer": [], "grad_avg": []}
+    new_params = []
+    for index, (param, grad) in enumerate(zip(params, grads)):
+        if weight_decay != 0:
+            grad = grad + weight_decay * param
+        square_avg = state["square_avg"][index] * alpha + (1 - alpha) * grad * grad
+        if centered:
+            grad_avg = torch.lerp(state["grad_avg"][index], grad, 1 - alpha)
+            avg = (square_avg - grad_avg * grad_avg).sqrt() + eps
+            new_state["grad_avg"].append(grad_avg)
+        else:
+            avg = square_avg.sqrt() + eps
+        if momentum > 0:
+            buf = state["momentum_buffer"][index] * momentum + grad / avg
+            new_params.append(param - lr * buf)
+            new_state["momentum_buffer"].append(buf)
+        else:
+            new_params.append(param + (-lr) * grad / avg)
+        new_state["square_avg"].append(square_avg)
+    return tuple(new_params), {key: tuple(value) if isinstance(value, list) else value
+                               for key, value in new_state.items() if value != []}
+
+
+def _torch_adadelta(params, grads, state, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0):
+    """torch.optim.Adadelta's single-tensor step, out of place."""
+    step, _ = _torch_step(state)
+    new_params, square_avgs, acc_deltas = [], [], []
+    for param, grad, square_avg, acc_delta in zip(params, grads, state["square_avg"], state["acc_delta"]):
+        if weight_decay != 0:
+            grad = grad + weight_decay * param
+        square_avg = square_avg * rho + (1 - rho) * grad * grad
+        delta = (acc_delta + eps).sqrt() / (square_avg + eps).sqrt() * grad
+        acc_delta = acc_delta * rho + (1 - rho) * delta * delta
+        new_params.append(param - lr * delta)
+        square_avgs.append(square_avg)
+        acc_deltas.append(acc_delta)
+    return tuple(new_params), {"step": step, "square_avg": tuple(square_avgs), "acc_delta": tuple(acc_deltas)}
+
+
+TorchOptim.adagrad = staticmethod(_torch_adagrad)
+TorchOptim.rmsprop = staticmethod(_torch_rmsprop)
+TorchOptim.adadelta = staticmethod(_torch_adadelta)
+
+
 class TorchBendc:
     optim = TorchOptim
 
@@ -338,7 +412,7 @@ def run_torch(program: Program, dtype: torch.dtype) -> tuple:
 def run_bendc(program: Program, target: str, cache_dir: str | None, repeat: bool = True) -> tuple:
     import bendc
     import bendc.functional as F
-    fn = compile_step(program.source("bendc"), {"F": F, "bendc": bendc, "math": math})
+    fn = compile_step(program.source("bendc"), {"F": F, "bendc": bendc, "math": math, "torch": torch})
     jitted = bendc.jit(fn, leaves=program.leaves, target=target, cache_dir=cache_dir,
                        passes=None if program.passes is None else list(program.passes))
     def host(r):
@@ -559,15 +633,22 @@ class Builder:
         return True
 
     def method(self) -> bool:
-        """An op that declares its Tensor method in its op file (OpDef.method: PyTorch's name and
-        semantics), on an operand squashed into [-1, 1]: new such ops are fuzzed with no edit here."""
+        """One to three ops that declare their Tensor method in their op file (OpDef.method: PyTorch's
+        name and semantics), each on its operand squashed into [-1, 1], so new such ops are fuzzed
+        with no edit here. A boolean result (isnan, isinf, isfinite) becomes a float mask at once
+        (``.float()``; torch's spelling casts to the operand's dtype) and ends the chain."""
         x = self.pick()
         if x is None or not REGISTRY_METHODS:
             return False
-        name = self.draw(st.sampled_from(sorted(REGISTRY_METHODS)))
-        spelling = f"{x.name}.tanh().{name}()" if self.draw(st.booleans()) else f"F.{name}({x.name}.tanh())"
-        self.emit(spelling, x.shape, REGISTRY_METHODS[name], (x,), "method")
-        self.families.add("method")
+        names = self.draw(st.lists(st.sampled_from(sorted(REGISTRY_METHODS)), min_size=1, max_size=3, unique=True))
+        for name in names:
+            squashed = f"{x.name}.tanh()"
+            spelling = f"{squashed}.{name}()" if self.draw(st.booleans()) else f"F.{name}({squashed})"
+            if name in BOOLEAN_METHODS:
+                self.emit(f"{spelling}.float()", x.shape, 1.0, (), "method",  # a mask requires no grad
+                          torch_expr=f"{spelling}.to({x.name}.dtype)")
+                break
+            x = self.emit(spelling, x.shape, REGISTRY_METHODS[name], (x,), "method")
         return True
 
     def pow(self) -> bool:
@@ -1353,10 +1434,15 @@ class Builder:
             mask = f"(~{mask} {joiner} ({x.name} > {draw(st.sampled_from([0.0, -0.5]))!r}))"
         form = draw(st.sampled_from(["mul", "add", "float", "where", "masked_fill", "clamp", "clamp_tensor", "abs",
                                      "sign", "detach"]))
+        gradient_operands = None  # the operands the result's gradient reaches, where fewer than ``operands``
+        # a mask carries no gradient: where y appears only in the mask, the result depends on x alone
+        # (torch refuses a backward from a loss on such a result when x needs no grad)
         if form == "mul":
             expr, torch_expr, bound = f"{mask} * {x.name}", None, x.bound
+            gradient_operands = (x,)
         elif form == "add":
             expr, torch_expr, bound = f"{x.name} + {mask}", None, x.bound + 1
+            gradient_operands = (x,)
         elif form == "float":  # a mask alone requires no grad
             # torch's spelling casts to x's dtype: .float() in torch's float64 run would hand float32
             # to a float64 op after it (conv2d refused "expected scalar type Float but found Double")
@@ -1368,6 +1454,7 @@ class Builder:
         elif form == "masked_fill":
             fill = draw(st.sampled_from([0.0, -2.5, 1.0]))
             expr, torch_expr, bound = f"{x.name}.masked_fill({mask}, {fill!r})", None, max(x.bound, 2.5)
+            gradient_operands = (x,)
         elif form == "clamp":
             low = draw(st.sampled_from([None, -1.0, 0.0, -0.5]))
             high = draw(st.sampled_from([None, 1.0, 0.0, 0.5])) if low is not None else draw(st.sampled_from([1.0, 0.5]))
@@ -1391,7 +1478,7 @@ class Builder:
             return False
         if len(operands) == 2 and x.shape != y.shape:
             self.exact_grads = False
-        self.emit(expr, shape, bound, operands, "select", exact=True, torch_expr=torch_expr)
+        self.emit(expr, shape, bound, gradient_operands or operands, "select", exact=True, torch_expr=torch_expr)
         return True
 
     def power(self) -> bool:
@@ -1630,6 +1717,270 @@ def _pool_family(self: Builder) -> bool:
 
 Builder.conv = _conv_family
 Builder.pool = _pool_family
+
+
+# ---------------------------------------------------------------- issue 22: elementwise math, more optimizers
+for _name in ("maximum", "minimum", "fmax", "fmin", "atan2", "lerp", "log2", "log10", "log1p"):
+    setattr(TorchF, _name, staticmethod(getattr(torch, _name)))
+TorchF.nan_to_num = staticmethod(torch.nan_to_num)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _math_ops_family(self: Builder) -> bool:
+    """issue 22's elementwise math that the ``method`` family cannot reach: maximum/minimum/fmax/fmin
+    and atan2 of two values (broadcasting), lerp (a number or a tensor weight), nan_to_num (of a
+    finite value; of a log or a reciprocal that is NaN or +-inf where its operand is <= 0 or 0, or
+    of a poisoned value, with NaN and the infinities replaced), log2/log10 of x*x + 0.5 and log1p
+    of x*x (their positive domains).
+
+    Extrema and the nan_to_num of non-finite values read values bitwise equal to torch's (a tie,
+    or a sign at zero, of a rounded value could differ). atan2's second operand is y*y + 0.5 or,
+    for an exact first operand only, its negative (the branch cut at +-pi sits on a's sign)."""
+    draw = self.draw
+    form = draw(st.sampled_from(["extremum", "log", "atan2", "lerp", "nan_to_num", "extremum", "log"]))
+    if form == "extremum":
+        x = self.pick(lambda v: v.exact and math.isfinite(v.bound))
+        if x is None:
+            return False
+        y = self.pick(lambda v: v.exact and math.isfinite(v.bound) and _broadcast(v.shape, x.shape) is not None)
+        if y is None or draw(st.integers(0, 3)) == 0:
+            y = self.new_input(x.shape)
+        # one or two in a row (x.maximum(low).minimum(high): a clamp between tensors)
+        for op in draw(st.lists(st.sampled_from(["maximum", "minimum", "fmax", "fmin"]), min_size=1, max_size=2,
+                                unique=True)):
+            expr = f"{x.name}.{op}({y.name})" if draw(st.booleans()) else f"F.{op}({x.name}, {y.name})"
+            if x.shape != y.shape:
+                self.exact_grads = False
+            x = self.emit(expr, _broadcast(x.shape, y.shape), max(x.bound, y.bound), (x, y), "math_ops", exact=True,
+                          torch_expr=expr.replace("F.", "torch."))
+            y = self.pick_or_new(x.shape, lambda v: v.exact and math.isfinite(v.bound))
+        return True
+    if form == "atan2":
+        x = self.pick(lambda v: math.isfinite(v.bound))
+        y = self.pick(lambda v: v.bound ** 2 + 0.5 <= LIMIT and _broadcast(v.shape, x.shape) is not None) \
+            if x is not None else None
+        if y is None:
+            return False
+        sign = "-" if x.exact and draw(st.booleans()) else ""
+        expr = f"F.atan2({x.name}, {sign}({y.name} * {y.name} + 0.5))" if draw(st.booleans()) else \
+            f"{x.name}.atan2({sign}({y.name} * {y.name} + 0.5))"
+        self.emit(expr, _broadcast(x.shape, y.shape), math.pi, (x, y), "math_ops", exact=False,
+                  torch_expr=expr.replace("F.", "torch."))
+        return True
+    if form == "lerp":
+        x = self.pick(lambda v: math.isfinite(v.bound))
+        if x is None:
+            return False
+        y = self.pick(lambda v: math.isfinite(v.bound) and _broadcast(v.shape, x.shape) is not None)
+        if y is None or draw(st.booleans()):
+            y = self.new_input(x.shape)
+        shape = _broadcast(x.shape, y.shape)
+        operands = (x, y)
+        if draw(st.booleans()):
+            weight = draw(st.sampled_from([0.25, 0.5, 0.75, -0.5, 1.5, 0.0, 1.0]))
+            weight_text, weight_bound = repr(weight), abs(weight)
+        else:
+            w = self.pick(lambda v: v.bound <= 2.0 and _broadcast(v.shape, shape) is not None)
+            if w is None:
+                return False
+            operands, shape = (x, y, w), _broadcast(shape, w.shape)
+            weight_text, weight_bound = w.name, w.bound
+        bound = x.bound + weight_bound * (x.bound + y.bound) + max(x.bound, y.bound)
+        if bound > LIMIT:
+            return False
+        expr = f"{x.name}.lerp({y.name}, {weight_text})" if draw(st.booleans()) else \
+            f"F.lerp({x.name}, {y.name}, {weight_text})"
+        self.emit(expr, shape, bound, operands, "math_ops", exact=False, torch_expr=expr.replace("F.", "torch."))
+        return True
+    if form == "nan_to_num":
+        return _nan_to_num(self)
+    x = self.pick(lambda v: v.bound ** 2 + 1 <= LIMIT)
+    if x is None:
+        return False
+    for op in draw(st.lists(st.sampled_from(["log2", "log10", "log1p"]), min_size=1, max_size=3, unique=True)):
+        operand = f"({x.name} * {x.name})" if op == "log1p" else f"({x.name} * {x.name} + 0.5)"
+        expr = f"{operand}.{op}()" if draw(st.booleans()) else f"F.{op}({operand})"
+        x = self.emit(expr, x.shape, math.log(x.bound ** 2 + 1) + 1, (x,), "math_ops", exact=False,
+                      torch_expr=expr.replace("F.", "torch."))
+    return True
+
+
+def _nan_to_num(self: Builder) -> bool:
+    """x.nan_to_num(nan, posinf, neginf) of a finite value (the identity; its gradient is g), or of a
+    value with NaN and infinities: x.log() (NaN below 0, -inf at 0), 1.0 / x (+-inf at +-0) or a
+    poisoned value (x * inf, x * nan). A default replacement (the float32 extremes) makes a value
+    that is only returned (poisoned); a non-finite operand is detached most of the time (its
+    gradient is NaN, in torch as in bendc)."""
+    draw = self.draw
+    source = draw(st.sampled_from(["finite", "log", "reciprocal", "poisoned"]))
+    if source == "finite":
+        x = self.pick(lambda v: math.isfinite(v.bound))
+        if x is None:
+            return False
+        operand, operands, finite_bound, exact = x.name, (x,), x.bound, x.exact
+    elif source == "poisoned":
+        poisoned = [v for v in self.values if v.poison and math.isinf(v.bound)]
+        if not poisoned:
+            return False
+        x = draw(st.sampled_from(poisoned))
+        operand, operands, finite_bound, exact = x.name, (x,), 0.0, x.exact
+    else:
+        x = self.pick(lambda v: v.exact and math.isfinite(v.bound))
+        if x is None:
+            return False
+        detached = f"{x.name}.detach()" if draw(st.integers(0, 3)) else x.name
+        if source == "log":
+            operand, finite_bound = f"{detached}.log()", 104.0  # |log x| of any finite float32 x (a subnormal)
+        else:
+            operand, finite_bound = f"(1.0 / {detached})", 1e38  # 1 / a tiny x: only returned
+        operands, exact = (x,), source == "reciprocal"
+    nan = draw(st.sampled_from([0.0, 1.5, -2.0]))
+    posinf = draw(st.sampled_from([None, 10.0]))
+    neginf = draw(st.sampled_from([None, -10.0]))
+    arguments = [f"nan={nan!r}"] if draw(st.booleans()) or source == "finite" else [repr(nan)]
+    if posinf is not None:
+        arguments.append(f"posinf={posinf!r}")
+    if neginf is not None:
+        arguments.append(f"neginf={neginf!r}")
+    bound = max(finite_bound, abs(nan), _FLOAT32_MAX if posinf is None or neginf is None else 10.0)
+    if source == "finite":
+        bound = x.bound
+    expr = f"{operand}.nan_to_num({', '.join(arguments)})" if draw(st.booleans()) else \
+        f"F.nan_to_num({operand}, {', '.join(arguments)})"
+    self.emit(expr, x.shape, bound, operands, "math_ops", exact=exact, poison=bound > LIMIT,
+              torch_expr=expr.replace("F.", "torch."))
+    return True
+
+
+def _optimizers_family(self: Builder) -> bool:
+    """bendc.optim.adagrad (lr_decay from a traced 0-d step: the adagrad_lr op), rmsprop (momentum,
+    centered) and adadelta on one parameter, a traced or a number lr, against TorchOptim's
+    out-of-place torch.optim formulas."""
+    draw = self.draw
+    operands = self.adam_operands()
+    if operands is None:
+        return False
+    p, g, first, second = operands
+    which = draw(st.sampled_from(["adagrad", "adagrad", "rmsprop", "adadelta"]))
+    lr = self.new_input((), "hyper", False, high=0).name if draw(st.booleans()) else \
+        repr(draw(st.sampled_from([0.1, 0.01])))
+    step = self.new_input((), "step", False).name if draw(st.booleans()) else str(draw(st.integers(0, 3)))
+    square = f"{second.name} * {second.name}"
+    state_deps = g.deps | second.deps  # what the new sum / square_avg depends on
+    uses_first = which == "adadelta"
+    if which == "adagrad":
+        state = f"{{'step': {step}, 'sum': ({square},)}}"
+        weight_decay = draw(st.sampled_from([0.0, 0.01]))
+        options = f", lr_decay={draw(st.sampled_from([0.0, 0.1, 0.001]))!r}, weight_decay={weight_decay!r}"
+        if weight_decay:
+            state_deps = state_deps | p.deps
+    elif which == "rmsprop":
+        momentum = draw(st.sampled_from([0.0, 0.9]))
+        centered = draw(st.booleans())
+        parts = [f"'step': {step}", f"'square_avg': ({square},)"]
+        if momentum:
+            parts.append(f"'momentum_buffer': ({first.name},)")
+        if centered:  # square_avg - grad_avg ** 2 stays >= 0.01: |grad_avg| < 0.1, square_avg >= 0.02
+            parts.append(f"'grad_avg': ({first.name} * 0.1 / ({first.name}.abs() + 1.0),)")
+            parts[1] = f"'square_avg': ({square} + 0.02,)"
+        state = "{" + ", ".join(parts) + "}"
+        options = f", momentum={momentum!r}, centered={centered}"
+        uses_first = bool(momentum) or centered
+    else:
+        state = f"{{'step': {step}, 'square_avg': ({square},), 'acc_delta': ({first.name} * {first.name},)}}"
+        options = f", rho={draw(st.sampled_from([0.9, 0.5]))!r}"
+    names = [self.fresh(), self.fresh()]
+    self.lines.append((f"({names[0]},), {names[1]} = bendc.optim.{which}(({p.name},), ({g.name},), {state}, "
+                       f"lr={lr}{options})",) * 2)
+    deps = p.deps | state_deps | (first.deps if uses_first else frozenset())
+    key = {"adagrad": "sum", "rmsprop": "square_avg", "adadelta": "square_avg"}[which]
+    state_value = self.fresh()
+    self.lines.append((f"({state_value},) = {names[1]}['{key}']",) * 2)
+    # adagrad's and rmsprop's steps are lr * g / sqrt(sum): as large as lr / eps where sum ~ 0
+    self.values += [Value(names[0], p.shape, LIMIT, deps, False),
+                    Value(state_value, p.shape, second.bound ** 2 + g.bound ** 2 + 1.0, state_deps, False)]
+    self.families.add("optimizers")
+    self.exact_grads = False
+    return True
+
+
+def _composites_family(self: Builder) -> bool:
+    """issue 22's composites of existing ops (bendc/tensor_math.py): x.roll / torch.roll, x.repeat_interleave,
+    x.any / x.all as float masks, x.sum / x.mean with dtype=torch.float32, and torch.einsum of x and a
+    second operand over random letters (shared ones summed or kept, an output in any order)."""
+    draw = self.draw
+    x = self.pick(lambda v: len(v.shape) > 0 and math.isfinite(v.bound))
+    if x is None:
+        return False
+    rank = len(x.shape)
+    form = draw(st.sampled_from(["roll", "repeat_interleave", "any", "sum_dtype", "einsum", "einsum"]))
+    if form == "roll":
+        dims = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda d: d % rank))
+        shifts = [draw(st.integers(-5, 5)) for _ in dims]
+        if len(dims) == 1 and draw(st.booleans()):
+            expr = f"{x.name}.roll({shifts[0]}, {dims[0]})"
+        elif draw(st.integers(0, 3)) == 0:
+            expr = f"{x.name}.roll({shifts[0]})"
+        else:
+            expr = f"torch.roll({x.name}, {tuple(shifts)!r}, {tuple(dims)!r})"
+        self.emit(expr, x.shape, x.bound, (x,), "composites", exact=True, grad_exact=False)
+        return True
+    if form == "repeat_interleave":
+        repeats = draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            dim = draw(st.integers(-rank, rank - 1))
+            shape = list(x.shape)
+            shape[dim] *= repeats
+            expr = f"{x.name}.repeat_interleave({repeats}, dim={dim})"
+        else:
+            shape, expr = [_numel(x.shape) * repeats], f"torch.repeat_interleave({x.name}, {repeats})"
+        self.emit(expr, tuple(shape), x.bound, (x,), "composites", exact=True, grad_exact=False)
+        return True
+    if form in ("any", "sum_dtype"):
+        dim, axes = self._reduction_dims(rank)
+        keepdim = draw(st.booleans())
+        out = ([1 if a in axes else d for a, d in enumerate(x.shape)] if keepdim
+               else [d for a, d in enumerate(x.shape) if a not in axes])
+        spelled = f"{tuple(range(rank))!r}, " if dim is None else f"{dim!r}, "  # torch: keepdim needs a dim
+        if form == "any":
+            operand = f"{x.name}.relu()" if draw(st.booleans()) else x.name  # zeros, so that all() varies
+            mask = f"{operand}.{draw(st.sampled_from(['any', 'all']))}({spelled}keepdim={keepdim})"
+            self.emit(f"{mask}.float()", out, 1.0, (), "composites", torch_expr=f"{mask}.to({x.name}.dtype)")
+            return True
+        op = draw(st.sampled_from(["sum", "mean"]))
+        bound = x.bound * (_numel([x.shape[a] for a in axes]) if op == "sum" else 1)
+        if bound > LIMIT:
+            return False
+        # torch's float64 run keeps its dtype (float32 there would meet float64 operands later)
+        call = f"{x.name}.{op}({spelled}keepdim={keepdim}, dtype={{}})"
+        self.emit(call.format("torch.float32"), out, bound, (x,), "composites", exact=False,
+                  torch_expr=call.format(f"{x.name}.dtype"))
+        return True
+    letters = "abcd"[:rank]
+    size = dict(zip(letters, x.shape))
+    shared = [c for c in letters if draw(st.booleans())]
+    own = "efg"[:draw(st.integers(0, min(3, MAX_RANK - len(shared))))]
+    for c in own:
+        size[c] = draw(st.integers(1, 3))
+    term = list(shared + list(own))
+    term = [term[k] for k in draw(st.permutations(range(len(term))))] if term else []
+    y = self.pick_or_new(tuple(size[c] for c in term))
+    every = list(letters) + list(own)
+    output = [c for c in every if draw(st.booleans())]
+    output = [output[k] for k in draw(st.permutations(range(len(output))))] if output else []
+    summed = [c for c in every if c not in output]
+    bound = x.bound * y.bound * _numel([size[c] for c in summed])
+    if bound > LIMIT or not math.isfinite(y.bound):
+        return False
+    equation = f"{letters},{''.join(term)}->{''.join(output)}"
+    self.emit(f"F.einsum({equation!r}, {x.name}, {y.name})", tuple(size[c] for c in output), bound, (x, y),
+              "composites", exact=False, torch_expr=f"torch.einsum({equation!r}, {x.name}, {y.name})")
+    return True
+
+
+Builder.math_ops = _math_ops_family
+Builder.composites = _composites_family
+Builder.optimizers = _optimizers_family
 
 
 @st.composite

@@ -70,8 +70,9 @@ OP_TABLE: dict[str, OpEntry] = {
     "le": OpEntry(I, "backward of relu (mask y <= 0)", "autograd of relu", ("unary",)),
     "where": OpEntry(I, "backward of relu (select 0 or the gradient)", "autograd of relu", ("unary",)),
     # ---------------------------------------------------------------- reductions and rows
-    "sum": OpEntry(D, "x.sum(dim=None|int|tuple, keepdim), x.mean(...), the loss reduction", "same",
-                   ("reduce", "backward")),
+    "sum": OpEntry(D, "x.sum(dim=None|int|tuple, keepdim), x.mean(...), the loss reduction; x.sum/mean(..., "
+                      "dtype=torch.float32), x.any/x.all (counts), F.einsum's summed letters", "same",
+                   ("reduce", "backward", "composites")),
     "sum_to_size": OpEntry(I, "gradient of a broadcast operand (autodiff) and of batched matmul operands",
                            "autograd's sum over broadcast dims", ("arith_tensor", "matmul")),
     "expand": OpEntry(I, "backward of sum/mean and of norm_mean", "autograd of sum", ("reduce", "norm")),
@@ -95,8 +96,9 @@ OP_TABLE: dict[str, OpEntry] = {
                      ("index", "rope_family")),
     "index_scatter": OpEntry(I, "backward of x[key]", "autograd of indexing", ("index",)),
     # ---------------------------------------------------------------- products, attention, rope
-    "matmul": OpEntry(D, "a @ b (1-D promotion, batched, broadcast batch dims, x @ x), F.linear(x, w, b?)",
-                      "torch.matmul / F.linear", ("matmul",)),
+    "matmul": OpEntry(D, "a @ b (1-D promotion, batched, broadcast batch dims, x @ x), F.linear(x, w, b?); "
+                         "F.einsum(equation, x, y) (its contractions)",
+                      "torch.matmul / F.linear / torch.einsum", ("matmul", "composites")),
     "attention": OpEntry(D, "F.scaled_dot_product_attention(q, k, v, is_causal, scale, enable_gqa); "
                             "q (B,H,T,D), k/v (B,Hkv,T,D); q, q, q allowed",
                          "torch.nn.functional.scaled_dot_product_attention", ("attention",)),
@@ -127,8 +129,8 @@ OP_TABLE: dict[str, OpEntry] = {
     "adam_bias_root": OpEntry(D, "F.adam_step with a traced 0-d step (as adam_step_size)", "as adam_step_size",
                               ("adam", "adam_traced")),
     "concat": OpEntry(I, "backward of slices that tile an axis (x[..., :k] and x[..., k:] both used): "
-                      "canonicalize turns the sum of their index_scatters into one concat", "autograd of the slices",
-                      ("split",)),
+                      "canonicalize turns the sum of their index_scatters into one concat; x.roll / torch.roll "
+                      "(two slices joined)", "autograd of the slices; torch.roll", ("split", "composites")),
     "adam_lr_step_size": OpEntry(D, "bendc.optim.adam(..., lr=<0-d array parameter>)", "lr / (1 - beta1 ** step)",
                                  ("adam_traced",)),
     "bias_correction": OpEntry(D, "bendc.optim.adam(..., betas=(<0-d array parameter>, 0.999))",
@@ -217,6 +219,19 @@ OP_TABLE: dict[str, OpEntry] = {
                                    "torch.nn.functional.adaptive_avg_pool2d", ("pool",)),
     "adaptive_avg_pool2d_grad": OpEntry(I, "backward of adaptive_avg_pool2d", "autograd of adaptive_avg_pool2d",
                                         ("pool",)),
+    # ---------------------------------------------------------------- issue 22: elementwise math, optimizers
+    **{op: OpEntry(D, f"x.{op}(y), F.{op}(x, y) (tensors, broadcasting; exact operands: ties and zeros)",
+                   f"torch.{op}", ("math_ops",)) for op in ("maximum", "minimum", "fmax", "fmin")},
+    "atan2": OpEntry(D, "x.atan2(+-(y*y + 0.5)), F.atan2 (broadcasting)", "torch.atan2", ("math_ops",)),
+    "lerp": OpEntry(D, "x.lerp(end, weight), F.lerp (a number or a tensor weight, broadcasting)", "torch.lerp",
+                    ("math_ops",)),
+    "nan_to_num": OpEntry(D, "x.nan_to_num(nan, posinf=, neginf=), F.nan_to_num: of a finite value, of "
+                             "x.log() / 1.0 / x (NaN and +-inf where x <= 0 or x = 0), of x * inf",
+                          "torch.nan_to_num", ("math_ops",)),
+    **{op: OpEntry(D, f"(x*x + 0.5).{op}(), F.{op} (log1p of x*x): a positive domain", f"torch.{op}",
+                   ("math_ops",)) for op in ("log2", "log10", "log1p")},
+    "adagrad_lr": OpEntry(D, "bendc.optim.adagrad(..., {'step': <0-d array parameter>, ...}, lr_decay=d)",
+                          "lr / (1 + (step - 1) * lr_decay) (torch.optim.Adagrad)", ("optimizers",)),
 }
 
 

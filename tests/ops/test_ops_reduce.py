@@ -241,6 +241,12 @@ def test_cumsum_of_0d_and_size_1_dims():
     parity(lambda F, x: x.cumsum(1), {"x": normal((4, 1), 28)}, ("x",), exact=True)
 
 
+@pytest.mark.parametrize("shape, dim", [((3, 0), 1), ((3, 0, 2), 1), ((0, 3), 1), ((2, 0), 0)])
+def test_cumsum_over_zero_size_dims(shape, dim):
+    """Lines of no elements (the cpu kernel's line count comes from the other dims) and no lines."""
+    parity(lambda F, x: x.cumsum(dim), {"x": np.zeros(shape, np.float32)}, ("x",), exact=True)
+
+
 # ------------------------------------------------------------------ spellings
 def test_functional_and_torch_spellings_trace():
     """bendc.functional.<name>(x, ...) and torch.<name> / torch.Tensor.<name> inside bendc.jit."""

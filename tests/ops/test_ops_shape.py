@@ -121,6 +121,21 @@ def test_integer_tensors_compare_and_cast():
         assert_bitwise(mine, theirs.numpy())
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_every_comparison_of_integer_tensors(dtype):
+    """<=, like <, >, >=, == and !=, compares integer tensors (and an integer tensor with a number)."""
+    i = np.array([0, 3, 2, 2, 1], dtype)
+    j = np.array([0, 1, 2, 3, 1], dtype)
+
+    def step(i, j):
+        return i <= j, i < j, i > j, i >= j, i == j, i != j, i <= 2, torch.le(i, j)
+
+    got = jit(step)(i, j)
+    want = step(torch.from_numpy(i), torch.from_numpy(j))
+    for mine, theirs in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(mine), theirs.numpy())
+
+
 def test_bool_arithmetic_with_both_sides():
     a = normal((3, 4), 5)
     b = positive((3, 4), 6)

@@ -47,6 +47,7 @@ class Sample:
     attrs: dict[str, Any] = field(default_factory=dict)
     positive: tuple[int, ...] = ()     # float operands drawn in [0.5, 2] (log, sqrt, divisors)
     index_limit: int | None = None     # integer operands drawn in [0, index_limit)
+    unit: tuple[int, ...] = ()         # float operands drawn in [-0.9, 0.9] (asin, acos; tan away from pi/2)
 
 
 SAMPLES: dict[str, Sample] = {
@@ -183,6 +184,16 @@ SAMPLES: dict[str, Sample] = {
     "int_remainder": Sample((T("i64[2,3]"),), {"divisor": 4}, index_limit=11),
     "to_int": Sample((T("f32[2,3]"),), {"dtype": "i64"}),
     "wrap_index": Sample((T("i64[2,3]"),), {"size": 5}, index_limit=4),
+    # everyday elementwise math (bendc/ops/math_ops.py, issue 22)
+    **{name: Sample((T("f32[2,3]"), T("f32[3]"))) for name in ("maximum", "minimum", "fmax", "fmin", "atan2")},
+    **{name: Sample((T("f32[2,3]"),)) for name in ("isnan", "isinf", "isfinite", "floor", "ceil", "round", "trunc",
+                                                  "frac", "sin", "cos", "atan", "sinh", "cosh", "erf",
+                                                  "erfc", "exp2", "expm1")},
+    **{name: Sample((T("f32[2,3]"),), positive=(0,)) for name in ("log2", "log10", "log1p")},
+    **{name: Sample((T("f32[2,3]"),), unit=(0,)) for name in ("asin", "acos", "tan")},
+    "nan_to_num": Sample((T("f32[2,3]"),), {"nan": 0.0, "posinf": 1.0, "neginf": -1.0}),
+    "lerp": Sample((T("f32[2,3]"), T("f32[2,3]"), T("f32[3]"))),
+    "adagrad_lr": Sample((T("f32[]"),), {"lr": 0.01, "lr_decay": 0.1}, positive=(0,)),
     # group norm as fused ops (bendc/ops/group_norm.py)
     "group_norm": Sample((T("f32[2,4,3]"), T("f32[4]"), T("f32[4]")),
                          {"groups": 2, "eps": 1e-5, "weight": True, "bias": True}),
@@ -204,6 +215,8 @@ def draw(sample: Sample, rng: np.random.Generator) -> list[np.ndarray]:
             values.append(rng.integers(0, sample.index_limit, size=type.shape).astype(type.np_dtype))
         elif position in sample.positive:
             values.append(rng.uniform(0.5, 2.0, size=type.shape).astype(np.float32))
+        elif position in sample.unit:
+            values.append(rng.uniform(-0.9, 0.9, size=type.shape).astype(np.float32))
         else:
             # Away from 0 so relu's kink is never within a finite-difference step.
             magnitude = rng.uniform(0.25, 2.0, size=type.shape)
@@ -576,7 +589,32 @@ def _method_program(method: str):
 
 COVERAGE_PROGRAMS["rsqrt"] = (_method_program("rsqrt"), ("w",), lambda: (_rng((2, 3), 0, 0.5, 2.0),
                                                                         _rng((2, 3), 1, 0.5, 2.0)))
+def everyday_math(x, y, u, p, step):
+    """Issue 22's elementwise ops (bendc/ops/math_ops.py), each on its domain, and adagrad's lr_decay."""
+    import bendc.optim
+
+    a, b = x * y, y * 2.0
+    picked = F.maximum(a, b) + a.minimum(b) + F.fmax(a, b) + a.fmin(b) + a.atan2(b) + a.lerp(b, y)
+    masks = a.isnan().float() + a.isinf().float() + a.isfinite().float() + a.nan_to_num(posinf=1.0)
+    rounded = a.floor() + a.ceil() + a.round() + a.trunc() + a.frac()
+    trig = a.sin() + a.cos() + a.tan() + (u * y).asin() + (u * y).acos() + a.atan() + a.sinh() + a.cosh()
+    special = a.erf() + a.erfc() + a.exp2() + a.expm1() + (p * y * y).log2() + (p + y * y).log10() + (p * y).log1p()
+    loss = (picked + masks + rounded + trig + special).sum()
+    loss.backward()
+    state = {"step": step, "sum": bendc.tree.map(lambda v: v * 0.0, y)}
+    updated, _ = bendc.optim.adagrad(y, y.grad, state, 0.1, lr_decay=0.01)
+    return loss, y.grad, updated
+
+
+MATH_OPS = ("maximum", "minimum", "fmax", "fmin", "atan2", "lerp", "isnan", "isinf", "isfinite", "nan_to_num",
+            "floor", "ceil", "round", "trunc", "frac", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+            "erf", "erfc", "exp2", "expm1", "log2", "log10", "log1p")
+COVERAGE_PROGRAMS["everyday_math"] = (everyday_math, ("y",), lambda: (
+    _rng((2, 3), 0), _rng((2, 3), 1, 0.5, 1.0), _rng((2, 3), 2, -0.9, 0.9), _rng((2, 3), 3, 0.5, 2.0),
+    np.array(2.0, np.float32)))
 for _method, _op in METHODS.items():  # ops that declare a method need no hand-written program
+    if _op in MATH_OPS:
+        continue
     COVERAGE_PROGRAMS.setdefault(_op, (_method_program(_method), ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1))))
 
 
