@@ -38,8 +38,32 @@ class Mirror(collective.Backend):
                 receive[row].copy_to_device(send)
         return None
 
+    def start_alltoallv(self, send, send_counts, receive, receive_counts):
+        """The reduce-scatter's exchange: every rank sends this message, so run k of ``receive``
+        (rank k's run for rank 0) is the message's first run."""
+        self.message = send
+        receive = receive.reshape(-1)
+        for k, low in enumerate(collective.displacements(receive_counts)):
+            _copy(receive[low:low + receive_counts[k]], send[:send_counts[0]])
+        return None
+
+    def start_allgatherv(self, send, receive, counts):
+        """Rank k's reduced shard: this rank's own where k is 0, else shard k of the message, which is
+        what the mean of two equal messages gives (exactly: float64 sum and halving of equal values)."""
+        for k, low in enumerate(collective.displacements(counts)):
+            _copy(receive[low:low + counts[k]], send if k == self.rank else self.message[low:low + counts[k]])
+        return None
+
     def test(self, handle):
         return True
+
+
+def _copy(destination, source) -> None:
+    """destination[:] = source for host arrays and (simulated) device arrays alike."""
+    if isinstance(destination, np.ndarray):
+        destination[:] = source if isinstance(source, np.ndarray) else source.copy_to_host()
+    else:
+        destination.copy_to_device(source)
 
 
 def step(x, w, b):
