@@ -158,12 +158,15 @@ def kernel_jobs(plan: dict, modules: dict[str, Any], paths: dict[str, str]) -> l
                     dtype, shape = values[value]
                     arrays[value] = arrays[donations[value]] if value in donations else np.empty(shape, DTYPES[dtype])
             outs = [arrays[o] for o in step["outputs"]]
+            numba_functions = [v for v in vars(module).values() if _is_dispatcher(v)]
+            if all(function.overloads for function in numba_functions):
+                continue  # compiled already (another program, another batch size): nothing to run dry
             calls: list[tuple[str, tuple]] = []
             kernel = module.kernel
             try:
                 if _is_dispatcher(kernel):
                     _Recorder("kernel", calls)(*ins, *outs)
-                elif any(_is_dispatcher(v) for v in vars(module).values()):
+                else:
                     _shadow(module, calls)["kernel"](*ins, *outs)
             except Exception:  # noqa: BLE001 - a wrapper that needs real data: lazy compile
                 pass
