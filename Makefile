@@ -30,10 +30,14 @@ PARALLEL := -n $(JOBS) --dist loadfile
 # a kernel; numba issues #5976, #7831), so a worker's memory is the kernels it compiled, and each
 # half of the suite compiles about half of them (a worker peaks near 2 GiB instead of 3.3). The
 # simulator tests need their own process: numba reads NUMBA_ENABLE_CUDASIM at import.
+# The three runs share one signing key and kernel cache (BENDC_TEST_ROOT, a folder made for this
+# run and removed after it): each run loads the kernels an earlier one compiled.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q $(PARALLEL) --durations=20 tests/ops
-	$(PY) -m pytest -q $(PARALLEL) --durations=20 --ignore=tests/ops
-	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL)
+	@root=$$(mktemp -d "$${TMPDIR:-/tmp}/bendc-test.XXXXXX") && export BENDC_TEST_ROOT=$$root && \
+	$(PY) -m pytest -q $(PARALLEL) --durations=20 tests/ops && \
+	$(PY) -m pytest -q $(PARALLEL) --durations=20 --ignore=tests/ops && \
+	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL); \
+	status=$$?; rm -rf "$$root"; exit $$status
 
 # The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed
 # fuzz sample, the transformer's AOT round trip, more kill points, 50 steps with kernels of their

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 
 import numpy as np
@@ -23,10 +24,15 @@ def regen_golden(request) -> bool:
 def signing_key(tmp_path_factory):
     """Artifacts and cache entries are signed (runtime/trust.py): with a key of the test run's own
     (BENDC_KEY_FILE, inherited by worker processes), never the user's ~/.config/bendc/key. Under
-    pytest-xdist the workers share one (made by whichever gets there first), as they share caches."""
+    pytest-xdist the workers share one (made by whichever gets there first), as they share caches;
+    with BENDC_TEST_ROOT set (the Makefile), every pytest run of one `make test` shares it."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's folder, above each worker's own
+    if os.environ.get("BENDC_TEST_ROOT"):
+        # `make test`'s three pytest runs share one key and one kernel cache (a folder made fresh for
+        # each `make test`): a kernel the ops run compiled loads in the others instead of compiling again.
+        root = pathlib.Path(os.environ["BENDC_TEST_ROOT"])
     path = root / "bendc-key" / "key"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("BENDC_KEY_FILE", str(path))

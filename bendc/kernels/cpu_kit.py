@@ -7,13 +7,14 @@ PyTorch's do) and numpy's error model; cells of large kernels run in parallel
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from bendc.kernels.templates import copied, template_text
 
 # CPU kernels over at least this many cells run their cells in parallel (prange);
 # smaller ones stay serial, where threads cost more than they give.
@@ -41,7 +42,11 @@ REDUCTION_CHUNKS = 16
 
 
 def njit_decorator(parallel: bool) -> str:
-    return f"@njit(parallel={parallel}, cache=True, error_model='numpy')"
+    """A generated kernel's decorator. ``no_cfunc_wrapper``: numba would otherwise compile a C
+    wrapper per function for first-class function use, which bendc never makes (a quarter of a
+    small kernel's compile time). Helpers that only numba code calls (templates/cpu_math.py) also
+    go without the CPython wrapper."""
+    return f"@njit(parallel={parallel}, cache=True, error_model='numpy', no_cfunc_wrapper=True)"
 
 
 def element(array: str, index: Sequence[str]) -> str:
@@ -281,16 +286,12 @@ def sum_partials(partial: str, out: str, chunks: int | str, name: str) -> list[s
 
 # ------------------------------------------------------------------ transcendentals
 _LIBM_CALL = re.compile(r"\bmath\.(exp|log|tanh|erf)\(")
-_TEMPLATE_MARKER = "# ---------------------------------------------------------------- TEMPLATE\n"
 
 
 @lru_cache(maxsize=None)
 def math_prelude() -> str:
     """The source of the kit's float32 transcendentals (templates/cpu_math.py after its TEMPLATE line)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates", "cpu_math.py")
-    with open(path, encoding="utf-8") as stream:
-        text = stream.read()
-    return text.split(_TEMPLATE_MARKER, 1)[1].strip("\n") + "\n"
+    return copied(template_text("cpu_math.py"), "cpu")
 
 
 def vectorizable_math(body: str) -> tuple[str, str]:

@@ -71,7 +71,7 @@ from __future__ import annotations
 import numpy as np
 
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, PARALLEL_SUM_CELLS, lane_row_sums, lane_sum
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, PARALLEL_SUM_CELLS, lane_row_sums, lane_sum, njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
@@ -173,7 +173,7 @@ def _cpu_stat(rstd: bool):
         else:
             lines.append("out[r] = np.float32(mean)")
         return (
-            f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
+            njit_decorator(parallel) + "\n"
             f"def _rows(x, out):\n"
             f"    for r in {loop}(x.shape[0]):\n"
             + "".join(f"        {line}\n" for line in lines) + "\n\n"
@@ -328,7 +328,7 @@ def _cpu_rope(attrs, ins, out):
     else:
         first, second = "a * c - p * s", "p * c + a * s"
     return (
-        f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
+        njit_decorator(parallel) + "\n"
         "def _rows(x, cos, sin, out):\n"
         f"    for r in {loop}(x.shape[0]):\n"
         "        t = r % cos.shape[0]\n"

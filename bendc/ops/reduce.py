@@ -6,7 +6,7 @@ import numpy as np
 
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, lane_sum, sum_kernel
+from bendc.kernels.cpu_kit import PARALLEL_CELLS, lane_sum, njit_decorator, sum_kernel
 from bendc.kernels.access import dense
 from bendc.ops.base import OPS, InferError, Lowering, define_op, normalize_dims, require_float
 
@@ -228,7 +228,7 @@ def _cpu_row(log: bool):
                   "            out[r, c] = math.exp(x[r, c] - m) / total\n")
         moved = dim != len(shape) - 1
         source = (
-            f"@njit(parallel={parallel}, cache=True, error_model='numpy')\n"
+            njit_decorator(parallel) + "\n"
             f"def _rows(x, out):\n"
             f"    for r in {loop}(x.shape[0]):\n"
             f"        m = x[r, 0]\n"

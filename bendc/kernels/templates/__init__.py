@@ -14,7 +14,11 @@ _TEMPLATE_MARKER = "# ----------------------------------------------------------
 # CPU helpers are ordinary njit functions: LLVM inlines them into the kernel after linking (the same
 # machine code and bits), where numba's own inline="always" typed a copy per call site: a kernel
 # calling bendc_exp at 9 sites (a sum in 8 lanes) took 2.3 s to compile inlined, 1.2 s not.
-_CPU_DECORATOR = '@njit(cache=True, error_model="numpy")'
+# A template file's own functions keep numba's CPython wrapper (tests and the registry's checks call
+# them from Python). Their copies in a generated module get neither that nor the cfunc wrapper:
+# only the module's numba code calls them, and each copy's wrappers cost a compile of their own.
+_TEMPLATE_DECORATOR = '@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)'
+_CPU_DECORATOR = '@njit(cache=True, error_model="numpy", no_cpython_wrapper=True, no_cfunc_wrapper=True)'
 _CUDA_DECORATOR = '@cuda.jit(device=True, inline="always")'  # inlined: PTX builds need no device link
 
 # helper function name -> the template file that defines it
@@ -34,8 +38,11 @@ def helper_functions(body: str, target: str) -> str:
     files = sorted({file for name, file in HELPERS.items() if re.search(rf"\b{name}\(", body)})
     parts = []
     for file in files:
-        text = template_text(file)
-        if target == "cuda":
-            text = text.replace(_CPU_DECORATOR, _CUDA_DECORATOR)
-        parts.append(f"\n# from bendc/kernels/templates/{file}\n{text}")
+        parts.append(f"\n# from bendc/kernels/templates/{file}\n{copied(template_text(file), target)}")
     return "".join(parts)
+
+
+def copied(text: str, target: str) -> str:
+    """Template functions as a generated module holds them: decorated for ``target`` ("cpu" or "cuda")."""
+    assert _TEMPLATE_DECORATOR in text, "a template function without the template decorator"
+    return text.replace(_TEMPLATE_DECORATOR, _CPU_DECORATOR if target == "cpu" else _CUDA_DECORATOR)

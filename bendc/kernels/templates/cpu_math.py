@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 # ---------------------------------------------------------------- TEMPLATE
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_exp(x):
     """e^x for float32 x: Cephes expf's polynomial on |r| <= ln2/2, 2^n in two factors."""
     x = np.float32(89.0) if x > np.float32(89.0) else x  # e^89 overflows; NaN passes through
@@ -40,7 +40,7 @@ def bendc_exp(x):
     return p * low * high
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_log(x):
     """log(x) for float32 x: Cephes logf (mantissa in [sqrt(1/2), sqrt(2)), degree-8 polynomial)."""
     tiny = x < np.float32(1.17549435e-38)  # denormals (and 0, negatives): scale by 2^23 first
@@ -72,7 +72,7 @@ def bendc_log(x):
     return x if x == np.float32(np.inf) or x != x else result
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_tanh(x):
     """tanh(x) for float32 x: Cephes tanhf (an odd polynomial below 0.625, else 1 - 2/(e^2|x| + 1))."""
     a = np.abs(x)
@@ -88,13 +88,13 @@ def bendc_tanh(x):
     return small if a < np.float32(0.625) else large
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_sigmoid(x):
     """1 / (1 + e^-x), as PyTorch computes it."""
     return np.float32(1.0) / (np.float32(1.0) + bendc_exp(-x))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_erf(x):
     """erf(x) for float32 x: x P(x^2) below 0.9, else 1 - e^Q(|x|) with Q a fit of log erfc
     (least-squares fits, refined towards minimax, of degree 6 in x^2 and 9 in |x|)."""

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 # ---------------------------------------------------------------- TEMPLATE
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_philox(seed, index, offset):
     """Word 0 of Philox-4x32-10 at the counter (index low, index high, offset, 0) under the key
     (seed low, seed high): a uniform 32-bit word per (seed, offset, index)."""

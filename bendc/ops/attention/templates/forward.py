@@ -13,7 +13,7 @@ from bendc.ops.attention.templates.placeholders import CAUSAL, PARALLEL, SCALE
 
 # ---------------------------------------------------------------- TEMPLATE
 
-@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+@njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _attention(q, keys_t, v, out, heads, group, scale, causal):
     """Each work item: its rows' scores, softmax over each row's positions, then P . V."""
     count, t, _ = q.shape

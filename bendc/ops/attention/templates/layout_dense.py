@@ -9,31 +9,31 @@ from numba import njit
 
 # ---------------------------------------------------------------- TEMPLATE
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _items(t):
     """Work items per head: one row (or column block) each."""
     return t
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _deal(item, t):
     """The row (or column block) of a work item."""
     return item, -1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _row_start(i, t):
     """Row i of the dense matrix starts at cell i*t."""
     return i * t
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _row_length(i, t):
     """Every row holds all t positions."""
     return t
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _column_first(j, t):
     """Every column holds all t rows."""
     return 0

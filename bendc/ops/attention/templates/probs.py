@@ -13,7 +13,7 @@ from bendc.ops.attention.templates.placeholders import CAUSAL, PARALLEL, SCALE
 
 # ---------------------------------------------------------------- TEMPLATE
 
-@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+@njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _probs(q, keys_t, out, heads, group, scale, causal):
     """P recomputed in the layout: each work item writes its rows' softmax."""
     count, t, _ = q.shape

@@ -11,7 +11,7 @@ from numba import njit
 
 # ---------------------------------------------------------------- TEMPLATE
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _dots(x, rows_t, out):
     """out[j] = x . rows_t[:, j], summed in order of x's index (vectorized over j, four terms a pass)."""
     length = out.shape[0]
@@ -39,7 +39,7 @@ def _dots(x, rows_t, out):
         d += 1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _accumulate(weights, rows, out):
     """out += sum over j of weights[j] * rows[j], in order of j (vectorized over out, four terms a pass)."""
     width = out.shape[0]
@@ -65,7 +65,7 @@ def _accumulate(weights, rows, out):
         j += 1
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _weighted_rows(weights, rows, out):
     """out = sum over j of weights[j] * rows[j], in order of j."""
     for c in range(out.shape[0]):
@@ -73,7 +73,7 @@ def _weighted_rows(weights, rows, out):
     _accumulate(weights, rows, out)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _softmax_scores(query, keys_t, row, i, scale, causal):
     """row = softmax(scale * (query . key j)) over the row's positions, j > i masked when causal."""
     _dots(query, keys_t, row)

@@ -13,7 +13,7 @@ from bendc.ops.attention.templates.placeholders import PARALLEL, SCALE
 
 # ---------------------------------------------------------------- TEMPLATE
 
-@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+@njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _score_grad(probs, g, values_t, out, heads, group, scale):
     """G = P * (dP - rowsum(dP * P)) * scale with dP = dO . V^T, row by row in the layout."""
     count, t, _ = g.shape

@@ -41,14 +41,14 @@ _one_blas_thread()
 BLOCK = 64  # queries and keys per tile (layout.TILE; measured: 64 beat 32 and 128 at T=512, D=64)
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _tiled_items(blocks, causal):
     """Work items per head: pairs of block rows (b, blocks-1-b) when causal (blocks + 1 tiles
     each), one block row otherwise."""
     return (blocks + 1) // 2 if causal else blocks
 
 
-@njit(cache=True)
+@njit(cache=True, no_cfunc_wrapper=True)
 def _tiled_deal(item, blocks, causal):
     """The block rows of a work item: item and blocks-1-item when causal (-1: none)."""
     if not causal:
@@ -59,7 +59,7 @@ def _tiled_deal(item, blocks, causal):
     return item, other
 
 
-@njit(cache=True, error_model='numpy')
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _forward_block(q, k, v, out, lse, block, scale, causal):
     """One block row of queries: online softmax over the key blocks it sees (those at or below
     the diagonal when causal, the diagonal one masked), O = sum P V / sum P and the logsumexp."""
@@ -112,7 +112,7 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
         lse[first + r] = top[r] + math.log(total[r])
 
 
-@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+@njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _attention_tiled(q, k, v, out, lse, scale, causal):
     """Each work item: its block rows of one (batch, head), over the key/value head it reads."""
     batch, heads, t, _ = q.shape
@@ -132,7 +132,7 @@ def _attention_tiled(q, k, v, out, lse, scale, causal):
                            causal)
 
 
-@njit(cache=True, error_model='numpy')
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _add_into(target, tile, rows):
     """target[:rows] += tile[:rows]."""
     width = target.shape[1]
@@ -141,7 +141,7 @@ def _add_into(target, tile, rows):
             target[r, c] += tile[r, c]
 
 
-@njit(cache=True, error_model='numpy')
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
     """flash-attention-2's backward for one query head: per tile, P^T = exp(scale S^T - lse),
     dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dK += dS^T Q, dQ += dS K."""
@@ -189,7 +189,7 @@ def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
             _add_into(dq[first:end], tile_q, rows)
 
 
-@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+@njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _attention_tiled_grads(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
     """A work item per (batch, key/value head): dK and dV of that head and dQ of its group's query
     heads are written by that item only (no races), the heads in order."""

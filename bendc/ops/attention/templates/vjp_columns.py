@@ -15,7 +15,7 @@ from bendc.ops.attention.templates.placeholders import PARALLEL
 COLUMN_BLOCK = 16  # columns a work item accumulates together: each row of scores is read as one segment
 
 
-@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+@njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _columns_times(scores, x, out, heads, group):
     """dk (dv): row j of out is the sum, over the group's heads in order and the rows i of column j
     in order, of scores[i, j] times row i of q (of dO). A work item holds blocks of

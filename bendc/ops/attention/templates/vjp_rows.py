@@ -13,7 +13,7 @@ from bendc.ops.attention.templates.placeholders import PARALLEL
 
 # ---------------------------------------------------------------- TEMPLATE
 
-@njit(parallel=PARALLEL, cache=True, error_model='numpy')
+@njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _rows_times(scores, k, out, heads, group):
     """dq: each of a work item's rows is its scores times the rows of k."""
     count, t, _ = out.shape
