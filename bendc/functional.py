@@ -16,6 +16,7 @@ from bendc.ops.base import f32_value
 from bendc.ops.base import METHODS
 from bendc.reductions import FUNCTIONS as REDUCTIONS
 from bendc.tensor_math import FUNCTIONS as MATH_FUNCTIONS
+from bendc.sort_scatter import FUNCTIONS as SORT_SCATTER_FUNCTIONS
 from bendc.trace import Tensor, Tracer, _normalize_dim, active_tracer, matmul
 
 
@@ -29,6 +30,8 @@ def __getattr__(name: str) -> Any:
         return function
     if name in MATH_FUNCTIONS:  # nan_to_num, round(decimals=) (bendc/tensor_math.py)
         return MATH_FUNCTIONS[name]
+    if name in SORT_SCATTER_FUNCTIONS:  # prod, cumprod, flip, sort, ..., scatter_reduce (bendc/sort_scatter.py)
+        return SORT_SCATTER_FUNCTIONS[name]
     if name in REDUCTIONS:  # max, min, amax, ... cumsum (bendc/reductions.py): not globals, so that
         return REDUCTIONS[name]  # max and min do not shadow the builtins in this module
     raise AttributeError(f"module 'bendc.functional' has no attribute {name!r}")

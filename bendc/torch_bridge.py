@@ -599,6 +599,13 @@ for _alias, _method in (("fix", "trunc"), ("arcsin", "asin"), ("arccos", "acos")
     TORCH_FUNCTIONS[f"torch.{_alias}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_alias}"] = _tensor_method(_method)
 # ---- end of elementwise math
 
+# ---- issue 22's products, flips, sorts and scatters (bendc/sort_scatter.py)
+from bendc.sort_scatter import FUNCTIONS as _SORT_SCATTER_FUNCTIONS  # noqa: E402
+
+for _name, _function in _SORT_SCATTER_FUNCTIONS.items():
+    TORCH_FUNCTIONS[f"torch.{_name}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_name}"] = _function
+# ---- end of products, flips, sorts and scatters
+
 
 TORCH_FUNCTION[:] = [torch_function]
 
@@ -631,7 +638,8 @@ def _clone(input, memory_format=None):
 
 
 _one_hot.bendc = "`bendc.functional.one_hot` (num_classes given)"
-_floor_divide.bendc = _remainder.bendc = "`a // n`, `a % n` (an integer tensor by a positive int)"
+_floor_divide.bendc = _remainder.bendc = ("`a // b`, `a % b` (float operands: torch's floor_divide and remainder; "
+                                          "an integer tensor by a positive int)")
 _getitem.bendc = "`x[key]` (ints, slices, None, ..., lists, integer tensors, bool masks into a reduction)"
 _clone.bendc = "`Tensor.clone`"
 

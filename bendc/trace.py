@@ -29,6 +29,7 @@ from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin
 from bendc.tensor_ops import ACTIVE_TRACER, TensorOps  # comparisons, casts, selection, powers, shape methods
 from bendc.indexing import MaskedSelection, getitem, setitem  # x[key] and x[key] = value
 from bendc.tensor_math import MathMethods, as_dtype, normalize_dim as _normalize_dim  # nan_to_num, round(decimals=), any/all, ... (issue 22)
+from bendc.sort_scatter import SortScatterMethods  # prod/cumprod/flip/sort/argsort/topk/scatter* (issue 22)
 
 _ACTIVE: list["Tracer"] = []
 # The handler of torch functions called on traced tensors (bendc.torch_bridge.torch_function, which
@@ -221,7 +222,7 @@ class Tracer:
         return "\n".join(lines) + "\n"
 
 
-class Tensor(ReductionMethods, TensorOps, MathMethods):
+class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
     """A traced value: arithmetic on it records nodes (PyTorch semantics). Reductions beyond sum come
     from :class:`bendc.reductions.ReductionMethods`; comparisons, casts, selection, powers and shape
     methods from :class:`bendc.tensor_ops.TensorOps`."""
@@ -344,16 +345,26 @@ class Tensor(ReductionMethods, TensorOps, MathMethods):
                 a, b = a._as_float(), b._as_float()
             return self.tracer.emit(op, (a.id, b.id))
 
-    def _by_divisor(self, op: str, divisor: Any, symbol: str) -> Tensor:
+    def _by_divisor(self, op: str, divisor: Any, symbol: str, reflected: bool = False) -> Tensor:
+        """``//`` and ``%``: of float operands (a float tensor, or an integer tensor with a float number or
+        tensor) torch's float floor_divide / remainder (bendc/ops/math_ops.py); of an integer tensor by a
+        positive Python int the integer ops; other integer operands are refused."""
+        float_op = {"floordiv": "floor_divide", "remainder": "remainder"}[op]
+        divisor_is_float = (isinstance(divisor, Tensor) and divisor.type.is_float) or (
+            isinstance(divisor, (float, np.floating)) and not isinstance(divisor, bool))
+        if self.type.is_float or divisor_is_float:
+            return self._binary(float_op, divisor, reflected=reflected, user_op=float_op)
         with self.tracer.at_user_line(op) as builder:
-            if not self.type.is_index or not _is_int(divisor) or int(divisor) <= 0:
+            if reflected or not self.type.is_index or not _is_int(divisor) or int(divisor) <= 0:
                 what = type_name(divisor) if not isinstance(divisor, (int, np.integer)) else repr(divisor)
-                raise UnsupportedError(f"{self.type} {symbol} {what}: bendc computes {symbol} of an integer tensor by a "
-                                       "positive Python int", loc=builder.loc, op=op)
+                raise UnsupportedError(f"{self.type} {symbol} {what}: bendc computes {symbol} of float "
+                                       "operands, and of an integer tensor by a positive Python int", loc=builder.loc, op=op)
             return self.tracer.emit(f"int_{op}", (self.id,), divisor=int(divisor))
 
     def __floordiv__(self, other): return self._by_divisor("floordiv", other, "//")
     def __mod__(self, other): return self._by_divisor("remainder", other, "%")
+    def __rfloordiv__(self, other): return self._by_divisor("floordiv", other, "//", reflected=True)
+    def __rmod__(self, other): return self._by_divisor("remainder", other, "%", reflected=True)
 
     def __add__(self, other): return self._binary("add", other)
     def __radd__(self, other): return self._binary("add", other, reflected=True)

@@ -12,5 +12,6 @@ from bendc.ops import conv  # noqa: E402,F401  (convolution and pooling)
 from bendc.ops import group_norm  # noqa: E402,F401  (group norm: fused forward and backward)
 from bendc.ops import creation, integer  # noqa: E402,F401  (arange/full/tensor constants; index arithmetic)
 from bendc.ops import math_ops  # noqa: E402,F401  (maximum, rounding, trig, erf, logs, lerp: issue 22)
+from bendc.ops import sort, scatter  # noqa: E402,F401  (argsort; scatter_reduce: issue 22)
 
 __all__ = ["OPS", "InferError", "Lowering", "OpDef", "define_op"]

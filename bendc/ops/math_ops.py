@@ -412,3 +412,62 @@ define_op(
     doc="`%3 = lerp %start, %end, %weight`: start + w * (end - start) where |w| < 0.5, else "
         "end - (end - start) * (1 - w) (torch.lerp; a number weight is a constant), broadcasting.",
 )
+
+
+# ------------------------------------------------------------------ floor_divide, remainder (float32)
+# torch's float kernels are CPython's float floor division and modulo (div_floor_floating; remainder:
+# fmod(a, b), plus b where it is nonzero and its sign differs from b's). numba's float ``//`` and ``%``
+# are CPython's algorithms, computed in float64 from the float32 operands: fmod is exact, and every
+# further + - / rounds to float64 and then to float32, which is the float32 rounding (53 >= 2 * 24 + 2
+# bits), so the results are torch's bit for bit where the quotient a / b is below 2**24 (beyond it,
+# torch's float32 a - fmod(a, b) rounds and bendc's float64 one may not). Where ``%`` gives a zero, torch
+# keeps fmod's zero (the sign of a), CPython takes the sign of b; a zero divisor gives torch's a / b for
+# ``//`` and NaN for ``%``. torch's vectorized remainder is NaN where a / b overflows float32
+# (1e30 % 1e-30); bendc gives the exact remainder there.
+def _scalar_floor_divide(a: str, b: str) -> str:
+    return f"({a} / {b} if {b} == {_c(0.0)} else np.float32({a} // {b}))"
+
+
+def _scalar_remainder(a: str, b: str) -> str:
+    r = f"np.float32({a} % {b})"
+    return f"({r} if {r} != {_c(0.0)} else math.copysign({_c(0.0)}, {a}))"
+
+
+def _reference_floor_divide(values, attrs):
+    a, b = np.broadcast_arrays(_f32(values[0]), _f32(values[1]))
+    with np.errstate(all="ignore"):
+        return _f32(np.where(b == 0, a / b, np.floor_divide(a.astype(np.float64), b.astype(np.float64))))
+
+
+def _reference_remainder(values, attrs):
+    a, b = np.broadcast_arrays(_f32(values[0]), _f32(values[1]))
+    with np.errstate(all="ignore"):
+        r = _f32(np.remainder(a.astype(np.float64), b.astype(np.float64)))
+        return _f32(np.where(r != 0, r, np.copysign(np.float32(0.0), a)))
+
+
+def vjp_remainder(b, node, grad, needs):
+    """derivatives.yaml: self gets g, other -g * floor_divide(self, other)."""
+    x, y = node.inputs
+    grad_y = b.mul(b.neg(grad), b.emit("floor_divide", (x, y))) if needs[1] else None
+    return (grad if needs[0] else None, grad_y)
+
+
+def vjp_floor_divide(b, node, grad, needs):
+    """torch defines no derivative for floor_divide and refuses a backward through it: so does bendc,
+    naming the line (only where a gradient reaches the op)."""
+    from bendc.errors import UnsupportedError
+
+    raise UnsupportedError("floor_divide (//) of float tensors has no derivative (torch: 'derivative for "
+                           "aten::floor_divide is not implemented'); detach() its operands or its result",
+                           loc=node.loc, op="floor_divide")
+
+
+define_op(name="floor_divide", arity=2, infer=_infer_float("floor_divide"), reference=_reference_floor_divide,
+          lowering=Lowering("elementwise", scalar=_scalar_floor_divide), vjp=vjp_floor_divide,
+          doc="`%2 = floor_divide %0, %1`: float a // b, the quotient rounded down (torch.floor_divide, "
+              "CPython's algorithm; a / b where b is 0); a backward through it is refused, as torch refuses it.")
+define_op(name="remainder", arity=2, infer=_infer_float("remainder"), reference=_reference_remainder,
+          lowering=Lowering("elementwise", scalar=_scalar_remainder), vjp=vjp_remainder,
+          doc="`%2 = remainder %0, %1`: float a % b with the sign of b (torch.remainder: fmod(a, b), plus b "
+              "where their signs differ); its gradient is g and -g * (a // b).")

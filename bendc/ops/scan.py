@@ -1,9 +1,16 @@
-"""Scans: cumsum along a dim (and its reverse, the VJP).
+"""Scans: cumsum and cumprod along a dim (and their reverses, for the VJPs).
 
 PyTorch's CPU cumsum accumulates each line in float64 in order and rounds every prefix to
 float32 (``at::acc_type<float, false>`` is double); bendc's kernels do the same, so the values are
 torch's bit for bit. The VJP is the reversed cumsum of the gradient (derivatives.yaml's
 cumsum_backward: ``grad.flip(dim).cumsum(dim).flip(dim)``), the same op with ``reverse=True``.
+
+cumprod is the same scan with a float64 running product (torch's CPU cumprod accumulates in
+``acc_type<float>`` = double too, so its values are torch's bit for bit); its VJP is torch's
+cumprod_backward written with ops: ``reversed_cumsum(g * out) / x`` before a line's first zero, at
+the first zero ``reversed_cumsum(g * cumprod(x with that zero replaced by 1))``, after it 0 (so one
+zero or several give torch's gradients). ``prod`` is no op of its own: the front-end takes the last
+element of a cumprod (bendc/sort_scatter.py), so its gradient is this one.
 
 Lowering: a row kernel, one cell per line along dim. CPU: a numba loop over lines (``prange``
 when large), sequential along each line; cuda: a thread per line in a grid-stride loop, a float64
@@ -20,24 +27,40 @@ from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
-def _infer_cumsum(types, attrs):
-    (x,) = types
-    require_float(types, "cumsum")
-    dim = attrs["dim"]
-    if not isinstance(dim, int) or not 0 <= dim < max(x.ndim, 1) or x.ndim == 0:
-        raise InferError(f"cumsum dim {dim} is out of range for {x}")
-    if not isinstance(attrs["reverse"], bool):
-        raise InferError(f"cumsum reverse must be a bool, got {attrs['reverse']!r}")
-    return x
+# Per scan op: the running value's start, its update statement, and numpy's scan.
+_SCANS = {"cumsum": ("0.0", "total += np.float64({value})", np.cumsum),
+          "cumprod": ("1.0", "total *= np.float64({value})", np.cumprod)}
 
 
-def _reference_cumsum(values, attrs):
-    (x,) = values
-    dim = attrs["dim"]
-    wide = np.asarray(x, dtype=np.float64)
-    if attrs["reverse"]:
-        return np.ascontiguousarray(np.flip(np.cumsum(np.flip(wide, dim), axis=dim), dim).astype(np.float32))
-    return np.ascontiguousarray(np.cumsum(wide, axis=dim).astype(np.float32))
+def _infer_scan(name):
+    def infer(types, attrs):
+        (x,) = types
+        require_float(types, name)
+        dim = attrs["dim"]
+        if not isinstance(dim, int) or not 0 <= dim < max(x.ndim, 1) or x.ndim == 0:
+            raise InferError(f"{name} dim {dim} is out of range for {x}")
+        if not isinstance(attrs["reverse"], bool):
+            raise InferError(f"{name} reverse must be a bool, got {attrs['reverse']!r}")
+        return x
+
+    return infer
+
+
+def _reference_scan(name):
+    scan = _SCANS[name][2]
+
+    def reference(values, attrs):
+        (x,) = values
+        dim = attrs["dim"]
+        wide = np.asarray(x, dtype=np.float64)
+        with np.errstate(all="ignore"):
+            if attrs["reverse"]:
+                result = np.flip(scan(np.flip(wide, dim), axis=dim), dim)
+            else:
+                result = scan(wide, axis=dim)
+            return np.ascontiguousarray(result.astype(np.float32))
+
+    return reference
 
 
 def vjp_cumsum(b, node, grad, needs):
@@ -45,7 +68,35 @@ def vjp_cumsum(b, node, grad, needs):
     return (b.emit("cumsum", (grad,), dim=node.attr["dim"], reverse=not node.attr["reverse"]),)
 
 
-def _cpu_cumsum(attrs, ins, out):
+def vjp_cumprod(b, node, grad, needs):
+    """torch's cumprod_backward: before a line's first zero reversed_cumsum(g * out) / x; at the first
+    zero reversed_cumsum(g * cumprod(x with that zero set to 1)); after it 0. A line of one element
+    passes g through."""
+    (x,) = node.inputs
+    dim, reverse = node.attr["dim"], node.attr["reverse"]
+    if b.shape(x)[dim] == 1:
+        return (grad,)
+    zero, one = b.const(0.0), b.const(1.0)
+    is_zero = b.where(b.emit("eq", (x, zero)), one, zero)
+    zeros_so_far = b.emit("cumsum", (is_zero,), dim=dim, reverse=reverse)
+    before = b.emit("eq", (zeros_so_far, zero))
+    first = b.emit("eq", (b.mul(is_zero, zeros_so_far), one))
+    later = b.emit("cumsum", (b.mul(grad, node.id),), dim=dim, reverse=not reverse)
+    without_first = b.emit("cumprod", (b.where(first, one, x),), dim=dim, reverse=reverse)
+    at_first = b.emit("cumsum", (b.mul(grad, without_first),), dim=dim, reverse=not reverse)
+    return (b.where(before, b.div(later, b.where(before, x, one)), b.where(first, at_first, zero)),)
+
+
+def _cpu_scan(name):
+    start, update, _ = _SCANS[name]
+
+    def render(attrs, ins, out):
+        return _cpu_source(attrs, ins, start, update.format(value="x[r, c]"))
+
+    return render
+
+
+def _cpu_source(attrs, ins, start, update):
     shape = ins[0].shape
     dim = attrs["dim"]
     size = shape[dim]
@@ -57,9 +108,9 @@ def _cpu_cumsum(attrs, ins, out):
     source = (f"{njit_decorator(parallel)}\n"
               "def _lines(x, out):\n"
               f"    for r in {loop}(x.shape[0]):\n"
-              "        total = np.float64(0.0)\n"
+              f"        total = np.float64({start})\n"
               f"        for c in {order}:\n"
-              "            total += np.float64(x[r, c])\n"
+              f"            {update}\n"
               "            out[r, c] = np.float32(total)\n\n\n")
     if dim == len(shape) - 1:
         return source + ("def kernel(in0, out0):\n"
@@ -73,8 +124,17 @@ def _cpu_cumsum(attrs, ins, out):
         f"    out0[...] = np.moveaxis(result, -1, {dim})\n")
 
 
-def _cuda_cumsum(op):
-    """A thread per line along dim: a float64 running sum, each prefix rounded to float32."""
+def _cuda_scan(name):
+    start, update, _ = _SCANS[name]
+
+    def render(op):
+        return _cuda_source(op, name, start, update)
+
+    return render
+
+
+def _cuda_source(op, name, start, update):
+    """A thread per line along dim: a float64 running sum (product), each prefix rounded to float32."""
     node = op.node
     shape = op.shapes[0]
     dim = op.attrs["dim"]
@@ -85,24 +145,36 @@ def _cuda_cumsum(op):
     index = list(names)
     index[dim] = "c"
     order = f"range({size} - 1, -1, -1)" if op.attrs["reverse"] else f"range({size})"
-    loop = ["total = np.float64(0.0)", f"for c in {order}:", f"    total += np.float64({op.read(0, index)})",
+    loop = [f"total = np.float64({start})", f"for c in {order}:", "    " + update.format(value=op.read(0, index)),
             f"    out0[{dense(node.id, shape).flat(index)}] = np.float32(total)"]
     body = kit.used(split, loop) + loop
     source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(lines, body, "line"),
-                               "One thread per line: a float64 running sum along dim.")
+                               f"One thread per line: a float64 running {name} along dim.")
     direction = "reversed " if op.attrs["reverse"] else ""
-    return kit.Kernels(f"{direction}cumsum over dim {dim}: {lines} lines of {size}", source,
+    return kit.Kernels(f"{direction}{name} over dim {dim}: {lines} lines of {size}", source,
                        [kit.grid_stride_launch("kernel", lines)])
 
 
 define_op(
     name="cumsum",
     arity=1,
-    infer=_infer_cumsum,
-    reference=_reference_cumsum,
-    lowering=Lowering("row", cpu=_cpu_cumsum, cuda=_cuda_cumsum),
+    infer=_infer_scan("cumsum"),
+    reference=_reference_scan("cumsum"),
+    lowering=Lowering("row", cpu=_cpu_scan("cumsum"), cuda=_cuda_scan("cumsum")),
     vjp=vjp_cumsum,
     attr_names=("dim", "reverse"),
     doc="`%1 = cumsum[dim=1, reverse=False] %0`: prefix sums along dim in float64, each rounded to "
         "float32 (torch.cumsum); reverse=True sums from the end (its VJP).",
+)
+
+define_op(
+    name="cumprod",
+    arity=1,
+    infer=_infer_scan("cumprod"),
+    reference=_reference_scan("cumprod"),
+    lowering=Lowering("row", cpu=_cpu_scan("cumprod"), cuda=_cuda_scan("cumprod")),
+    vjp=vjp_cumprod,
+    attr_names=("dim", "reverse"),
+    doc="`%1 = cumprod[dim=1, reverse=False] %0`: prefix products along dim in float64, each rounded to "
+        "float32 (torch.cumprod); reverse=True multiplies from the end.",
 )

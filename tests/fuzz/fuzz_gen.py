@@ -72,6 +72,7 @@ FAMILIES += ("group_norm_family",)  # group norm as fused ops (bendc/ops/group_n
 FAMILIES += ("creation",)  # tensors made inside the step, integer index arithmetic (issue 22)
 FAMILIES += ("math_ops", "optimizers")  # issue 22: two-operand math, lerp, nan_to_num, logs; adagrad/rmsprop/adadelta
 FAMILIES += ("composites",)  # issue 22: roll, repeat_interleave, any/all, sum/mean(dtype=), einsum
+FAMILIES += ("sort_scatter",)  # issue 22: prod/cumprod, flip, sort/argsort/topk, scatter*, float // and %
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -1980,6 +1981,107 @@ def _composites_family(self: Builder) -> bool:
 
 Builder.math_ops = _math_ops_family
 Builder.composites = _composites_family
+
+
+def _sort_scatter_family(self: Builder) -> bool:
+    """issue 22's products, flips, sorts and scatters (bendc/sort_scatter.py) and float // and %:
+    x.cumprod / x.prod on small values, x.flip, the values of a stable x.sort / torch.sort, x.topk and
+    x.argsort of a fresh input (no ties: torch's topk order among ties is its own; argsort's indices
+    enter as float weights), x.scatter / scatter_add / scatter_reduce with a constant index (every
+    reduce, include_self both ways), and x % c, torch.remainder, (x // c).detach() of a fresh input
+    (a computed x may sit at a jump of // in torch's float64 run)."""
+    draw = self.draw
+    form = draw(st.sampled_from(["cumprod", "prod", "flip", "sort", "topk", "scatter", "scatter", "modulo"]))
+    if form in ("topk", "modulo"):
+        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+        x = self.new_input(shape)
+    else:
+        x = self.pick(lambda v: len(v.shape) > 0 and math.isfinite(v.bound))
+    if x is None:
+        return False
+    rank = len(x.shape)
+    dim = draw(st.integers(-rank, rank - 1))
+    size = x.shape[dim]
+    if form in ("cumprod", "prod"):
+        bound = max(x.bound, 1.0) ** size
+        if bound > LIMIT:
+            return False
+        if form == "cumprod":
+            self.emit(f"{x.name}.cumprod({dim})", x.shape, bound, (x,), "sort_scatter", exact=False)
+            return True
+        keepdim = draw(st.booleans())
+        out = [1 if a == dim % rank else d for a, d in enumerate(x.shape)] if keepdim else \
+            [d for a, d in enumerate(x.shape) if a != dim % rank]
+        self.emit(f"torch.prod({x.name}, {dim}, keepdim={keepdim})", out, bound, (x,), "sort_scatter", exact=False)
+        return True
+    if form == "flip":
+        dims = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda d: d % rank))
+        expr = f"{x.name}.flip({tuple(dims)!r})" if draw(st.booleans()) else f"torch.flip({x.name}, {dims!r})"
+        self.emit(expr, x.shape, x.bound, (x,), "sort_scatter", exact=True)
+        return True
+    if form == "sort":
+        descending = draw(st.booleans())
+        expr = (f"{x.name}.sort(dim={dim}, descending={descending}, stable=True).values" if draw(st.booleans())
+                else f"torch.sort({x.name}, dim={dim}, descending={descending}, stable=True)[0]")
+        self.emit(expr, x.shape, x.bound, (x,), "sort_scatter", exact=False)
+        return True
+    if form == "topk":
+        k = draw(st.integers(1, size))
+        out = list(x.shape)
+        out[dim] = k
+        largest = draw(st.booleans())
+        self.emit(f"{x.name}.topk({k}, dim={dim}, largest={largest}).values", out, x.bound, (x,), "sort_scatter",
+                  exact=True)
+        order = f"{x.name}.argsort(dim={dim}, descending={largest}, stable=True)"
+        self.emit(f"{x.name} * {order}.float()", x.shape, x.bound * size, (x,), "sort_scatter", exact=False,
+                  torch_expr=f"{x.name} * {order}.to({x.name}.dtype)")
+        return True
+    if form == "modulo":
+        c = draw(st.sampled_from([0.75, -1.5, 2.0]))
+        expr = draw(st.sampled_from([f"{x.name} % {c!r}", f"torch.remainder({x.name}, {c!r})",
+                                     f"({x.name} // {c!r}).detach()"]))
+        self.emit(expr, x.shape, x.bound / abs(c) + 1.0 if "//" in expr else abs(c), (x,) if "//" not in expr
+                  else (), "sort_scatter", exact=False)
+        return True
+    # scatter: self is x, the index a constant of the shape of src (at most x's shape outside dim)
+    src = self.pick(lambda v: len(v.shape) == rank and math.isfinite(v.bound)
+                    and all(n <= m for a, (n, m) in enumerate(zip(v.shape, x.shape)) if a != dim % rank))
+    if src is None:
+        return False
+    index = np.asarray(draw(st.lists(st.integers(0, size - 1), min_size=_numel(src.shape),
+                                     max_size=_numel(src.shape)))).reshape(src.shape).tolist()
+    reduce = draw(st.sampled_from(["assign", "value", "add", "sum", "prod", "mean", "amax", "amin"]))
+    include_self = draw(st.booleans())
+    spelled = f"torch.tensor({index!r})"
+    repeats = src.shape[dim] + 1
+    if reduce == "assign":  # repeated indices: torch leaves the winner open, so one src per target here
+        if src.shape[dim] > size:
+            return False
+        line = np.asarray(draw(st.permutations(range(size))))[:src.shape[dim]]
+        shape = [1] * rank
+        shape[dim] = src.shape[dim]
+        index = np.broadcast_to(line.reshape(shape), src.shape).tolist()
+        expr, bound = f"{x.name}.scatter({dim}, torch.tensor({index!r}), {src.name})", max(x.bound, src.bound)
+    elif reduce == "value":
+        expr, bound = f"torch.scatter({x.name}, {dim}, {spelled}, 2.5)", max(x.bound, 2.5)
+        src = None
+    elif reduce == "add":
+        expr, bound = f"{x.name}.scatter_add({dim}, {spelled}, {src.name})", x.bound + src.bound * repeats
+    else:
+        if reduce == "prod":
+            bound = max(x.bound, src.bound, 1.0) ** repeats
+        elif reduce == "sum":
+            bound = x.bound + src.bound * repeats
+        else:
+            bound = max(x.bound, src.bound)
+        expr = f"{x.name}.scatter_reduce({dim}, {spelled}, {src.name}, {reduce!r}, include_self={include_self})"
+    if bound > LIMIT:
+        return False
+    self.emit(expr, x.shape, bound, (x,) if src is None else (x, src), "sort_scatter", exact=False)
+    return True
+
+
+Builder.sort_scatter = _sort_scatter_family
 Builder.optimizers = _optimizers_family
 
 

@@ -187,6 +187,15 @@ OP_TABLE: dict[str, OpEntry] = {
     "cumsum": OpEntry(D, "x.cumsum(dim), F.cumsum; its backward is cumsum[reverse=True]", "torch.cumsum",
                       ("moments",)),
     # ---- end of reductions beyond sum
+    # ---------------------------------------------------------------- issue 22: products, sorts, scatters (bendc/sort_scatter.py)
+    "cumprod": OpEntry(D, "x.cumprod(dim), torch.prod(x, dim, keepdim) (the last element of a cumprod)",
+                       "torch.cumprod / torch.prod", ("sort_scatter",)),
+    "argsort": OpEntry(D, "x.sort(dim, descending, stable=True) (values gathered at it), x.topk(k, dim, largest), "
+                          "x.argsort(dim, descending)", "torch.sort / torch.topk / torch.argsort", ("sort_scatter",)),
+    "scatter_reduce": OpEntry(D, "x.scatter(dim, index, src | value), x.scatter_add, x.scatter_reduce(dim, index, src, "
+                                 "reduce, include_self) with a constant index", "same", ("sort_scatter",)),
+    "floor_divide": OpEntry(D, "(x // c).detach() of float x (torch refuses its backward)", "same", ("sort_scatter",)),
+    "remainder": OpEntry(D, "x % c, torch.remainder(x, c) of float x", "same", ("sort_scatter",)),
     # ---------------------------------------------------------------- issue 14: comparisons, casts, powers, shapes
     **{op: OpEntry(D, f"a {symbol} b (a tensor or a number): a bool mask used in arithmetic, .float(), "
                       "F.where, masked_fill", f"a {symbol} b", ("select",))

@@ -194,6 +194,13 @@ SAMPLES: dict[str, Sample] = {
     "nan_to_num": Sample((T("f32[2,3]"),), {"nan": 0.0, "posinf": 1.0, "neginf": -1.0}),
     "lerp": Sample((T("f32[2,3]"), T("f32[2,3]"), T("f32[3]"))),
     "adagrad_lr": Sample((T("f32[]"),), {"lr": 0.01, "lr_decay": 0.1}, positive=(0,)),
+    # products, sorts, scatters and float // % (issue 22: bendc/ops/scan.py, sort.py, scatter.py, math_ops.py)
+    "cumprod": Sample((T("f32[2,3,4]"),), {"dim": 1, "reverse": False}),
+    "argsort": Sample((T("f32[2,5]"),), {"dim": 1, "descending": True}),
+    "scatter_reduce": Sample((T("f32[3,4]"), T("f32[2,4]"), T("i64[2,4]")),
+                             {"dim": 0, "reduce": "prod", "include_self": True}, index_limit=3),
+    "floor_divide": Sample((T("f32[2,3]"), T("f32[3]")), positive=(1,)),
+    "remainder": Sample((T("f32[2,3]"), T("f32[3]")), positive=(1,)),
     # group norm as fused ops (bendc/ops/group_norm.py)
     "group_norm": Sample((T("f32[2,4,3]"), T("f32[4]"), T("f32[4]")),
                          {"groups": 2, "eps": 1e-5, "weight": True, "bias": True}),
@@ -372,7 +379,17 @@ def _vjp_graph(name: str):
     return graph, reduced, out_type
 
 
-@pytest.mark.parametrize("name", [n for n in op_names() if OPS[n].vjp is not None])
+# Ops whose VJP refuses a backward through them with a BendcError, as torch refuses it.
+REFUSING_VJPS = frozenset({"floor_divide"})
+
+
+@pytest.mark.parametrize("name", sorted(REFUSING_VJPS))
+def test_refusing_vjp_rules_raise_a_user_error(name):
+    with pytest.raises(bendc.BendcError, match=name):
+        _vjp_graph(name)
+
+
+@pytest.mark.parametrize("name", [n for n in op_names() if OPS[n].vjp is not None and n not in REFUSING_VJPS])
 def test_vjp_rule_matches_central_differences(name):
     """<vjp(g), d> = d/de <f(x + e d), g> for each float operand, in every direction tried."""
     sample = SAMPLES[name]
@@ -616,6 +633,22 @@ for _method, _op in METHODS.items():  # ops that declare a method need no hand-w
     if _op in MATH_OPS:
         continue
     COVERAGE_PROGRAMS.setdefault(_op, (_method_program(_method), ("w",), lambda: (_rng((2, 3), 0), _rng((2, 3), 1))))
+
+
+def sort_scatter(x, w, index):
+    """Products, a flip, sorts and scatters, float // and % (bendc/sort_scatter.py, issue 22)."""
+    a = x * w
+    values, order = a.sort(dim=1, descending=True)
+    top, _ = a.topk(2, dim=0)
+    spread = a.scatter_reduce(0, index, a[:2], "amax", include_self=False) + F.scatter(a, 0, index, 1.5)
+    rest = a.prod(1).sum() + a.cumprod(0).sum() + a.flip(1).sum() + (a % 0.75).sum() + (a // 0.5).detach().sum()
+    loss = values.sum() + top.sum() + spread.sum() + rest + a.argsort(dim=0).float().sum()
+    loss.backward()
+    return loss, w.grad, order
+
+
+COVERAGE_PROGRAMS["sort_scatter"] = (sort_scatter, ("w",), lambda: (
+    _rng((3, 4), 0), _rng((3, 4), 1), np.array([[0, 2, 1, 1], [2, 0, 0, 1]])))
 
 
 # Ops that no user program can produce, only a VJP of a VJP (second derivatives);
