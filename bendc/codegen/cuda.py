@@ -32,6 +32,11 @@ kernel kit (bendc/kernels/cuda_kit.py), given a :class:`CudaNode`.
 - ``source`` (constants read by other steps): no kernel; the runtime uploads
   ``VALUE`` once.
 
+Kernels read their cell, row and matrix counts from their arrays' lengths where an argument
+holds exactly that many (kit.length_of: ``while cell < out0.shape[0]``), as the cpu kernels read
+their loop extents from shapes: a new batch size renders the same module, whose cubin the cache
+then holds; only the launches, sized from the shapes here, change.
+
 There is no fastmath and the runtime turns NVVM's FMA contraction off, so
 + - * / round as PyTorch's do; ``CudaOptions(fastmath=True)`` opts in.
 """
@@ -50,8 +55,8 @@ from bendc.ir.types import numel
 from bendc.ops.base import reduced_axes
 from bendc.kernels.access import Access, dense
 from bendc.kernels.cuda_kit import (FASTMATH_DECORATOR, JIT_DEFINITION, KERNEL_DECORATOR, CudaNode, Kernels, Launch, argument_list,
-                                    block_per_row_launch, length_of, grid_stride_launch, grid_stride_loop, kernel_source,
-                                    sum_block, tree_lines, unflatten, used)
+                                    block_per_row_launch, grid_stride_launch, grid_stride_loop, kernel_source,
+                                    length_of, sum_block, tree_lines, unflatten, used)
 from bendc.kernels.templates import helper_functions
 from bendc.ops import OPS
 from runtime.dtypes import NUMBA_NAMES

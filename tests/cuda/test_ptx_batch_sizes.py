@@ -1,9 +1,10 @@
 """Size-generic cuda kernels (issue 25, item 7): a new batch size reuses the cubins of the old one.
 The kernels read their cell, row and matrix extents from their arrays' lengths
-(kernels/cuda_kit.py length_of), so batch 5's kernel modules (of a linear layer, relu and a sum: batch_size_programs.small_step) are batch 3's and every cubin comes
-from the cubin cache (bendc/codegen/cubins.py, keyed by the module's structural hash): none is
-compiled again, while each launch's grid is sized from batch 5's shapes. Built for sm_90 without a
-GPU (NVVM, nvJitLink); test_sim_batch_sizes.py checks the values under the simulator."""
+(kernels/cuda_kit.py length_of), so batch 5's kernel modules (of a linear layer, relu and a sum:
+batch_size_programs.small_step) are batch 3's and every cubin comes from the cubin cache
+(bendc/codegen/cubins.py, keyed by the module's structural hash): none is compiled again, while
+each launch's grid is sized from batch 5's shapes. Built for sm_90 without a GPU (NVVM,
+nvJitLink); test_sim_batch_sizes.py checks the values under the simulator."""
 from __future__ import annotations
 
 import importlib.util
