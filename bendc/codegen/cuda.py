@@ -32,6 +32,11 @@ kernel kit (bendc/kernels/cuda_kit.py), given a :class:`CudaNode`.
 - ``source`` (constants read by other steps): no kernel; the runtime uploads
   ``VALUE`` once.
 
+Kernels read their cell, row and matrix counts from their arrays' lengths where an argument
+holds exactly that many (kit.length_of: ``while cell < out0.shape[0]``), as the cpu kernels read
+their loop extents from shapes: a new batch size renders the same module, whose cubin the cache
+then holds; only the launches, sized from the shapes here, change.
+
 There is no fastmath and the runtime turns NVVM's FMA contraction off, so
 + - * / round as PyTorch's do; ``CudaOptions(fastmath=True)`` opts in.
 """
@@ -51,7 +56,7 @@ from bendc.ops.base import reduced_axes
 from bendc.kernels.access import Access, dense
 from bendc.kernels.cuda_kit import (FASTMATH_DECORATOR, JIT_DEFINITION, KERNEL_DECORATOR, CudaNode, Kernels, Launch, argument_list,
                                     block_per_row_launch, grid_stride_launch, grid_stride_loop, kernel_source,
-                                    tree_block, tree_lines, unflatten, used)
+                                    length_of, sum_block, tree_lines, unflatten, used)
 from bendc.kernels.templates import helper_functions
 from bendc.ops import OPS
 from runtime.dtypes import NUMBA_NAMES
@@ -136,7 +141,8 @@ def cuda_node(step: Step, graph: Graph, access: dict[int, Access], node: Node) -
     names = _argument_names(step)
     return CudaNode(node, tuple(graph.node(i).type.shape for i in node.inputs),
                     tuple(names[i] for i in node.inputs), tuple(access[i] for i in node.inputs),
-                    _arguments(step), _arguments(step, checked=True))
+                    _arguments(step), _arguments(step, checked=True),
+                    tuple(graph.node(access[i].root).type.numel for i in node.inputs))
 
 
 def describe_launches(plan: KernelPlan) -> list[str]:
@@ -181,6 +187,19 @@ def _arguments(step: Step, checked: bool = False) -> str:
 def _argument_names(step: Step) -> dict[int, str]:
     """The kernel argument of each input value (a value read twice is one argument)."""
     return {value: f"in{k}" for k, value in enumerate(step.inputs)}
+
+
+def _cell_count(step: Step, graph: Graph, access: dict[int, Access], domain: tuple[int, ...],
+                outputs: list[int]) -> int | str:
+    """The cells of an elementwise domain as the kernel reads them: the length of an output in
+    ``outputs`` or an input holding exactly one element per cell (kit.length_of), so one source
+    serves every batch size; the literal where no argument does."""
+    cells = numel(domain)
+    arrays = [(f"out{step.outputs.index(id)}", graph.node(id).type.numel) for id in outputs]
+    for k, value in enumerate(step.inputs):
+        if graph.node(value).type.shape == domain and access[value].is_contiguous(domain):
+            arrays.append((f"in{k}", graph.node(access[value].root).type.numel))
+    return length_of(cells, arrays)
 
 
 # ------------------------------------------------------------------ elementwise
@@ -235,15 +254,17 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
     cells = numel(domain)
     plain = [id for id in step.outputs if id not in sums]
     source, launches = "", []
+    count = _cell_count(step, graph, access, domain, plain)
     if plain:  # (a group of sums only writes nothing per cell)
-        source = kernel_source("kernel", _arguments(step), grid_stride_loop(cells, used(prelude, body) + body))
+        source = kernel_source("kernel", _arguments(step), grid_stride_loop(count, used(prelude, body) + body))
         launches.append(grid_stride_launch("kernel", cells))
     summary = f"{len(step.nodes)} fused elementwise ops over [{','.join(map(str, domain))}]"
     if sums:
-        block = tree_block(max(numel(domain) // max(1, graph.node(e).type.numel) for e in sums))
+        over_leading = len(domain) > 0 and domain[0] > 1 and any(0 in reduced_axes(graph, graph.node(e)) for e in sums)
+        block = sum_block(max(numel(domain) // max(1, graph.node(e).type.numel) for e in sums), over_leading)
         source = f"\nBLOCK = {block}\n" + source
         for number, id in enumerate(sums):
-            sum_source, launch = _epilogue_sum_kernel(step, graph, access, domain, id, f"sum{number}", block)
+            sum_source, launch = _epilogue_sum_kernel(step, graph, access, domain, id, f"sum{number}", block, count)
             source += sum_source
             launches.append(launch)
         summary += ", epilogue " + ", ".join(f"{graph.node(e).op} %{e}" for e in sums) + \
@@ -252,11 +273,13 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
 
 
 def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], domain: tuple[int, ...],
-                         id: int, name: str, block: int) -> tuple[str, Launch]:
+                         id: int, name: str, block: int, cells: int | str) -> tuple[str, Launch]:
     """One epilogue sum of a fused group, deterministic: a block per output element (grid-stride
     over the blocks) whose threads each add the group's summed operand, recomputed from the
     inputs, over the reduced cells t, t + BLOCK, ... in order, then one shared-memory tree in a
-    fixed shape (kit.tree_lines); thread 0 writes the element once (no atomics, no clearing)."""
+    fixed shape (kit.tree_lines); thread 0 writes the element once (no atomics, no clearing).
+    The output elements are the output's length and the reduced cells per element ``cells`` (the
+    group's cell count, as _cell_count reads it) over that, so one source serves every batch size."""
     node = graph.node(id)
     axes = set(reduced_axes(graph, node))
     kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(domain))
@@ -272,8 +295,11 @@ def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], do
                       for loop, stride in zip(loops, strides) if loop != "0") or "0"
     per_cell = used(reduced_split, [f"cell = {flat}"] + members) + [f"cell = {flat}"] + members
     out = f"out{step.outputs.index(id)}"
+    assert node.type.numel == outputs, (node.type, kept_shape)
+    count = f"{out}.shape[0]"
+    per_element = reduced if isinstance(cells, int) else f"{cells} // {count}"
     target = dense(id, node.type.shape).flat(reduction_index(graph, node, loops))
-    inner = (["total = np.float32(0.0)", "q = t", f"while q < {reduced}:"]
+    inner = (["total = np.float32(0.0)", "q = t", "while q < reduced:"]
              + ["    " + line for line in per_cell]
              + [f"    total += {local[node.inputs[0]]}", "    q += BLOCK", "partial[t] = total"]
              + tree_lines("sum")
@@ -281,7 +307,8 @@ def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], do
                 "cuda.syncthreads()  # partial is reused"])
     inner = used(kept_split, inner) + inner
     body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
-             "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
+             f"reduced = {per_element}", "o = cuda.blockIdx.x", f"while o < {count}:"]
+            + ["    " + line for line in inner]
             + ["    o += cuda.gridDim.x"])
     source = kernel_source(name, _arguments(step), body,
                            f"%{id} = {node.op}: a block per output element, its cells in order, a fixed tree.")
@@ -302,5 +329,6 @@ def _render_copy(step: Step, graph: Graph, access: dict[int, Access], node: Node
     body = [f"out0[cell] = in0[{read}]"]
     body = used(split, body) + body
     cells = node.type.numel
-    source = kernel_source("kernel", _arguments(step), grid_stride_loop(cells, body), f"Copy of {node.op} %{node.id}.")
+    source = kernel_source("kernel", _arguments(step), grid_stride_loop("out0.shape[0]", body),
+                           f"Copy of {node.op} %{node.id}.")
     return Kernels(f"{node.op} copied into its own buffer", source, [grid_stride_launch("kernel", cells)])

@@ -89,6 +89,7 @@ class CudaNode:
     accesses: tuple[Access, ...]         # where each operand's elements are in that argument
     arguments: str
     checked_arguments: str
+    lengths: tuple[int, ...] = ()        # the elements of each operand's argument (its root's flat array)
 
     @property
     def attrs(self) -> dict:
@@ -97,6 +98,13 @@ class CudaNode:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.node.type.shape
+
+    def count(self, count: int, per: int = 1) -> int | str:
+        """``count`` read from the length of an argument holding exactly that many elements, or that
+        many runs of ``per`` (out0 first, then the operands: length_of), so the kernel serves every
+        such size."""
+        arrays = [("out0", numel(self.shape))] + list(zip(self.names, self.lengths))
+        return length_of(count, arrays, per)
 
     def read(self, operand: int, index: Sequence[str]) -> str:
         """The element of operand ``operand`` at one index expression per axis ("0" for a fixed axis)."""
@@ -145,14 +153,15 @@ def launch_limits_broken(grid: Sequence[int], block: Sequence[int]) -> list[str]
     return broken
 
 
-def block_loop(variable: str, axis: str, count: int, body: list[str]) -> list[str]:
+def block_loop(variable: str, axis: str, count: int, body: list[str], runtime: str | None = None) -> list[str]:
     """``body`` for each ``variable`` in range(``count``), a value per block along the grid's ``axis``
     (y or z: at most MAX_ROWS blocks, grid_blocks gives the launch's size). Past MAX_ROWS values each
     block loops, ``gridDim`` values apart; every thread of a block takes the same iterations, so
-    ``syncthreads`` inside stays safe. Within the limit it is one assignment (no loop)."""
+    ``syncthreads`` inside stays safe. Within the limit it is one assignment (no loop). ``runtime``:
+    the count as the kernel computes it (from its arrays' lengths), for the loop's bound."""
     if count <= MAX_ROWS:
         return [f"{variable} = cuda.blockIdx.{axis}"] + body
-    return ([f"{variable} = cuda.blockIdx.{axis}", f"while {variable} < {count}:"]
+    return ([f"{variable} = cuda.blockIdx.{axis}", f"while {variable} < {runtime or count}:"]
             + ["    " + line for line in body] + [f"    {variable} += cuda.gridDim.{axis}"])
 
 
@@ -176,6 +185,13 @@ def block_per_row_launch(kernel: str, rows: int, block: int, shared_bytes: int) 
 def tree_block(extent: int) -> int:
     """Threads of a block-per-row kernel: a power of two (the tree halves it), one warp to MAX_BLOCK."""
     return min(MAX_BLOCK, max(WARP, power_of_two_at_least(extent)))
+
+
+def sum_block(extent: int, over_leading: bool) -> int:
+    """Threads of a block summing ``extent`` cells: tree_block, but MAX_BLOCK for a sum over the
+    leading axis (the batch, usually), whose extent grows with it: the block size is a constant of
+    the kernel's source, which then serves every batch size (length_of)."""
+    return MAX_BLOCK if over_leading else tree_block(extent)
 
 
 def unflatten(flat: str, shape, prefix: str) -> tuple[list[str], list[str]]:
@@ -213,8 +229,22 @@ def used(split: list[str], rest: list[str]) -> list[str]:
     return kept
 
 
-def grid_stride_loop(cells: int, body: list[str], variable: str = "cell") -> list[str]:
-    """A grid-stride loop over ``cells`` around ``body`` (kernel-level indentation)."""
+def length_of(count: int, arrays: Sequence[tuple[str, int]], per: int = 1) -> int | str:
+    """``count`` as a kernel should write it: the length of the first of ``arrays`` (kernel argument,
+    elements of its flat array) that holds exactly ``count`` elements (``out0.shape[0]``), or
+    ``count`` runs of ``per`` elements (``out0.shape[0] // per``: the rows of a row kernel), else the
+    literal. A kernel that reads its cell count from an array's length has one source for every
+    size of that array, so a new batch size reuses its module and cubin (as the cpu kernels read
+    their loop extents from shapes); the launch's grid is sized from the shapes when it is rendered."""
+    for name, length in arrays:
+        if per > 0 and length == count * per:
+            return f"{name}.shape[0]" if per == 1 else f"{name}.shape[0] // {per}"
+    return count
+
+
+def grid_stride_loop(cells: int | str, body: list[str], variable: str = "cell") -> list[str]:
+    """A grid-stride loop over ``cells`` (a count, or an expression: length_of) around ``body``
+    (kernel-level indentation)."""
     return ([f"{variable} = cuda.grid(1)", "stride = cuda.gridsize(1)", f"while {variable} < {cells}:"]
             + ["    " + line for line in body] + [f"    {variable} += stride"])
 
@@ -232,12 +262,13 @@ def zero_kernel(arguments: str, sizes: dict[str, int], what: str) -> tuple[str, 
     """A kernel writing +0.0 into outputs (by argument name and size) before they are accumulated into."""
     cells = max(sizes.values())
     body: list[str] = []
-    for name, size in sizes.items():
+    for name, size in sizes.items():  # each output's length is its array's (length_of): any size
         if size < cells:
-            body += [f"if cell < {size}:", f"    {name}[cell] = np.float32(0.0)"]
+            body += [f"if cell < {name}.shape[0]:", f"    {name}[cell] = np.float32(0.0)"]
         else:
             body.append(f"{name}[cell] = np.float32(0.0)")
-    source = kernel_source("zero", arguments, grid_stride_loop(cells, body), f"Clear {what}.")
+    largest = next(name for name, size in sizes.items() if size == cells)
+    source = kernel_source("zero", arguments, grid_stride_loop(f"{largest}.shape[0]", body), f"Clear {what}.")
     return source, grid_stride_launch("zero", cells)
 
 
@@ -270,7 +301,7 @@ def scatter_kernels(op: CudaNode, split: list[str], body: list[str], what: str, 
     cells = numel(op.shapes[0])
     arguments = op.checked_arguments if checked else op.arguments
     zero, zero_launch = zero_kernel(arguments, {"out0": numel(op.shape)}, f"the output of {node.op}")
-    source = zero + kernel_source("kernel", arguments, grid_stride_loop(cells, body),
+    source = zero + kernel_source("kernel", arguments, grid_stride_loop(op.count(cells), body),
                                   f"{node.op}: one source element per thread ({what}).")
     return Kernels(f"{node.op} into [{','.join(map(str, op.shape))}] ({what})", source,
                    [zero_launch, grid_stride_launch("kernel", cells)], check=check)

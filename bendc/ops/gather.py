@@ -69,7 +69,7 @@ def _cuda_gather(op):
                             [f"out0[cell] = {op.read(0, source_index)}"])
     body = kit.used(split, body) + body
     cells = numel(shape)
-    source = kit.kernel_source("kernel", op.checked_arguments, kit.grid_stride_loop(cells, body),
+    source = kit.kernel_source("kernel", op.checked_arguments, kit.grid_stride_loop(op.count(cells), body),
                                f"{node.op} along dim {dim}; a bad index sets err.")
     return kit.Kernels(f"{node.op} along dim {dim}", source, [kit.grid_stride_launch("kernel", cells)],
                        check=INDEX_RANGE.format(index="{index}", size=size))

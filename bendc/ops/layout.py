@@ -254,7 +254,7 @@ def _cuda_concat(op):
         start += shape[axis]
     body = kit.used(split, body) + body
     cells = int(np.prod(op.shape))
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(cells), body),
                                "concat: one output element per thread, from its operand's part.")
     return kit.Kernels(f"concat into [{','.join(map(str, op.shape))}] along axis {axis}", source,
                        [kit.grid_stride_launch("kernel", cells)])

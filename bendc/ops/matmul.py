@@ -72,9 +72,18 @@ def _cuda_matmul(op: kit.CudaNode) -> kit.Kernels:
     b_k, b_col = b_access.strides[-2], b_access.strides[-1]
     a_swap = a_row == 1 and a_k != 1  # a is stored column-major (e.g. a transposed view)
     b_swap = b_k == 1 and b_col != 1
-    load_a = _tile_load("tile_a", op.names[0], "a_base", ("row0", a_row, m), ("k0", a_k, k_size), a_swap)
-    load_b = _tile_load("tile_b", op.names[1], "b_base", ("k0", b_k, k_size), ("col0", b_col, n), b_swap)
-    tiles = kit.ceil_div(k_size, tile)
+    # Each extent is read from an array's length where one holds exactly that axis times its stride
+    # (a whole operand whose leading axis it is, as a batch usually is): one source, and one cubin,
+    # for every batch size (kit.length_of); the other extents stay literals.
+    lengths, total = (*op.lengths, 0, 0)[:2], numel(out_shape)
+    extents = {"rows": _runtime_extent(m, [(op.names[0], lengths[0], a_row), ("out0", total, n)]),
+               "depth": _runtime_extent(k_size, [(op.names[0], lengths[0], a_k), (op.names[1], lengths[1], b_k)]),
+               "columns": _runtime_extent(n, [(op.names[1], lengths[1], b_col), ("out0", total, 1)])}
+    rows, depth, columns = (name if isinstance(value, str) else str(value) for name, value in extents.items())
+    read_extents = [f"{name} = {value}" for name, value in extents.items() if isinstance(value, str)]
+    load_a = _tile_load("tile_a", op.names[0], "a_base", ("row0", a_row, rows), ("k0", a_k, depth), a_swap)
+    load_b = _tile_load("tile_b", op.names[1], "b_base", ("k0", b_k, depth), ("col0", b_col, columns), b_swap)
+    tiles = "(depth + TILE - 1) // TILE" if depth == "depth" else kit.ceil_div(k_size, tile)
     inner = ([f"a_base = {a_access.flat(operand_base(a_shape))}",
                 f"b_base = {b_access.flat(operand_base(b_shape))}",
                 f"out_base = z * {m * n}" if batches > 1 else "out_base = 0",
@@ -86,18 +95,20 @@ def _cuda_matmul(op: kit.CudaNode) -> kit.Kernels:
                 "    for kk in range(TILE):",
                 "        acc += tile_a[ty, kk] * tile_b[kk, tx]",
                 "    cuda.syncthreads()",
-                f"if row < {m} and col < {n}:",
-                f"    out0[out_base + row * {n} + col] = acc"])
+                f"if row < {rows} and col < {columns}:",
+                f"    out0[out_base + row * {columns} + col] = acc"])
     inner = kit.used(split, inner) + inner
     # column tiles on grid.x (up to 2^31 blocks); row tiles on y and batch entries on z, which take
     # at most 65535 blocks each: past that each block loops (kit.block_loop)
     row_tiles = kit.ceil_div(m, tile) or 1
     per_tile = ["row0 = row_tile * TILE", "row = row0 + ty"] + inner
+    row_loop = kit.block_loop("row_tile", "y", row_tiles, per_tile,
+                              "(rows + TILE - 1) // TILE" if rows == "rows" else None)
     body = (["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
              "tile_b = cuda.shared.array((TILE, PADDED), numba.float32)",
-             "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
-             "col0 = cuda.blockIdx.x * TILE", "col = col0 + tx"]
-            + kit.block_loop("z", "z", batches, kit.block_loop("row_tile", "y", row_tiles, per_tile)))
+             "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y"] + read_extents
+            + ["col0 = cuda.blockIdx.x * TILE", "col = col0 + tx"]
+            + kit.block_loop("z", "z", batches, row_loop))
     constants = f"\nTILE = {tile}\nPADDED = {tile + 1}  # a padding column against shared-memory bank conflicts\n"
     source = constants + kit.kernel_source("kernel", op.arguments, body,
                                              "One output element per thread, TILE x TILE tiles in shared memory.")
@@ -110,11 +121,22 @@ def _cuda_matmul(op: kit.CudaNode) -> kit.Kernels:
                    source, [launch])
 
 
-def _tile_load(tile: str, array: str, base: str, first: tuple[str, int, int], second: tuple[str, int, int],
+def _runtime_extent(size: int, places: list[tuple[str, int, int]]) -> int | str:
+    """``size`` read at run time from the first of ``places`` (array, its length, the axis' stride
+    there) whose length is exactly ``size`` times the stride, else the literal."""
+    for name, length, stride in places:
+        if stride > 0 and length == size * stride:
+            return f"{name}.shape[0]" if stride == 1 else f"{name}.shape[0] // {stride}"
+    return size
+
+
+def _tile_load(tile: str, array: str, base: str, first: tuple[str, int, int | str],
+               second: tuple[str, int, int | str],
                swap: bool) -> list[str]:
     """Load ``tile[i, j] = operand[first + i, second + j]`` (zero outside the operand).
 
-    ``first`` and ``second`` are (start, stride, size) of the tile's two axes. Thread x
+    ``first`` and ``second`` are (start, stride, size: a count or a kernel variable) of the tile's
+    two axes. Thread x
     walks the second axis, or the first when ``swap`` (that axis is the contiguous one).
     """
     (start0, stride0, size0), (start1, stride1, size1) = first, second

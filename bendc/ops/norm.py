@@ -224,7 +224,7 @@ def _cuda_stat(rstd: bool):
             row_body += ["if t == 0:", "    out0[row] = np.float32(mean)"]
         row_body.append("cuda.syncthreads()  # partial is reused by the block's next row")
         body = ([f"partial = cuda.shared.array({block}, numba.float64)", "t = cuda.threadIdx.x",
-                 "row = cuda.blockIdx.x", f"while row < {rows}:"]
+                 "row = cuda.blockIdx.x", f"while row < {op.count(rows)}:"]  # kit.length_of
                 + ["    " + line for line in row_body] + ["    row += cuda.gridDim.x"])
         what = "1 / sqrt(variance + eps)" if rstd else "mean"
         source = f"\nBLOCK = {block}\n" + kit.kernel_source(

@@ -363,7 +363,7 @@ def _cuda_triangle(op):
     body = kit.used(split, body) + body
     cells = int(np.prod(op.shape))
     what = "triu" if op.attrs["upper"] else "tril"
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(cells), body),
                                f"{what}: one output element per thread, kept or zeroed by its row and column.")
     return kit.Kernels(f"{what}[diagonal={op.attrs['diagonal']}] of [{','.join(map(str, op.shape))}]", source,
                        [kit.grid_stride_launch("kernel", cells)])

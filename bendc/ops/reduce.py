@@ -64,7 +64,8 @@ def _sum_reduced_axes(in_shape, attrs):
 def _cuda_sum(op):
     """sum / sum_to_size: the output element's kept indices, then a loop over the reduced ones.
 
-    A large reduced extent (TREE_MIN_EXTENT or more) gets a block per output element and a
+    A large reduced extent (TREE_MIN_EXTENT or more), or any sum over the leading axis (the batch:
+    the kernel's source then serves every batch size), gets a block per output element and a
     shared-memory tree; a small one a thread per output element summing its elements in order.
     """
     shape = op.shapes[0]
@@ -77,20 +78,27 @@ def _cuda_sum(op):
     index = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, summed))]
     x = op.read(0, index)
     what = f"{op.node.op} of [{','.join(map(str, shape))}] over axes {tuple(sorted(axes))}"
-    if reduced < TREE_MIN_EXTENT:
-        body = kept_split + ["total = np.float32(0.0)", f"for q in range({reduced}):"] + \
+    # the output elements and the cells each sums, read from the arrays' lengths where they tell
+    # (kit.length_of): one source for every batch size, reduced or kept
+    count = op.count(outputs)
+    cells = op.count(numel(shape))
+    per_output = f"{cells} // {count}" if isinstance(cells, str) and isinstance(count, str) else reduced
+    over_leading = 0 in axes and shape[0] > 1  # a sum over the batch: a tree of kit.sum_block threads
+    if reduced < TREE_MIN_EXTENT and not over_leading:
+        body = kept_split + ["total = np.float32(0.0)", f"for q in range({per_output}):"] + \
             ["    " + line for line in reduced_split] + [f"    total += {x}", "out0[o] = total"]
-        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
+        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(count, body, "o"),
                                    "One thread per output element, summing in order.")
         return kit.Kernels(f"{what}: a thread per output element", source,
                            [kit.grid_stride_launch("kernel", outputs)])
-    block = kit.tree_block(reduced)
-    inner = (kept_split + ["total = np.float32(0.0)", "q = t", f"while q < {reduced}:"]
+    block = kit.sum_block(reduced, over_leading)
+    inner = (kept_split + ["total = np.float32(0.0)", "q = t", "while q < reduced:"]
              + ["    " + line for line in reduced_split] + [f"    total += {x}", "    q += BLOCK"]
              + ["partial[t] = total"] + kit.tree_lines("sum")
              + ["if t == 0:", "    out0[o] = partial[0]", "cuda.syncthreads()  # partial is reused"])
     body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
-             "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
+             f"reduced = {per_output}", "o = cuda.blockIdx.x", f"while o < {count}:"]
+            + ["    " + line for line in inner]
             + ["    o += cuda.gridDim.x"])
     source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body,
                                                        "One block per output element: a shared-memory tree.")
@@ -290,7 +298,7 @@ def _cuda_row(op):
                 + ["cuda.syncthreads()  # partial is reused by the block's next row"])
     row_body = kit.used(split, row_body) + row_body
     body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
-             "row = cuda.blockIdx.x", f"while row < {rows}:"]
+             "row = cuda.blockIdx.x", f"while row < {op.count(rows, per=columns)}:"]
             + ["    " + line for line in row_body] + ["    row += cuda.gridDim.x"])
     source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body, "One block per row.")
     launch = kit.block_per_row_launch("kernel", rows, block, 4 * block)

@@ -1,0 +1,48 @@
+"""A training step whose every cuda kernel kind depends on the batch size (issue 25, item 7): a
+linear layer with bias, relu and layer_norm (row statistics, epilogue sums of the bias and norm
+gradients), a second linear layer, cross-entropy (log_softmax rows, the targets' gather and its
+scatter in the backward) and a softmax summed over the batch (a sum over the batch axis). Used by
+tests/cuda/test_sim_batch_sizes.py (values); test_ptx_batch_sizes.py builds the cubins of the smaller
+small_step."""
+from __future__ import annotations
+
+import numpy as np
+
+import bendc.functional as F
+
+FEATURES, HIDDEN, CLASSES = 8, 16, 5
+LEAVES = ("w1", "b1", "w2", "g", "be")
+
+
+def batch_step(x, t, w1, b1, w2, g, be):
+    h = F.layer_norm(F.relu(F.linear(x, w1, b1)), (HIDDEN,), g, be)
+    logits = F.linear(h, w2)
+    loss = F.cross_entropy(logits, t) + F.softmax(logits, 1).sum(0).max()
+    loss.backward()
+    return loss, w1.grad, b1.grad, w2.grad, g.grad, be.grad
+
+
+def small_step(x, w1, b1):
+    """A linear layer, relu and a sum: six kernels (products, a fused group with its epilogue sum)."""
+    loss = F.relu(F.linear(x, w1, b1)).sum()
+    loss.backward()
+    return loss, w1.grad, b1.grad
+
+
+def inputs(batch: int, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    return (normal(batch, FEATURES), rng.integers(0, CLASSES, size=batch), 0.3 * normal(HIDDEN, FEATURES),
+            normal(HIDDEN), 0.3 * normal(CLASSES, HIDDEN), 1.0 + 0.1 * normal(HIDDEN), 0.1 * normal(HIDDEN))
+
+
+def small_spec(batch: int) -> str:
+    return f"x=f32[{batch},{FEATURES}] w1=f32[{HIDDEN},{FEATURES}]:leaf b1=f32[{HIDDEN}]:leaf"
+
+
+def spec(batch: int) -> str:
+    return (f"x=f32[{batch},{FEATURES}] t=i64[{batch}] w1=f32[{HIDDEN},{FEATURES}]:leaf b1=f32[{HIDDEN}]:leaf "
+            f"w2=f32[{CLASSES},{HIDDEN}]:leaf g=f32[{HIDDEN}]:leaf be=f32[{HIDDEN}]:leaf")
