@@ -46,6 +46,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (bool, numbers.Real)) and not isinstance(value, np.ndarray)
 
 
+def _is_torch_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "shape") and hasattr(value, "item")
+
+
 def dtype_text(dtype: Any) -> str:
     """A dtype's name as the user wrote it: ``torch.float32`` -> "float32", np.float32 -> "float32"."""
     if isinstance(dtype, str):
@@ -453,6 +457,8 @@ def where(condition: Any, input: Any, other: Any):
     input and other are tensors or numbers, broadcast together."""
     tracer = tracer_of("where", (condition, input, other))
     with tracer.at_user_line("where") as builder:
+        if _is_torch_tensor(condition):  # a captured mask: a constant of the graph
+            condition = tracer.value(condition, "where")
         if not isinstance(condition, TensorOps) or condition.dtype != "bool":
             what = condition.type if isinstance(condition, TensorOps) else type(condition).__name__
             raise UnsupportedError(f"where needs a bool condition tensor (a comparison such as x > 0), got {what}",

@@ -25,21 +25,21 @@ import numpy as np
 from bendc import functional as F
 from bendc.errors import UnsupportedError, user_location
 from bendc.ops.base import METHODS
-from bendc.trace import TORCH_FUNCTION, TORCH_METHODS, TORCH_MODE, TORCH_ORIGINS, Tensor, matmul
+from bendc.trace import TORCH_FUNCTION, TORCH_METHODS, TORCH_MODE, TORCH_ORIGINS, Tensor, matmul, unrepeatable
 
 # ------------------------------------------------------------------ operands
 def _operand(value: Any, name: str) -> Any:
-    """A traced tensor, a Python number, or a 0-d torch constant as a Python float; other torch
-    tensors are refused (bendc has no array constants: pass them as parameters of the step)."""
+    """A traced tensor, a Python number, or a 0-d torch constant as a Python float; another torch tensor
+    the function captured is a constant of the graph (bendc.trace.torch_constant, which refuses those made
+    during the trace by torch functions bendc does not trace, naming the line that made them)."""
     if isinstance(value, Tensor) or value is None or isinstance(value, (bool, int, float, str, tuple, list)):
         return value
     if type(value).__module__.startswith("torch") and hasattr(value, "shape") and hasattr(value, "item"):
         if tuple(value.shape) == ():
             return float(value.item())
-        from bendc.trace import refused_constant
+        from bendc.trace import active_tracer, torch_constant
 
-        raise UnsupportedError(refused_constant(value, name) + " (or as a buffer in bendc.functional_call's dict)",
-                               loc=user_location(), op=name)
+        return torch_constant(active_tracer(name), value, name)
     return value
 
 
@@ -671,9 +671,9 @@ def _remainder(input, other, out=None):
 
 def _getitem(input, key):
     if not isinstance(input, Tensor):  # a torch constant indexed by a traced index
-        from bendc.trace import refused_constant
+        from bendc.trace import active_tracer, torch_constant
 
-        raise UnsupportedError(refused_constant(input, "index"), loc=user_location(), op="index")
+        input = torch_constant(active_tracer("index"), input, "index")
     return input[key]
 
 
@@ -736,7 +736,10 @@ def _creation_mode_class() -> type:
             result = func(*args, **kwargs)
             if type(result).__module__.startswith("torch") and hasattr(result, "shape") and not _traced_among(
                     (args, kwargs)):
-                TORCH_ORIGINS[id(result)] = (user_location(), name)
+                # a result of a random tensor keeps the random function's line (it is no constant either)
+                inherited = [TORCH_ORIGINS[id(a)] for a in (*args, *kwargs.values())
+                             if id(a) in TORCH_ORIGINS and unrepeatable(TORCH_ORIGINS[id(a)][1])]
+                TORCH_ORIGINS[id(result)] = inherited[0] if inherited else (user_location(), name)
             return result
 
     return CreationMode
