@@ -38,6 +38,13 @@ def _rebind(target: Any, value: Tensor, name: str, op: str, tracer) -> None:
         loc=tracer.builder.loc, op=op)
 
 
+def _captured(value: Any, op: str, tracer) -> Any:
+    """A torch tensor operand as a constant of the graph (bendc.trace.torch_constant); others as they are."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    return tracer.value(value, op)
+
+
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,
                weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
                momentum: Any = 0.1, eps: float = 1e-5) -> Tensor:
@@ -55,8 +62,8 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         channels = x.shape[1]
         axes = (0,) + tuple(range(2, x.ndim))
         stat_shape = (1, channels) + (1,) * (x.ndim - 2)
-        weight = _affine_operand(weight, "weight", (channels,), op, tracer)
-        bias = _affine_operand(bias, "bias", (channels,), op, tracer)
+        weight = _affine_operand(_captured(weight, op, tracer), "weight", (channels,), op, tracer)
+        bias = _affine_operand(_captured(bias, op, tracer), "bias", (channels,), op, tracer)
         if training:
             count = x.numel() // max(channels, 1)
             if count <= 1:
@@ -83,8 +90,11 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
             if running_mean is None or running_var is None:
                 raise UnsupportedError("batch_norm in evaluation mode needs running_mean and running_var",
                                        loc=builder.loc, op=op)
-            mean = _affine_operand(running_mean, "running_mean", (channels,), op, tracer).reshape(stat_shape)
-            var = _affine_operand(running_var, "running_var", (channels,), op, tracer).reshape(stat_shape)
+            # the module's own buffers (not given to functional_call) are constants: guarded by their version
+            mean = _affine_operand(_captured(running_mean, op, tracer), "running_mean", (channels,), op,
+                                   tracer).reshape(stat_shape)
+            var = _affine_operand(_captured(running_var, op, tracer), "running_var", (channels,), op,
+                                  tracer).reshape(stat_shape)
         out = (x - mean) * (var + eps).rsqrt()
         if weight is not None:
             out = out * weight.reshape(stat_shape)
