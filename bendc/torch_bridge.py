@@ -392,8 +392,17 @@ def _resampling(name: str) -> Callable:
         return getattr(resample, name)(*args, **kwargs)
 
     handler.__name__ = f"_{name}"
-    handler.bendc = f"`bendc.functional.{name}`"
+    handler.bendc = f"`bendc.functional.{name}`" + _RESAMPLING_NOTES.get(name, "")
     return handler
+
+
+_RESAMPLING_NOTES = {
+    "batch_norm": " (training updates the running statistics given in place)",
+    "conv_transpose1d": " (conv2d's input gradient, `conv2d_grad_input`)",
+    "conv_transpose2d": " (conv2d's input gradient, `conv2d_grad_input`)",
+    "interpolate": " (nearest, linear, bilinear; align_corners both ways)",
+    "upsample": " (as interpolate)",
+}
 
 
 TORCH_FUNCTIONS.update({
