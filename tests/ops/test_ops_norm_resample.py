@@ -31,7 +31,7 @@ def program(x, w, b, x1, w1, rm, rv, g, every=True):
              TF.interpolate(x, size=(7, 9), mode="nearest"), TF.interpolate(x, scale_factor=2.0, mode="nearest"),
              TF.interpolate(x, scale_factor=(1.7, 0.6), mode="nearest"), TF.interpolate(x1, size=3)]
     if not every:
-        exact = [exact[0], exact[8]]
+        exact = [exact[0], exact[1], exact[8]]
     rounded = [TF.conv_transpose2d(x, w, b[:2], stride=(2, 1), padding=1, output_padding=(1, 0), dilation=(1, 2)),
                TF.conv_transpose2d(x, w[:, :1], None, stride=2, padding=(0, 1), groups=3),
                torch.conv_transpose1d(x1, w1, stride=2, padding=1, output_padding=1),
@@ -43,7 +43,7 @@ def program(x, w, b, x1, w1, rm, rv, g, every=True):
                TF.interpolate(x1, size=10, mode="linear", align_corners=True),
                TF.batch_norm(x, rm, rv, g, None, False, 0.1, 1e-5)]
     if not every:
-        rounded = [rounded[0], rounded[4]]
+        rounded = [rounded[0], rounded[2], rounded[4]]
     # training mode updates the running statistics it is given, in place (torch's, and bendc's traced ones)
     mean, var = rm * 1.0, rv * 1.0
     rounded += [TF.batch_norm(x, mean, var, g, b[:3], True, 0.3, 1e-3), mean, var]
