@@ -24,6 +24,7 @@ from bendc.version import __version__
 _EXPORTS = {
     "jit": "bendc.function", "zero_grad": "bendc.function", "JitFunction": "bendc.function", "Tensor": "bendc.trace",
     "RecompileWarning": "bendc.function", "functional_call": "bendc.torch_bridge", "params": "bendc.torch_bridge",
+    "buffers": "bendc.torch_bridge",
     **{name: "bendc.errors" for name in ("BendcError", "ShapeError", "UnsupportedError", "GradientError",
                                           "SignatureError", "RuntimeCheckError", "ArtifactError", "DistributedError",
                                           "InternalError")},

@@ -34,7 +34,14 @@ def __getattr__(name: str) -> Any:
         return SORT_SCATTER_FUNCTIONS[name]
     if name in REDUCTIONS:  # max, min, amax, ... cumsum (bendc/reductions.py): not globals, so that
         return REDUCTIONS[name]  # max and min do not shadow the builtins in this module
+    if name in RESAMPLE:  # batch_norm, conv_transpose*, interpolate (bendc/resample.py, which imports this module)
+        from bendc import resample
+
+        return getattr(resample, name)
     raise AttributeError(f"module 'bendc.functional' has no attribute {name!r}")
+
+
+RESAMPLE = ("batch_norm", "conv_transpose1d", "conv_transpose2d", "interpolate", "upsample")
 
 
 def _tracer(op: str, *values: Any) -> Tracer:
@@ -708,15 +715,21 @@ def _batched(x: Tensor, dims: int, op: str, builder) -> tuple[Tensor, bool]:
     return x, False
 
 
+def conv_operands(tracer: Tracer, builder, x: Any, weight: Any, dims: int, op: str,
+                  layout: str = "O, C/groups, kernel") -> tuple[Tensor, Tensor, bool]:
+    """A conv's input (with its batch dim) and weight (``dims + 2`` dims), and whether x was unbatched."""
+    x = tracer.value(_tensor(x, op), op)
+    weight = tracer.value(_tensor(weight, op), op)
+    x, unbatched = _batched(x, dims, op, builder)
+    if weight.ndim != dims + 2:
+        raise ShapeError(f"weight {weight.type} must have {dims + 2} dimensions ({layout})", loc=builder.loc, op=op)
+    return x, weight, unbatched
+
+
 def _conv(x, weight, bias, stride, padding, dilation, groups, dims: int, op: str) -> Tensor:
     tracer = _tracer(op, x, weight, bias)
     with tracer.at_user_line(op) as builder:
-        x = tracer.value(_tensor(x, op), op)
-        weight = tracer.value(_tensor(weight, op), op)
-        x, unbatched = _batched(x, dims, op, builder)
-        if weight.ndim != dims + 2:
-            raise ShapeError(f"weight {weight.type} must have {dims + 2} dimensions (O, C/groups, kernel)",
-                             loc=builder.loc, op=op)
+        x, weight, unbatched = conv_operands(tracer, builder, x, weight, dims, op)
         stride = _ints(stride, dims, "stride", op, tracer)
         dilation = _ints(dilation, dims, "dilation", op, tracer)
         if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)):

@@ -46,6 +46,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (bool, numbers.Real)) and not isinstance(value, np.ndarray)
 
 
+def _is_torch_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "shape") and hasattr(value, "item")
+
+
 def dtype_text(dtype: Any) -> str:
     """A dtype's name as the user wrote it: ``torch.float32`` -> "float32", np.float32 -> "float32"."""
     if isinstance(dtype, str):
@@ -453,6 +457,8 @@ def where(condition: Any, input: Any, other: Any):
     input and other are tensors or numbers, broadcast together."""
     tracer = tracer_of("where", (condition, input, other))
     with tracer.at_user_line("where") as builder:
+        if _is_torch_tensor(condition):  # a captured mask: a constant of the graph
+            condition = tracer.value(condition, "where")
         if not isinstance(condition, TensorOps) or condition.dtype != "bool":
             what = condition.type if isinstance(condition, TensorOps) else type(condition).__name__
             raise UnsupportedError(f"where needs a bool condition tensor (a comparison such as x > 0), got {what}",
@@ -499,18 +505,23 @@ def stack(tensors: Sequence[Any], dim: int = 0):
 
 
 def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: Any = None):
-    """torch.nn.functional.pad, constant mode: pad = (left, right) pairs from the last dim backward;
-    a negative pad cuts that many elements. The padding is ``value`` (0.0 when None)."""
+    """torch.nn.functional.pad: pad = (left, right) pairs from the last dim backward. Constant mode pads
+    with ``value`` (0.0 when None; a negative pad cuts that many elements); reflect, replicate and circular
+    pad the last 1-3 dims of a (pads+1)- or (pads+2)-dim input, as torch, from slices of the input (so
+    their gradients are the slices' gradients, summed)."""
     tracer = tracer_of("pad", (input,))
     with tracer.at_user_line("pad") as builder:
-        if mode != "constant":
-            raise UnsupportedError(f"pad mode {mode!r} is not supported (constant only)", loc=builder.loc, op="pad")
+        if mode not in ("constant",) + PAD_MODES:
+            raise UnsupportedError(f"pad mode {mode!r} is not supported (constant, {', '.join(PAD_MODES)})",
+                                   loc=builder.loc, op="pad")
         if not isinstance(input, TensorOps):
             raise UnsupportedError("pad takes a traced tensor", loc=builder.loc, op="pad")
         amounts = _sizes((tuple(pad),), "pad", builder.loc)
         if len(amounts) % 2 or len(amounts) > 2 * input.ndim:
             raise ShapeError(f"pad {list(amounts)}: needs pairs, at most {input.ndim} of them for {input.type}",
                              loc=builder.loc, op="pad")
+        if mode != "constant":
+            return _pad_from_input(input._as_float(), amounts, mode, builder.loc)
         fill = 0.0 if value is None else value
         if isinstance(fill, TensorOps) or not _is_number(fill):
             raise UnsupportedError(f"pad value must be a Python number, got {type(fill).__name__}",
@@ -536,6 +547,59 @@ def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: Any = Non
             if len(parts) > 1:
                 out = tracer.emit("concat", tuple(p.id for p in parts), axis=axis)
         return out
+
+
+PAD_MODES = ("reflect", "replicate", "circular")
+
+
+def _flipped(x: Any, axis: int):
+    return x[(slice(None),) * axis + (slice(None, None, -1),)]
+
+
+def _pad_from_input(x: Any, amounts: tuple[int, ...], mode: str, loc):
+    """reflect / replicate / circular padding: each side is a slice of x (reversed for reflect, one
+    element repeated for replicate, the other end for circular), concatenated to it, dim by dim."""
+    dims = len(amounts) // 2
+    if not 1 <= dims <= 3 or x.ndim not in (dims + 1, dims + 2):
+        raise ShapeError(f"pad mode {mode!r} with {dims} pad pairs needs a {dims + 1}-D or {dims + 2}-D input "
+                         f"(torch pads the last 1, 2 or 3 dims of an unbatched or batched input), got {x.type}",
+                         loc=loc, op="pad")
+    out = x
+    for pair in range(dims):
+        axis = out.ndim - 1 - pair
+        left, right = amounts[2 * pair], amounts[2 * pair + 1]
+        size = out.shape[axis]
+        if left < 0 or right < 0:
+            raise ShapeError(f"pad mode {mode!r}: negative pad {list(amounts)} is not supported (constant mode "
+                             "cuts)", loc=loc, op="pad")
+        if mode == "reflect" and max(left, right) >= size:
+            raise ShapeError(f"pad mode 'reflect': pad {list(amounts)} must be smaller than dimension {axis} "
+                             f"({size}) of {x.type}", loc=loc, op="pad")
+        if mode == "circular" and max(left, right) > size:
+            raise ShapeError(f"pad mode 'circular': pad {list(amounts)} must be at most dimension {axis} "
+                             f"({size}) of {x.type}", loc=loc, op="pad")
+        if mode == "replicate" and size == 0 and left + right > 0:
+            raise ShapeError(f"pad mode 'replicate' of an empty dimension {axis} of {x.type}", loc=loc, op="pad")
+        parts = []
+        if left:
+            if mode == "reflect":
+                parts.append(_flipped(out._narrow(axis, 1, left + 1), axis))
+            elif mode == "replicate":
+                parts.append(out._narrow(axis, 0, 1).expand(*(out.shape[:axis] + (left,) + out.shape[axis + 1:])))
+            else:
+                parts.append(out._narrow(axis, size - left, size))
+        parts.append(out)
+        if right:
+            if mode == "reflect":
+                parts.append(_flipped(out._narrow(axis, size - 1 - right, size - 1), axis))
+            elif mode == "replicate":
+                parts.append(out._narrow(axis, size - 1, size).expand(
+                    *(out.shape[:axis] + (right,) + out.shape[axis + 1:])))
+            else:
+                parts.append(out._narrow(axis, 0, right))
+        if len(parts) > 1:
+            out = out.tracer.emit("concat", tuple(p.id for p in parts), axis=axis)
+    return out
 
 
 # ------------------------------------------------------------------ creation (issue 22): constants of the graph

@@ -25,21 +25,21 @@ import numpy as np
 from bendc import functional as F
 from bendc.errors import UnsupportedError, user_location
 from bendc.ops.base import METHODS
-from bendc.trace import TORCH_FUNCTION, TORCH_METHODS, TORCH_MODE, TORCH_ORIGINS, Tensor, matmul
+from bendc.trace import TORCH_FUNCTION, TORCH_METHODS, TORCH_MODE, TORCH_ORIGINS, Tensor, matmul, unrepeatable
 
 # ------------------------------------------------------------------ operands
 def _operand(value: Any, name: str) -> Any:
-    """A traced tensor, a Python number, or a 0-d torch constant as a Python float; other torch
-    tensors are refused (bendc has no array constants: pass them as parameters of the step)."""
+    """A traced tensor, a Python number, or a 0-d torch constant as a Python float; another torch tensor
+    the function captured is a constant of the graph (bendc.trace.torch_constant, which refuses those made
+    during the trace by torch functions bendc does not trace, naming the line that made them)."""
     if isinstance(value, Tensor) or value is None or isinstance(value, (bool, int, float, str, tuple, list)):
         return value
     if type(value).__module__.startswith("torch") and hasattr(value, "shape") and hasattr(value, "item"):
         if tuple(value.shape) == ():
             return float(value.item())
-        from bendc.trace import refused_constant
+        from bendc.trace import active_tracer, torch_constant
 
-        raise UnsupportedError(refused_constant(value, name) + " (or as a buffer in bendc.functional_call's dict)",
-                               loc=user_location(), op=name)
+        return torch_constant(active_tracer(name), value, name)
     return value
 
 
@@ -348,7 +348,7 @@ def _pad(input, pad, mode="constant", value=None):
 
 for _handler, _text in ((_cat, "`bendc.functional.cat`"), (_stack, "`bendc.functional.stack`"),
                         (_where, "`bendc.functional.where`"), (_clamp, "`Tensor.clamp`"), (_pow, "`a ** b`"),
-                        (_rpow, "`a ** b`"), (_pad, "`bendc.functional.pad` (constant mode)")):
+                        (_rpow, "`a ** b`"), (_pad, "`bendc.functional.pad` (constant, reflect, replicate, circular)")):
     _handler.bendc = _text
 
 _SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "tril", "triu", "masked_fill", "repeat", "expand",
@@ -382,6 +382,33 @@ TORCH_FUNCTIONS.update({
     **{f"torch.nn.functional.{name}": getattr(F, name)
        for name in ("conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")},
     **{f"torch.{name}": getattr(F, name) for name in ("conv1d", "conv2d", "max_pool2d")},
+})
+
+# issue 22's batch norm, transposed convolutions and interpolation (bendc/resample.py)
+def _resampling(name: str) -> Callable:
+    def handler(*args, **kwargs):
+        from bendc import resample
+
+        return getattr(resample, name)(*args, **kwargs)
+
+    handler.__name__ = f"_{name}"
+    handler.bendc = f"`bendc.functional.{name}`" + _RESAMPLING_NOTES.get(name, "")
+    return handler
+
+
+_RESAMPLING_NOTES = {
+    "batch_norm": " (training updates the running statistics given in place)",
+    "conv_transpose1d": " (conv2d's input gradient, `conv2d_grad_input`)",
+    "conv_transpose2d": " (conv2d's input gradient, `conv2d_grad_input`)",
+    "interpolate": " (nearest, linear, bilinear; align_corners both ways)",
+    "upsample": " (as interpolate)",
+}
+
+
+TORCH_FUNCTIONS.update({
+    **{f"torch.nn.functional.{name}": _resampling(name)
+       for name in ("batch_norm", "conv_transpose1d", "conv_transpose2d", "interpolate", "upsample")},
+    **{f"torch.{name}": _resampling(name) for name in ("conv_transpose1d", "conv_transpose2d")},
 })
 
 # bendc Tensor methods that torch.<name> and torch.Tensor.<name> reach with the same meaning.
@@ -478,6 +505,19 @@ def params(module: Any) -> dict[str, np.ndarray]:
             for name, p in module.named_parameters()}
 
 
+def buffers(module: Any) -> dict[str, np.ndarray]:
+    """A torch.nn.Module's buffers (``named_buffers()``: BatchNorm's running_mean, running_var and
+    num_batches_tracked) as numpy copies in their own dtypes (float32, int64): pass them to
+    ``functional_call`` with the parameters; a train-mode forward updates the traced buffers it was
+    given in place (as torch.func.functional_call mutates the tensors it is given), so the step returns
+    the updated dict for the next step."""
+    out = {}
+    for name, buffer in module.named_buffers():
+        value = buffer.detach().cpu().numpy()
+        out[name] = np.array(value, dtype=np.float32 if value.dtype.kind == "f" else value.dtype, copy=True)
+    return out
+
+
 def _owner(module: Any, name: str) -> tuple[Any, str]:
     *path, attr = name.split(".")
     for part in path:
@@ -561,10 +601,30 @@ def _swapped_call(module: Any, named: list, buffers: list, parameters: dict[str,
                 table = getattr(owner, slot)
                 swapped.append((table, attr, table[attr]))
                 table[attr] = replacement
-        return module(*args, **kwargs)
+        with _traced_batch_norms(module):
+            return module(*args, **kwargs)
     finally:
         for table, attr, original in reversed(swapped):
             table[attr] = original
+
+
+@contextlib.contextmanager
+def _traced_batch_norms(module: Any) -> Iterator[None]:
+    """nn.BatchNorm*'s forward, for the call, is bendc.resample's (the same arithmetic, with the
+    num_batches_tracked count kept in the graph, so that momentum=None needs no float() of a traced
+    value). It is set on each instance and removed afterwards (the guards watch reads, not it)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    from bendc.resample import batch_norm_module_forward
+
+    patched = [sub for sub in module.modules() if isinstance(sub, _BatchNorm) and "forward" not in sub.__dict__]
+    try:
+        for sub in patched:
+            sub.__dict__["forward"] = functools.partial(batch_norm_module_forward, sub)
+        yield
+    finally:
+        for sub in patched:
+            sub.__dict__.pop("forward", None)
 
 
 
@@ -627,9 +687,9 @@ def _remainder(input, other, out=None):
 
 def _getitem(input, key):
     if not isinstance(input, Tensor):  # a torch constant indexed by a traced index
-        from bendc.trace import refused_constant
+        from bendc.trace import active_tracer, torch_constant
 
-        raise UnsupportedError(refused_constant(input, "index"), loc=user_location(), op="index")
+        input = torch_constant(active_tracer("index"), input, "index")
     return input[key]
 
 
@@ -693,7 +753,10 @@ def _creation_mode_class() -> type:
             result = func(*args, **kwargs)
             if type(result).__module__.startswith("torch") and hasattr(result, "shape") and not _traced_among(
                     (args, kwargs)):
-                TORCH_ORIGINS[id(result)] = (user_location(), name)
+                # a result of a random tensor keeps the random function's line (it is no constant either)
+                inherited = [TORCH_ORIGINS[id(a)] for a in (*args, *kwargs.values())
+                             if id(a) in TORCH_ORIGINS and unrepeatable(TORCH_ORIGINS[id(a)][1])]
+                TORCH_ORIGINS[id(result)] = inherited[0] if inherited else (user_location(), name)
             return result
 
     return CreationMode

@@ -23,6 +23,7 @@ from bendc.errors import GradientError, ShapeError, UnsupportedAttributeError, U
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.ir.types import TensorType
+from bendc.ops.base import f32_value
 from bendc.ops import OPS
 from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
@@ -141,7 +142,7 @@ class Tracer:
         if type(operand).__module__.startswith("torch") and hasattr(operand, "shape"):
             if operand.shape == ():
                 return self.const(float(operand.item()))  # a 0-d torch constant (torch.tensor(2.0))
-            raise UnsupportedError(refused_constant(operand, op), loc=self.builder.loc, op=op)
+            return torch_constant(self, operand, op)
         if isinstance(operand, MaskedSelection):
             operand.refuse(op)
         raise UnsupportedError(
@@ -559,14 +560,54 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def refused_constant(operand: Any, op: str) -> str:
-    """Why a torch tensor made outside bendc's tracing cannot be an operand, naming where it was made."""
+_CONSTANT_DTYPES = {"float32": "f32", "float64": "f32", "float16": "f32", "bfloat16": "f32", "int64": "i64",
+                    "int32": "i32", "bool": "bool"}
+
+
+# torch functions whose results differ from call to call (random, or uninitialised): frozen as a constant,
+# the trace would repeat one draw
+_UNREPEATABLE = ("rand", "normal", "bernoulli", "multinomial", "poisson", "dropout", "uniform", "exponential",
+                 "cauchy", "geometric", "empty", "random")
+
+
+def unrepeatable(name: str) -> bool:
+    """Whether the torch function of this qualified name gives new values on each call."""
+    return any(word in name.rpartition(".")[2] for word in _UNREPEATABLE)
+
+
+def torch_constant(tracer: "Tracer", operand: Any, op: str) -> "Tensor":
+    """A torch tensor the traced function captured (a closure variable, a module attribute that is not a
+    buffer: a causal mask made in __init__) as a constant of the graph: a ``literal`` of its values at
+    trace time (float tensors as float32; one made during the trace from such tensors by a torch function,
+    ``self.mask[:, :, :T, :T] == 0``, too). Refused, naming the line: a tensor a random torch function made
+    during the trace (torch.randn: one draw would be frozen; the line that made it is named), more values
+    than a literal holds, dtypes bendc lacks."""
+    from bendc.ops.creation import LITERAL_LIMIT
+
     origin = TORCH_ORIGINS.get(id(operand))
-    made = (f"; it was made by {origin[1]} at {origin[0]}, which bendc does not trace" if origin is not None
-            else "; it was made outside the traced function")
-    return (f"a torch tensor constant of shape {list(operand.shape)} is not supported as an operand of {op}{made}. "
-            "Make it inside the function with a function bendc traces (torch.arange, zeros, ones, full, eye, "
-            "linspace, tensor, *_like) or pass it as an array parameter of the jitted function")
+    if origin is not None and not unrepeatable(origin[1]):
+        origin = None  # made from captured tensors by a deterministic torch function (a slice of a mask)
+    dtype = _CONSTANT_DTYPES.get(str(operand.dtype).removeprefix("torch."))
+    count = int(np.prod(tuple(operand.shape), dtype=np.int64))
+    if origin is not None or dtype is None or count > LITERAL_LIMIT:
+        why = (f"; it was made by {origin[1]} at {origin[0]}, which bendc does not trace" if origin is not None
+               else f": its dtype {str(operand.dtype).removeprefix('torch.')} is not one bendc has" if dtype is None
+               else f" (captured by the traced function): {count} values are over the {LITERAL_LIMIT} bendc folds "
+                    "into the graph as a constant")
+        raise UnsupportedError(
+            f"a torch tensor of shape {list(operand.shape)} is not supported as an operand of {op}{why}. Make it "
+            "inside the function with a function bendc traces (torch.arange, zeros, ones, full, eye, linspace, "
+            "tensor, *_like), register it as a buffer and pass it in bendc.functional_call's dict, or pass it as "
+            "an array parameter of the jitted function", loc=user_location(), op=op)
+    values = operand.detach().cpu().reshape(-1).numpy()
+    if dtype == "f32":
+        converted = tuple(f32_value(float(v)) for v in values.astype(np.float32))
+    elif dtype == "bool":
+        converted = tuple(bool(v) for v in values)
+    else:
+        converted = tuple(int(v) for v in values)
+    with tracer.at_user_line(op):
+        return tracer.emit("literal", (), shape=tuple(int(d) for d in operand.shape), dtype=dtype, values=converted)
 
 
 def type_name(value: Any) -> str:

@@ -164,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {index:4d}  loss {losses[-1]:.4f}")
     elapsed = time.perf_counter() - start
     predicted = host(predict_fn(params, x_test)).argmax(axis=1)
-    print(f"{args.steps} steps in {elapsed:.2f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-          f"test accuracy {float((predicted == y_test).mean()):.3f}")
+    return summary(args.steps, elapsed, losses, float((predicted == y_test).mean()))
+
+
+def summary(steps: int, elapsed: float, losses: list[float], accuracy: float, what: str = "test accuracy") -> int:
+    """Print the run's numbers; the exit status: 0 when the loss fell."""
+    print(f"{steps} steps in {elapsed:.2f} s; loss {losses[0]:.4f} -> {losses[-1]:.4f}; {what} {accuracy:.3f}")
     fell = losses[-1] < losses[0]
     if not fell:
         print("the loss did not fall", file=sys.stderr)

@@ -235,3 +235,40 @@ def test_gpt_example_trains_like_torch_unchanged() -> None:
     assert falling[-1] < falling[0] - 0.3
     text = gpt.generate(params, gpt.TEXT[:gpt.CONFIG.block_size], 4, "reference")
     assert text.startswith(gpt.TEXT[:gpt.CONFIG.block_size]) and len(text) == gpt.CONFIG.block_size + 4
+
+
+def test_cnn_bn_example_trains_like_torch_unchanged() -> None:
+    """examples/cnn_bn.py: a torch CNN with nn.BatchNorm2d inside bendc.jit; three train steps' losses,
+    parameters and buffers (running statistics, num_batches_tracked) against torch's AdamW, then the eval
+    mode prediction (the running statistics) against torch's."""
+    import copy
+
+    import cnn_bn
+
+    steps = 3
+    losses, params, buffers = cnn_bn.train(steps, target="reference", log_every=0)
+    model = copy.deepcopy(cnn_bn.make_model())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cnn_bn.LR)
+    x_all, y_all = cnn_bn.make_data(2048)
+    rng = np.random.default_rng(2)
+    model.train()
+    for step in range(steps):
+        batch = rng.integers(0, len(x_all), size=cnn_bn.BATCH)
+        loss = torch.nn.functional.cross_entropy(model(torch.tensor(x_all[batch])), torch.tensor(y_all[batch]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        assert_close(losses[step], loss.item(), "loss")
+    for name, value in model.named_parameters():  # Adam: a gradient's rounding noise near 0 moves up to ~lr
+        assert_close(params[name], value.detach().numpy(), name, atol=2e-5)
+    for name, value in model.named_buffers():
+        assert_close(np.asarray(buffers[name]), value.numpy(), name, atol=1e-5)
+    evaluated = cnn_bn.make_model()
+    _, predict = cnn_bn.make_steps(evaluated, "reference")
+    evaluated.eval()  # as a user switches it: the running statistics from here on
+    model.eval()
+    x_test = cnn_bn.make_data(16, seed=7)[0]
+    with torch.no_grad():
+        want = model(torch.tensor(x_test)).numpy()
+    assert_close(np.asarray(predict({k: np.asarray(v) for k, v in params.items()}, buffers, x_test)), want,
+                 "eval logits", atol=1e-4)

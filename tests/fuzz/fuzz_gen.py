@@ -73,6 +73,7 @@ FAMILIES += ("creation",)  # tensors made inside the step, integer index arithme
 FAMILIES += ("math_ops", "optimizers")  # issue 22: two-operand math, lerp, nan_to_num, logs; adagrad/rmsprop/adadelta
 FAMILIES += ("composites",)  # issue 22: roll, repeat_interleave, any/all, sum/mean(dtype=), einsum
 FAMILIES += ("sort_scatter",)  # issue 22: prod/cumprod, flip, sort/argsort/topk, scatter*, float // and %
+FAMILIES += ("resample",)  # issue 22: pad modes, interpolate, conv_transpose1d/2d, batch_norm
 WEIGHTED_FAMILIES = FAMILIES + ("arith_tensor", "arith_scalar", "unary", "backward", "arith_tensor",
                                 "reduce", "layout", "index", "matmul", "combine", "combine")
 # Families whose results round once per element exactly as torch's do (bitwise comparable).
@@ -1979,6 +1980,80 @@ def _composites_family(self: Builder) -> bool:
     return True
 
 
+for _name in ("pad", "interpolate", "conv_transpose1d", "conv_transpose2d", "batch_norm"):
+    setattr(TorchF, _name, staticmethod(getattr(TF, _name)))
+
+
+def _resample_family(self: Builder) -> bool:
+    """issue 22's part B (bendc/resample.py, bendc/tensor_ops.py pad): F.pad reflect / replicate / circular,
+    F.interpolate nearest (size= or scale_factor=, exact) and bilinear (align_corners both ways),
+    F.conv_transpose2d / 1d (stride, padding, output_padding, dilation, groups, bias) and training-mode
+    F.batch_norm (batch statistics; eps 0.1 keeps a near-constant channel's gradient well conditioned)."""
+    draw = self.draw
+    form = draw(st.sampled_from(["pad", "nearest", "bilinear", "conv_transpose", "batch_norm"]))
+    rank = 4 if form == "bilinear" else draw(st.sampled_from((4, 3)))
+    x = _image_operand(self, rank, lambda v: math.isfinite(v.bound))
+    spatial = x.shape[2:]
+    if form == "pad":
+        mode = draw(st.sampled_from(["reflect", "replicate", "circular"]))
+        limit = {"reflect": lambda n: n - 1, "replicate": lambda n: 3, "circular": lambda n: n}[mode]
+        amounts = tuple(draw(st.integers(0, min(2, limit(n)))) for n in reversed(spatial) for _ in range(2))
+        shape = x.shape[:2] + tuple(n + amounts[2 * (len(spatial) - 1 - a)] + amounts[2 * (len(spatial) - 1 - a) + 1]
+                                    for a, n in enumerate(spatial))
+        self.emit(f"F.pad({x.name}, {amounts!r}, mode={mode!r})", shape, x.bound, (x,), "resample", exact=True,
+                  grad_exact=False)
+        return True
+    if form in ("nearest", "bilinear"):
+        if draw(st.booleans()):
+            sizes = tuple(draw(st.integers(1, 2 * n + 1)) for n in spatial)
+            how = f"size={sizes!r}"
+        else:
+            scale = draw(st.sampled_from([0.5, 1.5, 2.0, 1.7, 3.0]))
+            sizes = tuple(math.floor(n * scale) for n in spatial)
+            if min(sizes) < 1:
+                return False
+            how = f"scale_factor={scale!r}"
+        if form == "nearest":
+            self.emit(f"F.interpolate({x.name}, {how})", x.shape[:2] + sizes, x.bound, (x,), "resample", exact=True,
+                      grad_exact=False)
+        else:
+            corners = draw(st.booleans())
+            self.emit(f"F.interpolate({x.name}, {how}, mode='bilinear', align_corners={corners})",
+                      x.shape[:2] + sizes, x.bound, (x,), "resample", exact=False)
+        return True
+    channels = x.shape[1]
+    if form == "batch_norm":
+        if x.shape[0] * math.prod(spatial) < 2:
+            return False
+        w = self.pick_or_new((channels,)) if draw(st.booleans()) else None
+        b = self.pick_or_new((channels,)) if draw(st.booleans()) else None
+        bound = math.sqrt(x.shape[0] * math.prod(spatial)) * (w.bound if w else 1.0) + (b.bound if b else 0.0)
+        self.emit(f"F.batch_norm({x.name}, None, None, {w.name if w else None}, {b.name if b else None}, True, "
+                  "0.1, 0.1)", x.shape, bound, tuple(o for o in (x, w, b) if o), "resample", exact=False)
+        return True
+    groups = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
+    out_channels = groups * draw(st.integers(1, 2))
+    kernel = tuple(draw(st.integers(1, 3)) for _ in spatial)
+    stride, dilation, padding = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(0, 1))
+    output_padding = draw(st.integers(0, max(stride, dilation) - 1))
+    if output_padding > padding + stride - 1:
+        return False
+    out = tuple((n - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1 for n, k in zip(spatial, kernel))
+    if min(out) < 1:
+        return False
+    w = self.pick_or_new((channels, out_channels // groups) + kernel)
+    b = self.pick_or_new((out_channels,)) if draw(st.booleans()) else None
+    bound = x.bound * w.bound * channels / groups * math.prod(kernel) + (b.bound if b else 0.0)
+    if bound > LIMIT:
+        return False
+    fn = "conv_transpose2d" if rank == 4 else "conv_transpose1d"
+    self.emit(f"F.{fn}({x.name}, {w.name}, {b.name if b else None}, stride={stride}, padding={padding}, "
+              f"output_padding={output_padding}, groups={groups}, dilation={dilation})",
+              (x.shape[0], out_channels) + out, bound, tuple(o for o in (x, w, b) if o), "resample")
+    return True
+
+
+Builder.resample = _resample_family
 Builder.math_ops = _math_ops_family
 Builder.composites = _composites_family
 

@@ -215,7 +215,10 @@ OP_TABLE: dict[str, OpEntry] = {
     "conv2d": OpEntry(D, "F.conv2d(x (N,C,H,W), w (O,C/g,KH,KW), b?, stride, padding (int, 'same', 'valid'), "
                          "dilation, groups); F.conv1d(x (N,C,L), ...) as conv2d of (N,C,1,L)",
                       "torch.nn.functional.conv2d / conv1d", ("conv",)),
-    "conv2d_grad_input": OpEntry(I, "backward of conv2d (the input gradient)", "autograd of conv2d", ("conv",)),
+    "conv2d_grad_input": OpEntry(D, "backward of conv2d (the input gradient); F.conv_transpose2d(x, w (C_in,C_out/g,"
+                                    "KH,KW), b?, stride, padding, output_padding, groups, dilation) and "
+                                    "F.conv_transpose1d (issue 22)", "autograd of conv2d; torch.nn.functional."
+                                    "conv_transpose2d / 1d", ("conv", "resample")),
     "conv2d_grad_weight": OpEntry(I, "backward of conv2d (the weight gradient)", "autograd of conv2d", ("conv",)),
     "max_pool2d": OpEntry(D, "F.max_pool2d(x (N,C,H,W), kernel_size, stride, padding, dilation, ceil_mode)",
                           "torch.nn.functional.max_pool2d", ("pool",)),
