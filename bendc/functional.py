@@ -34,14 +34,9 @@ def __getattr__(name: str) -> Any:
         return SORT_SCATTER_FUNCTIONS[name]
     if name in REDUCTIONS:  # max, min, amax, ... cumsum (bendc/reductions.py): not globals, so that
         return REDUCTIONS[name]  # max and min do not shadow the builtins in this module
-    if name in RESAMPLE:  # batch_norm, conv_transpose*, interpolate (bendc/resample.py, which imports this module)
-        from bendc import resample
-
-        return getattr(resample, name)
     raise AttributeError(f"module 'bendc.functional' has no attribute {name!r}")
 
 
-RESAMPLE = ("batch_norm", "conv_transpose1d", "conv_transpose2d", "interpolate", "upsample")
 
 
 def _tracer(op: str, *values: Any) -> Tracer:
@@ -826,3 +821,11 @@ def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
             sizes = tuple(x.shape[-2 + a] if s is None else s for a, s in enumerate(sizes))
         return _pool("adaptive_avg_pool2d", x,
                      output_size=_ints(sizes, 2, "output_size", "adaptive_avg_pool2d", tracer))
+
+
+# batch_norm, conv_transpose1d/2d, interpolate, upsample (bendc/resample.py), which use this module's
+# helpers: bound into it here, so that resample imports nothing of this module (no import cycle).
+from bendc import resample as _resample  # noqa: E402
+
+_resample.bind(globals())
+from bendc.resample import batch_norm, conv_transpose1d, conv_transpose2d, interpolate, upsample  # noqa: E402,F401

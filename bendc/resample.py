@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 
 from bendc.errors import ShapeError, UnsupportedError
-from bendc.functional import _affine_operand, _ints, _static_float, _tensor, _tracer, conv_operands, index_select
+# bendc.functional's helpers, which bendc/functional.py binds here when it imports this module
+# (``bind``): functional imports resample and not the other way round, so there is no import cycle.
+_HELPERS = ("_affine_operand", "_ints", "_static_float", "_tensor", "_tracer", "conv_operands", "index_select")
+_affine_operand = _ints = _static_float = _tensor = _tracer = conv_operands = index_select = None
+
+
+def bind(functional: dict[str, Any]) -> None:
+    """Take bendc.functional's helpers (its globals) for this module's functions."""
+    globals().update({name: functional[name] for name in _HELPERS})
 from bendc.trace import Tensor
 
 
