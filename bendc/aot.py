@@ -25,6 +25,7 @@ from bendc.codegen.plan import KernelPlan
 from runtime.artifact import load_module
 from runtime.cli import random_inputs
 from runtime.machine import MACHINE_FOLDER, compile_counts, dispatchers, host_machine
+from runtime.native.jit import NativeFunction
 
 
 def machine_code(run: Callable[[Sequence[Any]], Any], plan: KernelPlan, cache_dir: str,
@@ -50,6 +51,12 @@ def machine_code(run: Callable[[Sequence[Any]], Any], plan: KernelPlan, cache_di
             files[f"kernels/{module}.py"] = stream.read()
     stored = 0
     for dispatcher in dispatchers(modules.values()):
+        if isinstance(dispatcher, NativeFunction):  # native objects (runtime/native/jit.py), by name
+            objects = dispatcher.object_files()
+            for name, data in objects.items():
+                files[f"{MACHINE_FOLDER}/{name}"] = data
+            stored += bool(objects)
+            dispatcher = dispatcher.dispatcher  # and numba's files, where numba compiled some
         cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
         if cache_file is None:
             continue

@@ -1,4 +1,5 @@
-"""Progress of cold compiles: numba's compile events, counted; a line on stderr when it is a terminal.
+"""Progress of cold compiles: numba's compile events and native compiles, counted; a line on stderr
+when it is a terminal.
 
 numba compiles a kernel when it is first called, so what a cold first call
 (or ``bendc compile``, whose trial run compiles every kernel) spends its time
@@ -70,18 +71,30 @@ class CompileWatch:
         self.stream.flush()
         self.drawn = True
 
+    def native_compiled(self, module: str, function: str) -> None:
+        """A kernel function compiled natively (runtime/native: no numba event)."""
+        self.functions += 1
+        self.draw()
+
     def __enter__(self) -> "CompileWatch":
         from numba.core import event
 
+        from runtime.native.jit import COMPILE_LISTENERS
+
         event.Listener.register(CompileWatch)
         event.register("numba:compile", self)
+        COMPILE_LISTENERS.append(self.native_compiled)
         _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         from numba.core import event
 
+        from runtime.native.jit import COMPILE_LISTENERS
+
         event.unregister("numba:compile", self)
+        if self.native_compiled in COMPILE_LISTENERS:
+            COMPILE_LISTENERS.remove(self.native_compiled)
         _ACTIVE.remove(self)
         if self.drawn:
             self.stream.write("\n")

@@ -256,6 +256,9 @@ def load_module(path: str, module: str, sha256: str | None = None) -> Any:
         for value in vars(loaded).values():
             _harden_numba_cache(value)
             seal(value)
+        from runtime.native.jit import nativize
+
+        nativize(loaded, source.decode("utf-8"), path, module)
         _LOADED[key] = loaded
     return _LOADED[key]
 

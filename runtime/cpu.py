@@ -158,6 +158,14 @@ class CpuProgram:
             args = ", ".join(ref(i) for i in ins)
             if view:
                 calls.append(f"        {ref(outs[0])} = k{number}({args})")
+            elif getattr(kernel, "launcher", None) is not None:
+                # a native entry returns a status (runtime/native/jit.py): 0, or a retry through the
+                # function object (another layout: another specialization; or the error it names)
+                namespace[f"k{number}"] = kernel.launcher
+                namespace[f"f{number}"] = kernel
+                every = ", ".join([args] * bool(args) + [ref(o) for o in outs])
+                calls.append(f"        if k{number}({every}):")
+                calls.append(f"            f{number}({every})")
             else:
                 calls.append(f"        k{number}({', '.join([args] * bool(args) + [ref(o) for o in outs])})")
         if calls:  # no try block when every step was hoisted or the function only returns

@@ -93,6 +93,11 @@ def place_cache(source_file: str, folder: str, readonly: bool, expected: dict[st
     _HOMES[os.path.abspath(source_file)] = (folder, readonly, expected)
 
 
+def home_of(source_file: str) -> tuple[str, bool, dict[str, str] | None] | None:
+    """The machine-code folder :func:`place_cache` registered for a kernel file (None: numba's default)."""
+    return _HOMES.get(os.path.abspath(source_file))
+
+
 def seal(dispatcher: Any) -> None:
     """A dispatcher whose cache is a read-only artifact never saves (it would write there)."""
     cache = getattr(dispatcher, "_cache", None)

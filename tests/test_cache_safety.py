@@ -28,10 +28,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 import cache_worker  # noqa: E402
 
 
-def start(*args: str, pool: bool = False) -> subprocess.Popen:
+def start(*args: str, pool: bool = False, native: bool = True) -> subprocess.Popen:
     """A cache worker; ``pool``: its cold compile runs on the compile pool (bendc/codegen/compile_pool.py),
-    whose worker processes write into the same cache (the concurrent compiles and the kills use it)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENDC_COMPILE_WORKERS": "1" if pool else "0"}
+    whose worker processes write into the same cache (the concurrent compiles and the kills use it);
+    ``native=False``: every kernel compiled by numba (BENDC_NATIVE=0), whose cache files are pickles."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENDC_COMPILE_WORKERS": "1" if pool else "0",
+           "BENDC_NATIVE": "1" if native else "0"}
     return subprocess.Popen([sys.executable, WORKER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=ROOT)
 
@@ -166,16 +168,19 @@ def test_a_truncated_shared_kernel_file_is_never_imported(tmp_path, keep):
     assert finish(start(str(cache), "--verify")) == ["ok cache"]
 
 
-@pytest.mark.parametrize("suffix", [".nbi", ".nbc"])
-def test_a_truncated_numba_cache_file_is_not_trusted(tmp_path, suffix):
+@pytest.mark.parametrize("suffix", [".nbi", ".nbc", ".native.o"])
+def test_a_truncated_machine_code_file_is_not_trusted(tmp_path, suffix):
+    """numba's index and data files (BENDC_NATIVE=0) and native object files, cut in half: each is
+    compiled again (and rewritten), never read."""
+    native = suffix == ".native.o"
     cache = tmp_path / "cache"
-    assert finish(start(str(cache))) == ["ok compiled"]
+    assert finish(start(str(cache), native=native)) == ["ok compiled"]
     damaged = sorted((cache / "kernels" / "__pycache__").glob(f"*{suffix}"))
     assert damaged
     for path in damaged:
         truncate(path, 0.5)
-    assert finish(start(str(cache), "--verify")) == ["ok cache"]
-    assert finish(start(str(cache), "--verify")) == ["ok cache"]
+    assert finish(start(str(cache), "--verify", native=native)) == ["ok cache"]
+    assert finish(start(str(cache), "--verify", native=native)) == ["ok cache"]
 
 
 def test_stale_temporaries_are_not_trusted_and_old_ones_are_removed(tmp_path):

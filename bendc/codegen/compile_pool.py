@@ -207,6 +207,25 @@ def _compiled(module: Any) -> int:
     return sum(len(value.overloads) for value in vars(module).values() if _is_dispatcher(value))
 
 
+def compile_native_job(job: Job) -> Compiled | None:
+    """Compile one job natively in this process (runtime/native: milliseconds, not worth a worker):
+    its outcome, or None where the translator does not cover it (numba compiles it, here or in a
+    worker)."""
+    from runtime.artifact import load_module
+    from runtime.native.jit import NativeFunction
+
+    start = time.perf_counter()
+    try:
+        dispatcher = getattr(load_module(job.path, job.module), job.function)
+        if not isinstance(dispatcher, NativeFunction) or not dispatcher.compile_native(job.signature):
+            return None
+    except Exception:  # noqa: BLE001 - numba's compile of it reports what is wrong
+        return None
+    record = dispatcher.compiles[tuple(job.signature)]
+    phases = {"translate": record.translate, "LLVM": record.llvm, "load": record.load}
+    return Compiled(job, time.perf_counter() - start, phases, "main, native" + (" (cached)" if record.cached else ""))
+
+
 def compile_job(job: Job, where: str = "main") -> Compiled:
     """Compile one job in this process (numba caches the machine code beside the module)."""
     from runtime.artifact import load_module
@@ -351,7 +370,11 @@ def precompile(plan: dict, modules: dict[str, Any], paths: dict[str, str], profi
     """Compile the kernels of a CPU plan before it is bound (see the module docstring)."""
     start = time.perf_counter()
     jobs = kernel_jobs(plan, modules, paths)
+    native = [outcome for outcome in map(compile_native_job, jobs) if outcome is not None]
+    done = {id(outcome.job) for outcome in native}
+    jobs = [job for job in jobs if id(job) not in done]
     outcomes, workers = compile_all(jobs) if jobs else ([], 0)
+    outcomes = native + outcomes
     load_compiled(outcomes, modules)
     if profile is not None:
         profile.kernels.extend(outcomes)

@@ -144,15 +144,45 @@ def test_a_resigned_signature_over_other_contents_is_refused(artifact, capsys) -
     assert "its signature does not match its contents" in error_line(capsys)
 
 
+@pytest.fixture(scope="module")
+def compiled_by_numba(tmp_path_factory, cache_dir) -> Path:
+    """The artifact with numba's machine code (BENDC_NATIVE=0: pickled cache files), built in a
+    process of its own (this one holds the native kernels already)."""
+    out = tmp_path_factory.mktemp("build-numba") / "step"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BENDC_NATIVE": "0",
+           "BENDC_CACHE_DIR": str(tmp_path_factory.mktemp("numba-cache"))}
+    done = subprocess.run([sys.executable, "-m", "bendc", "compile", f"{WORKER}:step", "--shapes", SHAPES,
+                           "--target", "cpu", "-o", str(out)], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
 @pytest.mark.parametrize("signer", ["unsigned", "foreign key"])
-def test_a_pickle_in_a_rehashed_artifact_is_never_unpickled(artifact, tmp_path, capsys, signer) -> None:
+@pytest.mark.parametrize("machine_code", ["native", "numba"])
+def test_machine_code_in_a_rehashed_artifact_is_never_loaded(request, tmp_path, capsys, signer, machine_code) -> None:
+    """A pickle planted in numba's cache files is never unpickled, and a native object file (machine
+    code, written over with the same payload) never loaded: the artifact is refused first."""
+    built = request.getfixturevalue("compiled" if machine_code == "native" else "compiled_by_numba")
+    artifact = tmp_path / "step"
+    shutil.copytree(built, artifact)
     canary = tmp_path / "unpickled"
-    plant_pickle_canary(sorted((artifact / "numba").glob("*.nbi")) + sorted((artifact / "numba").glob("*.nbc")),
-                        canary)
+    files = sorted((artifact / "numba").glob("*.native.o" if machine_code == "native" else "*.nb[ic]"))
+    plant_pickle_canary(files, canary)
     rehash(artifact, foreign_key(tmp_path) if signer == "foreign key" else None)
     code = run(str(artifact), "--random-inputs")
     assert not canary.exists()
     assert code == 1 and "is not trusted" in error_line(capsys)
+
+
+def test_a_changed_native_object_in_a_signed_artifact_is_refused(artifact, capsys) -> None:
+    """Without rehashing: the object's sha256 no longer matches the signed manifest."""
+    (target,) = sorted((artifact / "numba").glob("*.native.o"))[:1]
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte of its code or tables, flipped
+    target.write_bytes(bytes(data))
+    assert run(str(artifact), "--random-inputs") == 1
+    assert "was changed since it was built" in error_line(capsys)
 
 
 def plant_bytecode_canary(folder: Path, canary: Path) -> None:
@@ -274,8 +304,8 @@ def test_a_new_cache_folder_is_private(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------ the jit's cache
-def worker(cache: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def worker(cache: Path, **environment: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **environment}
     done = subprocess.run([sys.executable, WORKER, str(cache), "--verify"], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -283,16 +313,34 @@ def worker(cache: Path) -> str:
 
 
 def test_a_pickle_planted_in_the_kernel_cache_is_never_unpickled(tmp_path) -> None:
+    """numba's cache files (BENDC_NATIVE=0: every kernel numba's) under a pickle that would write
+    a file when unpickled: their .sig no longer matches, so they are compiled again, never read."""
     cache = tmp_path / "cache"
-    assert worker(cache).splitlines()[-1] == "ok compiled"
+    assert worker(cache, BENDC_NATIVE="0").splitlines()[-1] == "ok compiled"
     numba_files = sorted((cache / "kernels" / "__pycache__").glob("*.nb[ic]"))
     canary = tmp_path / "unpickled"
     plant_pickle_canary(numba_files, canary)  # their .sig files no longer match
     shutil.rmtree(cache / "programs")  # the program is built again over the same kernel files
-    out = worker(cache)
+    out = worker(cache, BENDC_NATIVE="0")
     assert not canary.exists()
     assert out.splitlines()[-1] == "ok compiled"  # and verified against the reference
     assert all(Path(f"{path}.sig").exists() for path in numba_files)  # rewritten, signed
+    assert worker(cache, BENDC_NATIVE="0").splitlines()[-1] == "ok cache"
+
+
+def test_an_object_planted_in_the_kernel_cache_is_never_loaded(tmp_path) -> None:
+    """Native object files written over by someone else (their .sig no longer matches) are
+    compiled again and re-signed, never loaded; a signed one is loaded by the next process."""
+    cache = tmp_path / "cache"
+    assert worker(cache).splitlines()[-1] == "ok compiled"
+    objects = sorted((cache / "kernels" / "__pycache__").glob("*.native.o"))
+    assert objects and all(Path(f"{path}.sig").exists() for path in objects)
+    planted = {path: b"\x7fELF not what bendc compiled" for path in objects}
+    for path, data in planted.items():
+        path.write_bytes(data)
+    shutil.rmtree(cache / "programs")
+    assert worker(cache).splitlines()[-1] == "ok compiled"  # compiled again, verified against the reference
+    assert all(path.read_bytes() != planted[path] for path in objects)  # rewritten
     assert worker(cache).splitlines()[-1] == "ok cache"
 
 

@@ -47,10 +47,26 @@ class _Count(event.Listener):
         pass
 
 
-def _compile(cache, monkeypatch, workers: str):
+def _compile(cache, monkeypatch, workers: str, native: bool = False):
+    """The step compiled with ``workers`` pool processes; by numba unless ``native`` (the pool compiles
+    what the native translator does not cover: BENDC_NATIVE=0 makes every kernel such a job)."""
     monkeypatch.setenv("BENDC_COMPILE_WORKERS", workers)
+    monkeypatch.setenv("BENDC_NATIVE", "1" if native else "0")
     compiled = bendc.jit(step, leaves=LEAVES, target="cpu", cache_dir=str(cache))
     return compiled, compiled(*inputs())
+
+
+def test_native_kernels_compile_in_this_process_and_give_numbas_bits(tmp_path, monkeypatch, caplog):
+    """Native compiles take milliseconds: never sent to a worker, whatever BENDC_COMPILE_WORKERS says."""
+    monkeypatch.setenv("BENDC_LOG", "compile")
+    with caplog.at_level(logging.INFO, logger="bendc"):
+        native, got = _compile(tmp_path / "native", monkeypatch, "1", native=True)
+    kernels = [r.getMessage() for r in caplog.records if "s  k_" in r.getMessage()]
+    assert kernels and all("[main, native]" in line for line in kernels), kernels
+    assert all("LLVM" in line for line in kernels), kernels  # the native phases: translate, LLVM, load
+    _, expected = _compile(tmp_path / "numba", monkeypatch, "0")
+    for a, b, name in zip(got, expected, ["loss", "w1", "b1", "w2", "g"]):
+        assert_bitwise(a, b, name)
 
 
 def test_worker_compiled_kernels_give_the_bits_of_serial_ones(tmp_path, monkeypatch, caplog):
@@ -64,7 +80,8 @@ def test_worker_compiled_kernels_give_the_bits_of_serial_ones(tmp_path, monkeypa
     assert any("[main]" in line for line in kernels), kernels      # and this process took jobs too
     seconds = [float(line.split()[0]) for line in kernels]
     assert seconds == sorted(seconds, reverse=True)  # slowest first
-    assert all("typing" in line for line in kernels), kernels  # numba's phases, from the worker too
+    # numba's phases, from the worker too (a phase under 5 ms is left out of a line)
+    assert all("typing" in line or "lowering" in line for line in kernels), kernels
     serial, expected = _compile(tmp_path / "serial", monkeypatch, "0")
     for a, b, name in zip(got, expected, ["loss", "w1", "b1", "w2", "g"]):
         assert_bitwise(a, b, name)
@@ -75,6 +92,7 @@ def test_worker_compiled_kernels_give_the_bits_of_serial_ones(tmp_path, monkeypa
 def test_the_dry_run_types_every_kernel_of_the_first_call(tmp_path, monkeypatch):
     """After the build, the first call compiles nothing: the recorded types are the call's."""
     monkeypatch.setenv("BENDC_COMPILE_WORKERS", "0")
+    monkeypatch.setenv("BENDC_NATIVE", "0")  # numba's compile events: what is counted here
     count = _Count()
     compiled = bendc.jit(step, leaves=LEAVES, target="cpu", cache_dir=str(tmp_path))
     original = compile_pool.precompile

@@ -1,0 +1,556 @@
+"""Native kernels: LLVM compiles of translated functions (runtime/native/translate.py), cached,
+signed and loaded without numba's pipeline.
+
+A generated kernel module's njit functions that Python code calls (``kernel``, or the njit body a
+Python wrapper calls) become :class:`NativeFunction` objects when the module is imported
+(runtime/artifact.py ``load_module``). Each specialization (numba's type of every argument: dtype,
+rank, layout) is translated to LLVM IR, optimized as numba optimizes (the O3 pipeline with loop
+vectorization, no SLP; the host CPU's features, no fastmath) and compiled to an object file, which
+is loaded into one MCJIT engine per process and called through ctypes. The object file is cached
+beside numba's files of the same module (``kernels/__pycache__``, or an artifact's ``numba/``
+folder: runtime/machine.py), named by what determines it (module, function, signature, translator,
+host CPU) and signed like numba's (an HMAC ``.sig``; an artifact's by its manifest's sha256), so a
+second process loads it instead of compiling.
+
+A function the translator does not cover (``Unsupported``) is numba's, as before: the object is a
+thin front that hands every call to numba's dispatcher. ``BENDC_NATIVE=0`` keeps every function
+numba's. ``BENDC_NATIVE_CHECK=1`` runs numba beside every native call and raises on the first bit
+that differs (the translator's test mode).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from runtime.native import translate as _translate
+from runtime.native.translate import NONE_ARG, ArrayArg, ModuleTranslator
+from runtime.native.types import BOOL, FLOAT32, FLOAT64, INT64, SCALARS, Array, Scalar, Unsupported, scalar_of
+
+NATIVE_SUFFIX = ".native.o"
+# Called with (module, function) after each native compile or load from the cache, as numba's
+# ``numba:compile`` event is: bendc/progress.py counts them.
+COMPILE_LISTENERS: list[Callable[[str, str], None]] = []
+
+
+def enabled() -> bool:
+    return os.environ.get("BENDC_NATIVE", "1") != "0"
+
+
+def checking() -> bool:
+    return os.environ.get("BENDC_NATIVE_CHECK", "0") == "1"
+
+
+class NativeError(Exception):
+    """A native kernel failed a check numba would have raised for (a reshape of the wrong size)."""
+
+
+# ------------------------------------------------------------------ numpy's struct, measured
+@functools.lru_cache(maxsize=None)
+def numpy_offsets() -> dict[str, int]:
+    """Byte offsets of PyArrayObject's and PyArray_Descr's fields, found by reading real objects
+    (numpy's ABI fixes them; measuring them keeps a different Python build honest)."""
+    def words(obj: Any, count: int = 16) -> list[int]:
+        raw = ctypes.string_at(id(obj), count * 8)
+        return [int.from_bytes(raw[k * 8:(k + 1) * 8], "little") for k in range(count)]
+
+    def int32s(obj: Any, count: int = 32) -> list[int]:
+        raw = ctypes.string_at(id(obj), count * 4)
+        return [int.from_bytes(raw[k * 4:(k + 1) * 4], "little", signed=True) for k in range(count)]
+
+    a = np.empty((3, 5), np.float32)
+    b = np.empty((2, 3, 7), np.int64)[:, ::2]
+    found: dict[str, int] = {}
+    wa, wb = words(a), words(b)
+    found["ob_type"] = next(8 * k for k in range(4) if wa[k] == id(np.ndarray) and wb[k] == id(np.ndarray))
+    found["data"] = next(8 * k for k in range(16) if wa[k] == a.ctypes.data and wb[k] == b.ctypes.data)
+    found["descr"] = next(8 * k for k in range(16) if wa[k] == id(a.dtype) and wb[k] == id(b.dtype))
+    ia, ib = int32s(a), int32s(b)
+    found["nd"] = next(4 * k for k in range(32) if ia[k] == 2 and ib[k] == 3 and 4 * k > found["data"])
+
+    def pointer_to(values: Sequence[int], obj: Any, ws: list[int]) -> int | None:
+        for k in range(16):
+            address = ws[k]
+            if address < 4096 or 8 * k <= found["nd"]:
+                continue
+            try:
+                raw = ctypes.string_at(address, 8 * len(values))
+            except Exception:  # noqa: BLE001
+                continue
+            if [int.from_bytes(raw[i * 8:(i + 1) * 8], "little", signed=True) for i in range(len(values))] == \
+                    list(values):
+                return 8 * k
+        return None
+
+    found["dimensions"] = pointer_to(a.shape, a, wa)
+    found["strides"] = pointer_to(a.strides, a, wa)
+    if pointer_to(b.shape, b, wb) != found["dimensions"] or pointer_to(b.strides, b, wb) != found["strides"]:
+        raise RuntimeError("numpy's array struct could not be measured")
+    flags_a, flags_b = a.flags.num, b.flags.num
+    found["flags"] = next(4 * k for k in range(32) if ia[k] == flags_a and ib[k] == flags_b
+                          and 4 * k > found["descr"])
+    descr_ints = [int32s(np.dtype(t), 16) for t in ("float32", "int64", "bool", "float64", "int32")]
+    nums = [np.dtype(t).num for t in ("float32", "int64", "bool", "float64", "int32")]
+    found["type_num"] = next(4 * k for k in range(4, 16) if all(d[k] == n for d, n in zip(descr_ints, nums)))
+    return found
+
+
+# ------------------------------------------------------------------ LLVM
+_LOCK = threading.RLock()
+
+
+class _Llvm:
+    """The process's LLVM state: the target machine, one MCJIT engine all objects load into."""
+
+    def __init__(self) -> None:
+        import llvmlite.binding as llvm
+
+        self.llvm = llvm
+        try:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+        except RuntimeError:  # numba initialized them already
+            pass
+        target = llvm.Target.from_default_triple()
+        self.triple = llvm.get_process_triple()
+        self.cpu = os.environ.get("NUMBA_CPU_NAME") or llvm.get_host_cpu_name()
+        features = os.environ.get("NUMBA_CPU_FEATURES")
+        if features is None:
+            try:
+                features = llvm.get_host_cpu_features().flatten()
+            except RuntimeError:
+                features = ""
+        self.features = features
+        self.machine = target.create_target_machine(cpu=self.cpu, features=features, opt=3, reloc="static",
+                                                    codemodel="jitdefault", jit=True)
+        self.data_layout = str(self.machine.target_data)
+        # The ndarray type object every entry compares its arguments' types with.
+        self._ndarray = ctypes.c_void_p(id(np.ndarray))
+        llvm.add_symbol("bendc_ndarray_type", ctypes.addressof(self._ndarray))
+        self._none = ctypes.c_void_p(id(None))  # what an argument compiled as None must be
+        llvm.add_symbol("bendc_none", ctypes.addressof(self._none))
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.machine)
+
+    @property
+    def fingerprint(self) -> str:
+        import llvmlite
+
+        return f"{llvmlite.__version__}|{self.triple}|{self.cpu}|{self.features}"
+
+    def compile(self, text: str) -> bytes:
+        """Optimize (numba's pipeline: O3, loop vectorization, no SLP) and compile to an object file."""
+        llvm = self.llvm
+        module = llvm.parse_assembly(text)
+        module.triple = self.triple
+        module.data_layout = self.data_layout
+        module.verify()
+        options = llvm.create_pipeline_tuning_options(speed_level=3)
+        options.loop_vectorization = True
+        options.slp_vectorization = False
+        builder = llvm.create_pass_builder(self.machine, options)
+        builder.getModulePassManager().run(module, builder)
+        return self.machine.emit_object(module)
+
+    def load(self, data: bytes, symbol: str) -> int:
+        with _LOCK:
+            self.engine.add_object_file(self.llvm.ObjectFileRef.from_data(data))
+            self.engine.finalize_object()
+            return self.engine.get_function_address(symbol)
+
+
+@functools.lru_cache(maxsize=None)
+def llvm_state() -> _Llvm:
+    return _Llvm()
+
+
+@functools.lru_cache(maxsize=None)
+def translator_version() -> str:
+    """A hash of the translator's own source: a changed translator never loads an older object."""
+    digest = hashlib.sha256()
+    folder = os.path.dirname(os.path.abspath(__file__))
+    for name in ("types.py", "translate.py", "jit.py"):
+        with open(os.path.join(folder, name), "rb") as stream:
+            digest.update(stream.read())
+    return digest.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------ signatures
+def native_type(numba_type: Any) -> Any:
+    """The translator's type for numba's type of an argument (None: not one it compiles)."""
+    from numba.core import types as nt
+
+    if isinstance(numba_type, nt.Array):
+        if not numba_type.aligned or numba_type.layout not in ("C", "A", "F"):
+            return None
+        try:
+            dtype = scalar_of(numba_type.dtype.name if numba_type.dtype != nt.boolean else "bool")
+        except Unsupported:
+            return None
+        layout = "C" if numba_type.layout == "C" else "A"
+        return ArrayArg(dtype, numba_type.ndim, layout, np.dtype(dtype.name).num)
+    if isinstance(numba_type, nt.NoneType):
+        return NONE_ARG
+    if isinstance(numba_type, nt.Boolean):
+        return BOOL
+    if isinstance(numba_type, (nt.Integer, nt.Float)):
+        return SCALARS.get(numba_type.name)
+    return None
+
+
+def _ctypes_of(arg: Any) -> Any:
+    if isinstance(arg, ArrayArg) or arg == NONE_ARG:
+        return ctypes.py_object
+    return {"float32": ctypes.c_float, "float64": ctypes.c_double, "bool": ctypes.c_int8, "int8": ctypes.c_int8,
+            "int16": ctypes.c_int16, "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
+            "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}[arg.name]
+
+
+# ------------------------------------------------------------------ the function object
+@dataclass
+class _Stats:
+    """numba's dispatcher stats, summed over the native and the numba compiles (compile_counts)."""
+
+    cache_hits: Counter = field(default_factory=Counter)
+    cache_misses: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class NativeCompile:
+    """What compiling one specialization took (the compile profile)."""
+
+    translate: float = 0.0
+    llvm: float = 0.0
+    load: float = 0.0
+    cached: bool = False
+    native: bool = True
+    reason: str = ""
+
+
+class NativeFunction:
+    """An njit function of a generated module, compiled natively where the translator can (see the
+    module docstring), else by numba. Called as the numba dispatcher would be."""
+
+    def __init__(self, dispatcher: Any, module_name: str, source: str, source_path: str,
+                 numba_functions: set[str]) -> None:
+        self.dispatcher = dispatcher
+        self.py_func = dispatcher.py_func
+        self.__name__ = self.py_func.__name__
+        self.__qualname__ = self.py_func.__qualname__
+        self.__module__ = self.py_func.__module__
+        self.targetoptions = dict(getattr(dispatcher, "targetoptions", {}))
+        self.module_name = module_name
+        self.source = source
+        self.source_path = source_path
+        self.numba_functions = numba_functions
+        self.fast: Callable | None = None         # the first native specialization's ctypes function
+        self.specializations: dict[tuple, Any] = {}  # numba signature -> ctypes function, or None (numba's)
+        self.native_overloads: dict[tuple, Any] = {}
+        self._native_stats = _Stats()
+        self.compiles: dict[tuple, NativeCompile] = {}
+        self.objects: dict[tuple, str] = {}  # signature -> its object file's name in the cache
+
+    def __repr__(self) -> str:
+        return f"<native {self.module_name}.{self.__name__}>"
+
+    # numba's dispatcher surface that bendc reads (compile_pool, machine.compile_counts)
+    @property
+    def overloads(self) -> dict:
+        return {**self.dispatcher.overloads, **self.native_overloads}
+
+    @property
+    def signatures(self) -> list:
+        return list(self.overloads)
+
+    @property
+    def stats(self) -> _Stats:
+        numba_stats = self.dispatcher.stats
+        return _Stats(Counter(numba_stats.cache_hits) + self._native_stats.cache_hits,
+                      Counter(numba_stats.cache_misses) + self._native_stats.cache_misses)
+
+    def get_metadata(self, signature: tuple) -> dict:
+        return self.dispatcher.get_metadata(signature)
+
+    @property
+    def launcher(self) -> Callable:
+        """What a launch list calls: the native entry itself where one is compiled (it returns a
+        status: 0, or a code :meth:`status_error` explains), else this object."""
+        if self.fast is not None and not checking():
+            return self.fast
+        return self
+
+    # ---------------------------------------------------------------- calls
+    def __call__(self, *args: Any) -> Any:
+        fast = self.fast
+        if fast is not None and not checking():
+            try:
+                status = fast(*args)
+            except (TypeError, ctypes.ArgumentError):
+                status = _translate.STATUS_SIGNATURE
+            if status == 0:
+                return None
+            if status != _translate.STATUS_SIGNATURE:
+                raise self.status_error(status)
+        return self._slow(args)
+
+    def _slow(self, args: Sequence[Any]) -> Any:
+        from numba.core.typing.typeof import Purpose, typeof
+
+        try:
+            signature = tuple(typeof(arg, Purpose.argument) for arg in args)
+        except ValueError:
+            return self.dispatcher(*args)
+        function = self.specializations.get(signature, "missing")
+        if function == "missing":
+            self.compile(signature)
+            function = self.specializations[signature]
+        if function is None:
+            return self.dispatcher(*args)
+        if checking():
+            return self._checked(function, args)
+        status = function(*args)
+        if status == _translate.STATUS_SIGNATURE:  # numba's types and the entry's checks disagree
+            return self.dispatcher(*args)
+        if status != 0:
+            raise self.status_error(status)
+        return None
+
+    def _checked(self, function: Callable, args: Sequence[Any]) -> None:
+        """BENDC_NATIVE_CHECK: run numba on copies of the arguments too, and compare every array."""
+        copies = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args]
+        status = function(*args)
+        if status != 0:
+            raise self.status_error(status)
+        self.dispatcher(*copies)
+        for number, (native, reference) in enumerate(zip(args, copies)):
+            if isinstance(native, np.ndarray):
+                a = np.ascontiguousarray(native).view(np.uint8)
+                b = np.ascontiguousarray(reference).view(np.uint8)
+                if a.shape != b.shape or not np.array_equal(a, b):
+                    raise AssertionError(f"native {self.module_name}.{self.__name__}: argument {number} differs from "
+                                         f"numba's ({self.source_path})")
+
+    def status_error(self, status: int) -> Exception:
+        if status == _translate.STATUS_ZERO_DIVISION:
+            return ZeroDivisionError(f"division by zero ({self.module_name}.{self.__name__})")
+        if status == _translate.STATUS_INDEX:
+            return IndexError(f"tuple index out of range ({self.module_name}.{self.__name__})")
+        messages = {_translate.STATUS_NOT_CONTIGUOUS: "reshape of an array that is not contiguous",
+                    _translate.STATUS_RESHAPE: "cannot reshape array: the total size must be unchanged",
+                    _translate.STATUS_MEMORY: "out of memory"}
+        return NativeError(f"{self.module_name}.{self.__name__}: {messages.get(status, f'status {status}')}")
+
+    def object_files(self) -> dict[str, bytes]:
+        """The object files of the native specializations this process compiled or loaded, by
+        name, as the cache holds them (checked again): what an artifact carries (bendc/aot.py)."""
+        cache = _object_cache(self.source_path)
+        files = {}
+        for name in self.objects.values():
+            data = cache.read(name) if cache is not None else None
+            if data is not None:
+                files[name] = data
+        return files
+
+    # ---------------------------------------------------------------- compiles
+    def compile_native(self, signature: tuple) -> bool:
+        """Compile (or load) the native specialization for numba's ``signature`` only: False where the
+        translator does not cover it (then :meth:`compile` leaves it to numba without trying again)."""
+        signature = tuple(signature)
+        if signature in self.specializations:
+            return self.specializations[signature] is not None
+        if signature in self.compiles:  # tried: not native
+            return False
+        args = tuple(native_type(t) for t in signature)
+        record = NativeCompile()
+        self.compiles[signature] = record
+        function = None
+        if any(a is None for a in args):
+            record.reason = "argument types " + ", ".join(str(t) for t, a in zip(signature, args) if a is None)
+        elif not enabled():
+            record.reason = "BENDC_NATIVE=0"
+        else:
+            try:
+                function = self._native(signature, args, record)
+            except Unsupported as why:
+                record.reason = str(why)
+        record.native = function is not None
+        if function is not None:
+            self.native_overloads[signature] = function
+            self.specializations[signature] = function
+            if self.fast is None:
+                self.fast = function
+        self._log(record)
+        return function is not None
+
+    def compile(self, signature: tuple) -> bool:
+        """Compile (or load) the specialization for numba's ``signature``: natively where the
+        translator can, else by numba. True where it is native."""
+        signature = tuple(signature)
+        if signature in self.specializations:
+            return self.specializations[signature] is not None
+        if self.compile_native(signature):
+            return True
+        self.dispatcher.compile(signature)
+        self.specializations[signature] = None
+        return False
+
+    def _log(self, record: NativeCompile) -> None:
+        log = os.environ.get("BENDC_NATIVE_LOG")
+        if log:  # one line a compile: which functions the translator covers, and why not the others
+            with open(log, "a") as stream:
+                stream.write(f"{'native' if record.native else 'numba'}\t{self.module_name}.{self.__name__}"
+                             f"\t{record.translate + record.llvm:.4f}\t{record.reason}\n")
+
+    def _native(self, signature: tuple, args: tuple, record: NativeCompile) -> Callable:
+        state = llvm_state()
+        symbol_prefix = f"bendc.{self.module_name}"
+        key_text = "|".join([translator_version(), self.module_name, self.__name__, repr(args), state.fingerprint,
+                             repr(sorted(numpy_offsets().items()))])
+        key = hashlib.sha256(key_text.encode()).hexdigest()[:20]
+        symbol = f"{symbol_prefix}.{self.__name__}.{key}.entry"
+        cache = _object_cache(self.source_path)
+        name = f"{self.module_name}.{self.__name__}.{key}{NATIVE_SUFFIX}"
+        start = time.perf_counter()
+        data = cache.read(name) if cache is not None else None
+        if data is None:
+            translator = ModuleTranslator(self.source, self.numba_functions, numpy_offsets(),
+                                          f"{symbol_prefix}.{key}")
+            translation = translator.entry(self.__name__, args)
+            text = translation.ir.replace(f'@"{translation.entry}"', f'@"{symbol}"')
+            record.translate = time.perf_counter() - start
+            start = time.perf_counter()
+            with _LOCK:
+                data = state.compile(text)
+            record.llvm = time.perf_counter() - start
+            if cache is not None:
+                cache.write(name, data)
+            self._native_stats.cache_misses[signature] += 1
+        else:
+            record.cached = True
+            self._native_stats.cache_hits[signature] += 1
+        self.objects[signature] = name
+        for listener in list(COMPILE_LISTENERS):
+            listener(self.module_name, self.__name__)
+        if "prange" in self.source:  # the object calls numba's threading layer: started first
+            from numba.np.ufunc.parallel import _launch_threads
+
+            _launch_threads()
+        start = time.perf_counter()
+        address = state.load(data, symbol)
+        record.load = time.perf_counter() - start
+        if not address:
+            raise Unsupported(f"the object of {self.__name__} has no entry {symbol}")
+        prototype = ctypes.PYFUNCTYPE(ctypes.c_int, *[_ctypes_of(a) for a in args])
+        function = prototype(address)
+        function.native = True  # launch lists tell a native entry from numba's dispatcher by this
+        return function
+
+
+# ------------------------------------------------------------------ the object cache
+class _ObjectCache:
+    """Object files beside numba's cache files of a kernel module, signed as numba's are."""
+
+    def __init__(self, folder: str, readonly: bool, expected: dict[str, str] | None) -> None:
+        self.folder, self.readonly, self.expected = folder, readonly, expected
+
+    def read(self, name: str) -> bytes | None:
+        path = os.path.join(self.folder, name)
+        try:
+            with open(path, "rb") as stream:
+                data = stream.read()
+        except OSError:
+            return None
+        if self.expected is not None:
+            return data if self.expected.get(name) == hashlib.sha256(data).hexdigest() else None
+        from runtime.trust import SIGNATURE_SUFFIX, InsecurePath, file_mac_matches, load_key
+
+        try:
+            with open(path + SIGNATURE_SUFFIX, encoding="ascii") as stream:
+                recorded = stream.read()
+        except (OSError, UnicodeDecodeError):
+            return None
+        try:
+            key = load_key()
+        except InsecurePath:  # an unsafe key file: nothing signed with it is trusted
+            return None
+        return data if file_mac_matches(name, data, key, recorded) else None
+
+    def write(self, name: str, data: bytes) -> None:
+        if self.readonly:
+            return
+        from runtime.files import atomic_write
+        from runtime.trust import SIGNATURE_SUFFIX, InsecurePath, file_mac, load_key
+
+        path = os.path.join(self.folder, name)
+        try:
+            atomic_write(path, data)
+            if self.expected is None:
+                atomic_write(path + SIGNATURE_SUFFIX, file_mac(name, data, load_key()).encode())
+        except (OSError, InsecurePath):  # a folder we cannot write: the object lives in this process only
+            pass
+
+
+def _object_cache(source_path: str) -> _ObjectCache | None:
+    """Where a kernel module's objects live: its registered machine-code folder (an artifact's,
+    runtime/machine.py), else ``__pycache__`` beside the module (numba's default folder)."""
+    from runtime.machine import home_of
+
+    home = home_of(source_path)
+    if home is not None:
+        folder, readonly, expected = home
+        if not readonly:
+            os.makedirs(folder, exist_ok=True)
+        return _ObjectCache(folder, readonly, expected)
+    folder = os.path.join(os.path.dirname(os.path.abspath(source_path)), "__pycache__")
+    return _ObjectCache(folder, False, None)
+
+
+# ------------------------------------------------------------------ modules
+def entry_functions(source_tree: Any, numba_names: set[str]) -> set[str]:
+    """The njit functions no other njit function of the module calls: those Python code calls."""
+    import ast
+
+    called: set[str] = set()
+    for node in source_tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in numba_names:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Name) and inner.id in numba_names and inner.id != node.name:
+                    called.add(inner.id)
+    return numba_names - called
+
+
+def nativize(module: Any, source: str, path: str, module_name: str) -> None:
+    """Replace the module's entry njit functions by NativeFunction objects (see the module docstring)."""
+    if not enabled():
+        return
+    import ast
+
+    from numba.core.registry import CPUDispatcher
+
+    numba_names = {name for name, value in vars(module).items()
+                   if isinstance(value, CPUDispatcher) and getattr(value.py_func, "__module__", None) == module.__name__}
+    if not numba_names:
+        return
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    for name in entry_functions(tree, numba_names):
+        dispatcher = getattr(module, name)
+        setattr(module, name, NativeFunction(dispatcher, module_name, source, path, numba_names))
+
+
+def _uses_prange(tree: Any, name: str) -> bool:
+    import ast
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return any(isinstance(n, ast.Name) and n.id == "prange" for n in ast.walk(node))
+    return False

@@ -1,0 +1,1855 @@
+"""Generated numba kernels as LLVM IR, without numba: the native translator.
+
+bendc's CPU kernels are numba source (bendc/codegen/cpu.py and the ops' lowerings): ``@njit``
+functions of loops over ``range``, scalar float32/float64/integer arithmetic, array elements,
+``np.float32(...)`` casts, ``math.*`` calls and helpers of the same module. numba compiles such a
+function in 0.1-0.5 s, ~85% of it in its own Python passes (typing, IR rewrites, lowering, the
+CPython wrapper) and the rest in LLVM; this module types and lowers that subset of Python straight
+to LLVM IR text (~1-5 ms), which llvmlite then optimizes and compiles (runtime/native/jit.py: ~10-20
+ms a kernel). The semantics are numba's, operation by operation (runtime/native/types.py for the
+typing rules; the lowering of each operation below mirrors numba/cpython/numbers.py, mathimpl.py and
+builtins.py): the same casts, the same IEEE operations in the same order, Python's floor division
+and modulo, numba's negative-index wraparound, the same libm functions and LLVM intrinsics. So a
+translated kernel computes the bits numba's would (tests/native/ run both on every kernel they
+translate and compare them bit for bit).
+
+Anything outside the subset raises :class:`Unsupported`, and that function stays numba's: a
+``prange`` loop, slices, exceptions, BLAS calls, object arithmetic. Nothing is guessed.
+
+A translated entry function takes, for each array argument, the numpy array object itself
+(``PyArrayObject*``, from ctypes' ``py_object``) and reads its data pointer, shape and strides from
+numpy's struct (offsets measured at import: runtime/native/jit.py); it first checks that the object
+is an ndarray of the dtype, rank and layout it was compiled for and returns 1 otherwise (the caller
+then picks or compiles another specialization). Every function returns an i32 status: 0, or one of
+the ``STATUS_*`` codes below.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from runtime.native.types import (BOOL, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64, INTP, MATH_UNARY, NONE, SCALARS,
+                                  UINT8, UINT16, UINT32, UINT64, Array, DType, Function, Scalar, Tuple, Unsupported,
+                                  arithmetic, bitwise, inversion, negation, power, promote, scalar_of, shift,
+                                  true_division, unify)
+
+STATUS_OK = 0
+STATUS_SIGNATURE = 1       # an argument is not what the entry was compiled for
+STATUS_NOT_CONTIGUOUS = 2  # reshape of an array that is not C-contiguous at run time
+STATUS_RESHAPE = 3         # reshape to another element count
+STATUS_MEMORY = 4          # np.zeros / np.empty could not allocate
+STATUS_ZERO_DIVISION = 5   # division by zero under the python error model (numba raises ZeroDivisionError)
+STATUS_INDEX = 6           # a tuple index out of range (numba raises IndexError)
+
+MODULE_CONSTANTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi, "e": math.e}  # np.* and math.*
+NUMPY_DTYPES = {"float32": FLOAT32, "float64": FLOAT64, "int8": INT8, "int16": INT16, "int32": INT32,
+                "int64": INT64, "uint8": UINT8, "uint16": UINT16, "uint32": UINT32, "uint64": UINT64,
+                "bool_": BOOL, "intp": INT64}
+
+
+# ------------------------------------------------------------------ values
+@dataclass
+class Scal:
+    """A scalar: its type and LLVM operand (a register or a constant); ``const``: its Python value
+    where it is a literal (folded casts of literals keep their exact bits)."""
+
+    type: Scalar
+    ref: str
+    const: Any = None
+
+
+@dataclass
+class Arr:
+    """An array: data pointer, shape and strides (i64 operands), layout "C" (C-contiguous: the
+    strides follow from the shape) or "A" (any strides)."""
+
+    type: Array
+    layout: str
+    data: str
+    shape: list
+    strides: list
+
+
+@dataclass
+class Tup:
+    items: list
+
+    @property
+    def type(self) -> Tuple:
+        return Tuple(tuple(item.type for item in self.items))
+
+
+@dataclass
+class Obj:
+    """A value that is not data: a module (``np``, ``math``), a dtype, a callable."""
+
+    what: Any
+
+    @property
+    def type(self) -> Any:
+        return self.what
+
+
+class Unknown:
+    """A value whose type the inference has not reached yet (typing passes only)."""
+
+    type = None
+
+
+UNKNOWN = Unknown()
+
+
+def float_literal(value: float, scalar: Scalar) -> str:
+    """An LLVM float constant with exact bits: hex of the double (float32 values are exact doubles)."""
+    if scalar == FLOAT32:
+        value = float(np.float32(value))
+    return "0x" + struct.pack(">d", float(value)).hex().upper()
+
+
+def literal(value: Any, scalar: Scalar) -> Scal:
+    """A constant of ``scalar`` type holding ``value`` (cast as numpy casts it)."""
+    if scalar.kind == "f":
+        with np.errstate(all="ignore"):
+            folded = scalar.dtype.type(value)
+        return Scal(scalar, float_literal(float(folded), scalar), folded)
+    if scalar == BOOL:
+        truth = bool(value)
+        return Scal(BOOL, "true" if truth else "false", truth)
+    number = int(value)
+    bits = scalar.bits
+    number &= (1 << bits) - 1
+    if scalar.signed and number >= 1 << (bits - 1):
+        number -= 1 << bits
+    return Scal(scalar, str(number), scalar.dtype.type(number))
+
+
+# ------------------------------------------------------------------ text of one function
+class Body:
+    """The instructions of one LLVM function, in basic blocks."""
+
+    def __init__(self, dry: bool) -> None:
+        self.dry = dry
+        self.lines: list[str] = []
+        self.allocas: list[str] = []
+        self.count = 0
+        self.terminated = False
+
+    def tmp(self, hint: str = "t") -> str:
+        self.count += 1
+        return f"%{hint}{self.count}"
+
+    def label(self, hint: str) -> str:
+        self.count += 1
+        return f"{hint}{self.count}"
+
+    def emit(self, line: str) -> None:
+        if not self.dry and not self.terminated:
+            self.lines.append("  " + line)
+
+    def value(self, text: str, hint: str = "t") -> str:
+        name = self.tmp(hint)
+        self.emit(f"{name} = {text}")
+        return name
+
+    def start(self, label: str) -> None:
+        if not self.dry:
+            self.lines.append(f"{label}:")
+        self.terminated = False
+
+    def branch(self, label: str) -> None:
+        self.emit(f"br label %{label}")
+        self.terminated = True
+
+    def cbranch(self, condition: str, yes: str, no: str) -> None:
+        self.emit(f"br i1 {condition}, label %{yes}, label %{no}")
+        self.terminated = True
+
+    def slot(self, llvm_type: str, hint: str = "v") -> str:
+        name = self.tmp(hint)
+        self.allocas.append(f"  {name} = alloca {llvm_type}")
+        return name
+
+
+# ------------------------------------------------------------------ the module
+@dataclass
+class Compiled:
+    """A translated function: its LLVM name, argument and return types."""
+
+    name: str
+    args: tuple
+    returns: Any
+    statuses: bool = True
+
+
+@dataclass
+class Translation:
+    """The LLVM module of one entry function and the helpers it calls."""
+
+    ir: str
+    entry: str
+    args: tuple
+
+
+class ModuleTranslator:
+    """The njit functions of one generated module (its source), translated on demand."""
+
+    def __init__(self, source: str, numba_functions: set[str], offsets: dict[str, int], symbol_prefix: str) -> None:
+        self.tree = ast.parse(source)
+        self.defs = {node.name: node for node in self.tree.body if isinstance(node, ast.FunctionDef)}
+        self.numba_functions = numba_functions
+        self.globals = _module_constants(self.tree)
+        self.offsets = offsets
+        self.prefix = symbol_prefix
+        self.functions: dict[tuple, Compiled] = {}
+        self.bodies: list[str] = []
+        self.declarations: dict[str, str] = {}
+        self.in_progress: set[tuple] = set()
+        self.tasks: set[str] = set()
+
+    def declare(self, name: str, text: str) -> None:
+        self.declarations.setdefault(name, text)
+
+    def function(self, name: str, args: tuple) -> Compiled:
+        """The internal function ``name`` specialized for ``args`` (translated once)."""
+        key = (name, args)
+        if key in self.functions:
+            return self.functions[key]
+        if key in self.in_progress:
+            raise Unsupported(f"recursion in {name}")
+        if name not in self.defs or name not in self.numba_functions:
+            raise Unsupported(f"{name} is not an njit function of the module")
+        self.in_progress.add(key)
+        try:
+            translator = FunctionTranslator(self, self.defs[name], args, f"{self.prefix}.{name}.{len(self.functions)}")
+            compiled = translator.translate()
+        finally:
+            self.in_progress.discard(key)
+        self.functions[key] = compiled
+        return compiled
+
+    def task(self, compiled: Compiled, struct: str, fields: list[str]) -> str:
+        """A gufunc-shaped task for numba_parallel_for running ``compiled`` (an outlined prange body)
+        over its chunk: first = args[0] as an integer (the launch passes the start as a null-based
+        pointer that parallel_for advances by count * thread), count = dims[0]; the captured values
+        are read from the context ``data``; a failed status is stored into its first word."""
+        name = f"{compiled.name}.task"
+        if name in self.tasks:
+            return name
+        self.tasks.add(name)
+        lines = [f"define internal void @\"{name}\"(ptr %args, ptr %dims, ptr %steps, ptr %data) {{", "entry:",
+                 "  %first.p = load ptr, ptr %args", "  %first = ptrtoint ptr %first.p to i64",
+                 "  %count = load i64, ptr %dims", "  %last = add i64 %first, %count"]
+        values = []
+        for number, type_ in enumerate(fields[1:], start=1):
+            lines.append(f"  %f{number}.p = getelementptr {struct}, ptr %data, i32 0, i32 {number}")
+            lines.append(f"  %f{number} = load {type_}, ptr %f{number}.p")
+            values.append(f"{type_} %f{number}")
+        values += ["i64 %first", "i64 %last"]
+        lines.append(f"  %status = call i32 @\"{compiled.name}\"({', '.join(values)})")
+        lines += ["  %failed = icmp ne i32 %status, 0", "  br i1 %failed, label %bad, label %good", "bad:",
+                  f"  %s.p = getelementptr {struct}, ptr %data, i32 0, i32 0", "  store i32 %status, ptr %s.p",
+                  "  br label %good", "good:", "  ret void", "}"]
+        self.bodies.append("\n".join(lines) + "\n")
+        return name
+
+    def entry(self, name: str, args: tuple) -> Translation:
+        """An exported entry function for ``args`` (arrays read from numpy objects, see the module
+        docstring) and the module text holding it."""
+        inner = self.function(name, args)
+        symbol = f"{self.prefix}.{name}.entry"
+        offsets = self.offsets
+        body = Body(dry=False)
+        params, call_args = [], []
+        for number, arg in enumerate(args):
+            if isinstance(arg, ArrayArg) or arg == NONE_ARG:
+                params.append(f"ptr %a{number}")
+            elif isinstance(arg, Scalar):
+                params.append(f"{arg.memory} %a{number}")
+            else:
+                raise Unsupported(f"an entry argument of type {arg}")
+        fail = "fail"
+        body.start("entry")
+        # Each object's type is checked before any other field of it is read.
+        for number, arg in enumerate(args):
+            if arg == NONE_ARG:  # compiled for None: the object must be None
+                none = body.value("load ptr, ptr @bendc_none")
+                checked = body.label("none")
+                body.cbranch(body.value(f"icmp eq ptr %a{number}, {none}"), checked, fail)
+                body.start(checked)
+                continue
+            if not isinstance(arg, ArrayArg):
+                continue
+            obj = f"%a{number}"
+
+            def field(name: str, type_: str, base: str = obj) -> str:
+                where = body.value(f"getelementptr i8, ptr {base}, i64 {offsets[name]}")
+                return body.value(f"load {type_}, ptr {where}")
+
+            typed = body.label("typed")
+            expected = body.value("load ptr, ptr @bendc_ndarray_type")
+            body.cbranch(body.value(f"icmp eq ptr {field('ob_type', 'ptr')}, {expected}"), typed, fail)
+            body.start(typed)
+            good = [body.value(f"icmp eq i32 {field('nd', 'i32')}, {arg.ndim}")]
+            descr = field("descr", "ptr")
+            good.append(body.value(f"icmp eq i32 {field('type_num', 'i32', descr)}, {arg.type_num}"))
+            flags = field("flags", "i32")
+            contiguous = body.value(f"and i32 {flags}, 1")  # NPY_ARRAY_C_CONTIGUOUS
+            # compiled for layout "A" (any strides): taken only where the array is not C-contiguous
+            good.append(body.value(f"icmp {'ne' if arg.layout == 'C' else 'eq'} i32 {contiguous}, 0"))
+            aligned = body.value(f"and i32 {flags}, 256")  # NPY_ARRAY_ALIGNED
+            good.append(body.value(f"icmp ne i32 {aligned}, 0"))
+            all_good = good[0]
+            for condition in good[1:]:
+                all_good = body.value(f"and i1 {all_good}, {condition}")
+            checked = body.label("checked")
+            body.cbranch(all_good, checked, fail)
+            body.start(checked)
+        for number, arg in enumerate(args):
+            if arg == NONE_ARG:
+                continue
+            if isinstance(arg, Scalar):
+                if arg == BOOL:
+                    call_args.append(("i1", body.value(f"icmp ne i8 %a{number}, 0")))
+                else:
+                    call_args.append((arg.llvm, f"%a{number}"))
+                continue
+            obj = f"%a{number}"
+            where = body.value(f"getelementptr i8, ptr {obj}, i64 {offsets['data']}")
+            call_args.append(("ptr", body.value(f"load ptr, ptr {where}")))
+            where = body.value(f"getelementptr i8, ptr {obj}, i64 {offsets['dimensions']}")
+            dims = body.value(f"load ptr, ptr {where}")
+            for axis in range(arg.ndim):
+                element = body.value(f"getelementptr i64, ptr {dims}, i64 {axis}")
+                call_args.append(("i64", body.value(f"load i64, ptr {element}")))
+            if arg.layout != "C":
+                where = body.value(f"getelementptr i8, ptr {obj}, i64 {offsets['strides']}")
+                strides = body.value(f"load ptr, ptr {where}")
+                for axis in range(arg.ndim):
+                    element = body.value(f"getelementptr i64, ptr {strides}, i64 {axis}")
+                    call_args.append(("i64", body.value(f"load i64, ptr {element}")))
+        if inner.returns == NONE:
+            status = body.value(f"call i32 @\"{inner.name}\"({', '.join(f'{t} {v}' for t, v in call_args)})")
+        else:
+            status_slot = body.value("alloca i32")
+            body.value(f"call {inner.returns.llvm} @\"{inner.name}\"("
+                       f"{', '.join([f'{t} {v}' for t, v in call_args] + [f'ptr {status_slot}'])})")
+            status = body.value(f"load i32, ptr {status_slot}")
+        body.emit(f"ret i32 {status}")
+        body.terminated = True
+        body.start(fail)
+        body.emit(f"ret i32 {STATUS_SIGNATURE}")
+        entry_text = f"define i32 @\"{symbol}\"({', '.join(params)}) {{\n" + "\n".join(body.lines) + "\n}\n"
+        header = ["@bendc_ndarray_type = external global ptr", "@bendc_none = external global ptr"]
+        header += sorted(self.declarations.values())
+        text = "\n".join(header) + "\n\n" + "\n".join(self.bodies) + "\n" + entry_text
+        return Translation(text, symbol, args)
+
+
+NONE_ARG = "None"  # an argument that is None (numba compiles it away: ``if x is None`` is decided)
+
+
+@dataclass(frozen=True)
+class ArrayArg(Array):
+    """An array argument of an entry: the dtype, rank, layout and numpy type number it is compiled for."""
+
+    layout: str = "C"
+    type_num: int = 0
+
+
+def _module_constants(tree: ast.Module) -> dict[str, Any]:
+    """Module-level names bound to literal numbers (``X = 3``): numba freezes globals as constants."""
+    constants = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, (int, float, bool)):
+                constants[node.targets[0].id] = node.value.value
+    return constants
+
+
+# ------------------------------------------------------------------ one function
+class _Loop:
+    def __init__(self, cont: str, done: str) -> None:
+        self.cont, self.done = cont, done
+
+
+class FunctionTranslator:
+    """One njit function for one signature: types inferred to a fixed point (dry passes), then emitted."""
+
+    MAX_PASSES = 8
+
+    def __init__(self, module: ModuleTranslator, node: ast.FunctionDef, args: tuple, name: str) -> None:
+        self.module = module
+        self.node = node
+        self.args = args
+        self.name = name
+        self.decorator = _decorator_options(node)
+        if self.decorator.get("fastmath"):
+            raise Unsupported(f"{node.name} asks for fastmath")
+        self.python_errors = self.decorator.get("error_model", "python") != "numpy"
+        if len(node.args.args) != len(args) or node.args.vararg or node.args.kwarg or node.args.kwonlyargs:
+            raise Unsupported(f"{node.name} takes {len(node.args.args)} arguments, called with {len(args)}")
+        self.types: dict[str, Any] = {}
+        self.returns: Any = None
+
+    # ---------------------------------------------------------------- driver
+    def translate(self) -> Compiled:
+        for _ in range(self.MAX_PASSES):
+            before = (dict(self.types), self.returns)
+            self._run(dry=True)
+            if (self.types, self.returns) == before:
+                break
+        else:
+            raise Unsupported(f"the types of {self.node.name} do not settle")
+        returns = self.returns if self.returns is not None else NONE
+        compiled = Compiled(self.name, self.args, returns)
+        self.module.functions[(self.node.name, self.args)] = compiled  # a recursive call finds it
+        self._run(dry=False)
+        return compiled
+
+    def _run(self, dry: bool) -> None:
+        self.body = Body(dry)
+        self.dry = dry
+        self.scope: dict[str, Any] = {}   # name -> Scal slot (str pointer) or bound Arr/Tup/Obj
+        self.slots: dict[str, str] = {}
+        self.loops: list[_Loop] = []
+        self.nesting = 0
+        self.nested_names: list[list[str]] = []
+        self.bound_by: dict[str, tuple] = {}
+        self._owned_holders: list[str] = []
+        self.private: set[str] = set()    # names a prange body assigned: not readable after it
+        self.exit = "exit"
+        body = self.body
+        params = []
+        for number, (arg, type_) in enumerate(zip(self.node.args.args, self.args)):
+            name = arg.arg
+            if isinstance(type_, Array):
+                data = f"%p{number}"
+                shape = [Scal(INTP, f"%p{number}.s{k}") for k in range(type_.ndim)]
+                layout = getattr(type_, "layout", "C")
+                params.append(f"ptr noalias {data}" if False else f"ptr {data}")
+                params += [f"i64 {s.ref}" for s in shape]
+                if layout == "C":
+                    strides = None
+                else:
+                    strides = [Scal(INTP, f"%p{number}.t{k}") for k in range(type_.ndim)]
+                    params += [f"i64 {s.ref}" for s in strides]
+                self.scope[name] = ("array", Array(type_.dtype, type_.ndim), layout, data, shape, strides)
+            elif type_ == NONE_ARG:
+                self.scope[name] = ("none", Obj(None))  # a compile-time None: no parameter
+            elif isinstance(type_, Scalar):
+                params.append(f"{type_.llvm} %p{number}")
+                self.types[name] = unify(self.types.get(name), type_)
+                self.scope[name] = ("param", Scal(type_, f"%p{number}"))
+            else:
+                raise Unsupported(f"argument {name} of type {type_}")
+        body.start("entry")
+        self.return_slot = None
+        if not dry and self.returns not in (None, NONE):
+            self.return_slot = body.slot(self.returns.llvm, "ret")
+        self.status_slot = body.slot("i32", "status")
+        body.emit(f"store i32 0, ptr {self.status_slot}")
+        # scalar parameters live in slots like every other variable (they may be reassigned)
+        for name, bound in list(self.scope.items()):
+            if bound[0] == "param":
+                value = bound[1]
+                slot = self._slot_for(name)
+                body.emit(f"store {self._llvm(self.types[name])} {self._cast(value, self.types[name]).ref}, ptr {slot}")
+                self.scope[name] = ("slot",)
+            elif bound[0] == "none":
+                self.scope[name] = ("value", bound[1])
+            else:
+                self.scope[name] = ("value", self._array_from_params(bound))
+        self._block(self.node.body)
+        if not body.terminated:
+            if self.returns not in (None, NONE) and not dry:
+                raise Unsupported(f"{self.node.name} can end without returning a value")
+            body.branch(self.exit)
+        body.start(self.exit)
+        for holder in self._owned_holders:
+            pointer = body.value(f"load ptr, ptr {holder}")
+            body.emit(f"call void @free(ptr {pointer})")
+        status = body.value(f"load i32, ptr {self.status_slot}")
+        if self.returns in (None, NONE):
+            body.emit(f"ret i32 {status}")
+            signature = "i32"
+        else:
+            # a helper returning a value reports its status through its last argument
+            result = body.value(f"load {self.returns.llvm}, ptr {self.return_slot}") if not dry else "0"
+            body.emit(f"store i32 {status}, ptr %status.out")
+            body.emit(f"ret {self.returns.llvm} {result}")
+            params.append("ptr %status.out")
+            signature = self.returns.llvm
+        body.terminated = True
+        if not dry:
+            lines = body.lines[:1] + body.allocas + body.lines[1:]
+            self.module.bodies.append(
+                f"define internal {signature} @\"{self.name}\"({', '.join(params)}) {{\n" + "\n".join(lines) + "\n}\n")
+
+    def _array_from_params(self, bound) -> Arr:
+        _, type_, layout, data, shape, strides = bound
+        if strides is None:
+            strides = self._c_strides(shape, type_.dtype.size)
+        return Arr(type_, layout, data, shape, strides)
+
+    def _c_strides(self, shape: list, itemsize: int) -> list:
+        """C-contiguous strides of ``shape`` (in bytes)."""
+        strides = []
+        running = literal(itemsize, INTP)
+        for size in reversed(shape):
+            strides.append(running)
+            running = self._int_op("mul", running, size)
+        return list(reversed(strides))
+
+    # ---------------------------------------------------------------- helpers
+    def _llvm(self, type_) -> str:
+        return type_.llvm
+
+    def _slot_for(self, name: str) -> str:
+        if name not in self.slots:
+            type_ = self.types.get(name)
+            if type_ is None:
+                raise Unsupported(f"the type of {name} is unknown")
+            self.slots[name] = self.body.slot(type_.llvm, "v")
+        return self.slots[name]
+
+    def fail(self, message: str) -> Unsupported:
+        return Unsupported(f"{self.node.name}, line {getattr(self, 'line', '?')}: {message}")
+
+    # ---------------------------------------------------------------- statements
+    def _nested(self, statements: Sequence[ast.stmt]) -> None:
+        """The body of a loop or branch: arrays and tuples bound in it are not seen after it (their
+        registers would not dominate the code that follows)."""
+        self.nesting += 1
+        self.nested_names.append([])
+        try:
+            self._block(statements)
+        finally:
+            for name in self.nested_names.pop():
+                self.scope.pop(name, None)
+            self.nesting -= 1
+
+    def _block(self, statements: Sequence[ast.stmt]) -> None:
+        for statement in statements:
+            if self.body.terminated:
+                return  # after a return / break / continue: unreachable
+            self.line = getattr(statement, "lineno", "?")
+            self._statement(statement)
+
+    def _statement(self, node: ast.stmt) -> None:
+        if isinstance(node, ast.Expr):
+            if isinstance(node.value, ast.Constant):
+                return  # a docstring
+            self._expr(node.value)
+        elif isinstance(node, ast.Assign):
+            value = self._expr(node.value)
+            for target in node.targets:
+                self._assign(target, value)
+        elif isinstance(node, ast.AugAssign):
+            current = self._expr(_load(node.target))
+            value = self._binop(node.op, current, self._expr(node.value))
+            self._assign(node.target, value)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            self._assign(node.target, self._expr(node.value))
+        elif isinstance(node, ast.For):
+            self._for(node)
+        elif isinstance(node, ast.While):
+            self._while(node)
+        elif isinstance(node, ast.If):
+            self._if(node)
+        elif isinstance(node, ast.Return):
+            self._return(node)
+        elif isinstance(node, ast.Pass):
+            return
+        elif isinstance(node, ast.Break):
+            if not self.loops:
+                raise self.fail("break outside a loop")
+            self.body.branch(self.loops[-1].done)
+        elif isinstance(node, ast.Continue):
+            if not self.loops:
+                raise self.fail("continue outside a loop")
+            self.body.branch(self.loops[-1].cont)
+        else:
+            raise self.fail(f"statement {type(node).__name__}")
+
+    def _assign(self, target: ast.expr, value: Any) -> None:
+        if isinstance(target, ast.Name):
+            name = target.id
+            if value is UNKNOWN:
+                return
+            if isinstance(value, Scal):
+                self.types[name] = unify(self.types.get(name), value.type)
+                if self.dry:
+                    self.scope[name] = ("slot",)
+                    return
+                slot = self._slot_for(name)
+                self.body.emit(f"store {self.types[name].llvm} {self._cast(value, self.types[name]).ref}, ptr {slot}")
+                self.scope[name] = ("slot",)
+                return
+            if name in self.types:
+                raise self.fail(f"{name} holds both a number and an array or tuple")
+            previous = self.bound_by.get(name)
+            if previous is not None and previous[0] is not target and (previous[1] or self.nesting):
+                raise self.fail(f"{name} is bound to an array or tuple twice, in a loop or branch")
+            self.bound_by[name] = (target, self.nesting)
+            self.scope[name] = ("value", value)
+            if self.nesting:
+                self.nested_names[-1].append(name)
+            return
+        if isinstance(target, ast.Tuple):
+            if isinstance(value, Tup) and len(value.items) == len(target.elts):
+                for element, item in zip(target.elts, value.items):
+                    self._assign(element, item)
+                return
+            if value is UNKNOWN:
+                for element in target.elts:
+                    self._assign(element, UNKNOWN)
+                return
+            raise self.fail("unpacking a value that is not a tuple of the same length")
+        if isinstance(target, ast.Subscript):
+            array = self._expr(target.value)
+            if value is UNKNOWN or array is UNKNOWN:
+                return
+            if not isinstance(array, Arr):
+                raise self.fail("item assignment to a value that is not an array")
+            if not isinstance(value, Scal):
+                raise self.fail("an array stored into an array element")
+            pointer, remaining = self._element(array, target.slice)
+            if remaining:
+                raise self.fail("storing into a whole row of an array")
+            self._store(array.type.dtype, pointer, value)
+            return
+        raise self.fail(f"assignment to {type(target).__name__}")
+
+    def _return(self, node: ast.Return) -> None:
+        if node.value is None:
+            if self.returns not in (None, NONE):
+                raise self.fail("a bare return in a function that returns a value")
+            self.returns = NONE
+            self.body.branch(self.exit)
+            return
+        value = self._expr(node.value)
+        if value is UNKNOWN:
+            self.body.branch(self.exit)
+            return
+        if not isinstance(value, Scal):
+            raise self.fail("returning something other than a number")
+        if self.returns == NONE:
+            raise self.fail("returns both a value and nothing")
+        self.returns = unify(self.returns, value.type)
+        if not self.dry:
+            self.body.emit(f"store {self.returns.llvm} {self._cast(value, self.returns).ref}, ptr {self.return_slot}")
+        self.body.branch(self.exit)
+
+    def _for(self, node: ast.For) -> None:
+        if node.orelse:
+            raise self.fail("for ... else")
+        call = node.iter
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in ("range", "prange")
+                and not call.keywords and 1 <= len(call.args) <= 3):
+            raise self.fail("a for loop over something other than range()")
+        if not isinstance(node.target, ast.Name):
+            raise self.fail("a for loop target that is not a name")
+        if call.func.id == "prange" and not self.node.name.startswith("__prange_"):
+            return self._prange(node)  # (a prange inside an outlined body runs serially, as numba runs it)
+        bounds = [self._expr(a) for a in call.args]
+        if any(b is UNKNOWN for b in bounds):
+            bounds = [literal(0, INTP)] * len(bounds)
+        for bound in bounds:
+            if not (isinstance(bound, Scal) and bound.type.is_int):
+                raise self.fail("range() of a value that is not an integer")
+        bounds = [self._cast(b, INTP) for b in bounds]
+        if len(bounds) == 1:
+            start, stop, step = literal(0, INTP), bounds[0], literal(1, INTP)
+        elif len(bounds) == 2:
+            (start, stop), step = bounds, literal(1, INTP)
+        else:
+            start, stop, step = bounds
+            if step.const is not None and int(step.const) == 0:
+                raise self.fail("range() with step 0")
+        body = self.body
+        name = node.target.id
+        self.types[name] = unify(self.types.get(name), INTP)
+        slot = self._slot_for(name) if not self.dry else None
+        self.scope[name] = ("slot",)
+        before = body.label("for.pre")
+        header, inner, latch, done = body.label("for.head"), body.label("for.body"), body.label("for.latch"), \
+            body.label("for.end")
+        body.branch(before)
+        body.start(before)
+        body.branch(header)
+        body.start(header)
+        index = body.tmp("i")
+        following = body.tmp("inext")
+        body.emit(f"{index} = phi i64 [{start.ref}, %{before}], [{following}, %{latch}]")
+        if step.const is not None:
+            predicate = "slt" if int(step.const) > 0 else "sgt"
+            going = body.value(f"icmp {predicate} i64 {index}, {stop.ref}")
+        else:
+            up = body.value(f"icmp sgt i64 {step.ref}, 0")
+            below = body.value(f"icmp slt i64 {index}, {stop.ref}")
+            above = body.value(f"icmp sgt i64 {index}, {stop.ref}")
+            going = body.value(f"select i1 {up}, i1 {below}, i1 {above}")
+        body.cbranch(going, inner, done)
+        body.start(inner)
+        if slot is not None:
+            body.emit(f"store i64 {index}, ptr {slot}")
+        self.loops.append(_Loop(latch, done))
+        self._nested(node.body)
+        self.loops.pop()
+        if not body.terminated:
+            body.branch(latch)
+        body.start(latch)
+        body.emit(f"{following} = add i64 {index}, {step.ref}")
+        body.branch(header)
+        body.start(done)
+
+    def _prange(self, node: ast.For) -> None:
+        """``for i in prange(start, stop)``: the body outlined into a function of its own (run over
+        [first, last) by each thread of numba's threading layer: ``numba_parallel_for``, which gives
+        thread t of n the t-th of n equal chunks, the last taking the rest). The names the body reads
+        from this function are passed by value; the names it assigns are private to each thread
+        (numba's parfor semantics) and not seen after the loop; a name both read from outside and
+        assigned in the body (a reduction) is refused, as is a step other than 1."""
+        call = node.iter
+        if len(call.args) == 3:
+            raise self.fail("prange with a step")
+        assigned = _assigned_names(node.body) | {node.target.id}
+        read = _read_names(node.body)
+        captured = sorted(name for name in read - assigned if name in self.scope)
+        reductions = sorted(name for name in (read & assigned) - {node.target.id}
+                            if name in self.scope and not _assigned_before_read(node.body, name))
+        if reductions:
+            raise self.fail(f"a prange loop reducing into {', '.join(reductions)}")
+        bounds = [self._expr(a) for a in call.args]
+        if any(b is UNKNOWN for b in bounds):
+            bounds = [literal(0, INTP)] * len(bounds)
+        for bound in bounds:
+            if not (isinstance(bound, Scal) and bound.type.is_int):
+                raise self.fail("prange() of a value that is not an integer")
+        bounds = [self._cast(b, INTP) for b in bounds]
+        start, stop = (literal(0, INTP), bounds[0]) if len(bounds) == 1 else bounds
+        values = {name: self._e_Name(ast.Name(name, ast.Load())) for name in captured}
+        if any(v is UNKNOWN for v in values.values()):
+            self.private.update(assigned)
+            return
+        for name, value in values.items():
+            if not isinstance(value, (Scal, Arr)) and not (isinstance(value, Obj) and value.what is None):
+                raise self.fail(f"a prange loop reading {name}, which is not a number or an array")
+        # the outlined body: def __prange_L(captured..., first, last): for i in range(first, last): body
+        outlined_name = f"__prange_{node.lineno}_{node.col_offset}"
+        arguments = ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in captured + ["first__", "last__"]],
+                                  vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
+        loop = ast.For(target=ast.Name(node.target.id, ast.Store()),
+                       iter=ast.Call(ast.Name("range", ast.Load()),
+                                     [ast.Name("first__", ast.Load()), ast.Name("last__", ast.Load())], []),
+                       body=node.body, orelse=[], lineno=node.lineno, col_offset=node.col_offset)
+        decorator = ast.Call(ast.Name("njit", ast.Load()), [],
+                             [ast.keyword("error_model", ast.Constant("python" if self.python_errors else "numpy"))])
+        outlined = ast.FunctionDef(outlined_name, arguments, [loop], [decorator], None, lineno=node.lineno,
+                                   col_offset=node.col_offset)
+        ast.fix_missing_locations(outlined)
+        self.module.defs[outlined_name] = outlined
+        self.module.numba_functions = set(self.module.numba_functions) | {outlined_name}
+        types = []
+        for name in captured:
+            value = values[name]
+            if isinstance(value, Scal):
+                types.append(value.type)
+            elif isinstance(value, Arr):
+                types.append(ArrayArg(value.type.dtype, value.type.ndim, value.layout, 0))
+            else:
+                types.append(NONE_ARG)
+        types += [INTP, INTP]
+        compiled = self.module.function(outlined_name, tuple(types))
+        self.private.update(assigned)
+        if self.dry:
+            return
+        # the context every thread reads: a status word, then the captured values
+        fields, stores = ["i32"], []
+        for name, type_ in zip(captured, types[:-2]):
+            value = values[name]
+            if isinstance(value, Scal):
+                fields.append(type_.llvm)
+                stores.append((type_.llvm, self._cast(value, type_).ref))
+            elif isinstance(value, Arr):
+                fields.append("ptr")
+                stores.append(("ptr", value.data))
+                for size in value.shape:
+                    fields.append("i64")
+                    stores.append(("i64", size.ref))
+                if value.layout != "C":
+                    for stride in value.strides:
+                        fields.append("i64")
+                        stores.append(("i64", stride.ref))
+        struct = "{" + ", ".join(fields) + "}"
+        task = self.module.task(compiled, struct, fields)
+        body = self.body
+        context = body.slot(struct, "pctx")
+        body.emit(f"store i32 0, ptr " + body.value(f"getelementptr {struct}, ptr {context}, i32 0, i32 0"))
+        for number, (type_, ref) in enumerate(stores, start=1):
+            where = body.value(f"getelementptr {struct}, ptr {context}, i32 0, i32 {number}")
+            body.emit(f"store {type_} {ref}, ptr {where}")
+        total = body.value(f"sub i64 {stop.ref}, {start.ref}")
+        positive = body.value(f"icmp sgt i64 {total}, 0")
+        count = body.value(f"select i1 {positive}, i64 {total}, i64 0")
+        go, done = body.label("prange.go"), body.label("prange.done")
+        body.cbranch(positive, go, done)
+        body.start(go)
+        args = body.slot("ptr", "pargs")
+        body.emit(f"store ptr " + body.value(f"inttoptr i64 {start.ref} to ptr") + f", ptr {args}")
+        dims = body.slot("i64", "pdims")
+        body.emit(f"store i64 {count}, ptr {dims}")
+        steps = body.slot("i64", "psteps")
+        body.emit(f"store i64 1, ptr {steps}")
+        self.module.declare("numba_parallel_for",
+                            "declare void @numba_parallel_for(ptr, ptr, ptr, ptr, ptr, i64, i64, i32)")
+        self.module.declare("get_num_threads", "declare i32 @get_num_threads()")
+        threads = body.value("call i32 @get_num_threads()")
+        body.emit(f"call void @numba_parallel_for(ptr @\"{task}\", ptr {args}, ptr {dims}, ptr {steps}, "
+                  f"ptr {context}, i64 0, i64 1, i32 {threads})")
+        status = body.value(f"load i32, ptr " + body.value(f"getelementptr {struct}, ptr {context}, i32 0, i32 0"))
+        self._check_status(status)
+        body.branch(done)
+        body.start(done)
+
+    def _while(self, node: ast.While) -> None:
+        if node.orelse:
+            raise self.fail("while ... else")
+        body = self.body
+        header, inner, done = body.label("while.head"), body.label("while.body"), body.label("while.end")
+        body.branch(header)
+        body.start(header)
+        condition = self._truth(self._expr(node.test))
+        body.cbranch(condition, inner, done)
+        body.start(inner)
+        self.loops.append(_Loop(header, done))
+        self._nested(node.body)
+        self.loops.pop()
+        if not body.terminated:
+            body.branch(header)
+        body.start(done)
+
+    def _if(self, node: ast.If) -> None:
+        body = self.body
+        condition = self._expr(node.test)
+        if isinstance(condition, Scal) and condition.const is not None:
+            # a condition known when compiling (``x is None``): only its side is translated (numba
+            # prunes the other, which may not even type)
+            self._nested(node.body if bool(condition.const) else node.orelse)
+            return
+        yes, no, done = body.label("if.then"), body.label("if.else"), body.label("if.end")
+        body.cbranch(self._truth(condition), yes, no)
+        body.start(yes)
+        self._nested(node.body)
+        if not body.terminated:
+            body.branch(done)
+        body.start(no)
+        self._nested(node.orelse)
+        if not body.terminated:
+            body.branch(done)
+        body.start(done)
+
+    # ---------------------------------------------------------------- expressions
+    def _expr(self, node: ast.expr) -> Any:
+        method = getattr(self, f"_e_{type(node).__name__}", None)
+        if method is None:
+            raise self.fail(f"expression {type(node).__name__}")
+        return method(node)
+
+    def _e_Constant(self, node: ast.Constant) -> Any:
+        value = node.value
+        if isinstance(value, bool):
+            return literal(value, BOOL)
+        if isinstance(value, int):
+            if not -(1 << 63) <= value < (1 << 63):
+                raise self.fail("an integer literal beyond int64")
+            return literal(value, INT64)
+        if isinstance(value, float):
+            return literal(value, FLOAT64)
+        if value is None:
+            return Obj(None)
+        raise self.fail(f"literal {value!r}")
+
+    def _e_Name(self, node: ast.Name) -> Any:
+        name = node.id
+        bound = self.scope.get(name)
+        if bound is not None:
+            if bound[0] == "slot":
+                type_ = self.types.get(name)
+                if type_ is None:
+                    return UNKNOWN
+                if self.dry:
+                    return Scal(type_, "undef")
+                return Scal(type_, self.body.value(f"load {type_.llvm}, ptr {self._slot_for(name)}"))
+            return bound[1]
+        if name in self.private:
+            raise self.fail(f"{name} is read after the prange loop that assigns it")
+        if name in self.types:  # assigned later in a loop, read here first
+            return UNKNOWN if self.dry else self._e_Name_late(name)
+        if name in ("np", "numpy"):
+            return Obj("np")
+        if name == "math":
+            return Obj("math")
+        if name in ("range", "prange", "abs", "min", "max", "float", "int", "bool", "len"):
+            return Obj(Function(name))
+        if name in self.module.globals:
+            value = self.module.globals[name]
+            return self._e_Constant(ast.Constant(value))
+        if name in self.module.defs:
+            return Obj(Function("helper:" + name))
+        if self.dry:
+            return UNKNOWN
+        raise self.fail(f"unknown name {name}")
+
+    def _e_Name_late(self, name: str) -> Any:
+        type_ = self.types[name]
+        return Scal(type_, self.body.value(f"load {type_.llvm}, ptr {self._slot_for(name)}"))
+
+    def _e_Attribute(self, node: ast.Attribute) -> Any:
+        base = self._expr(node.value)
+        attr = node.attr
+        if base is UNKNOWN:
+            return UNKNOWN
+        if isinstance(base, Obj):
+            if base.what in ("np", "math"):
+                if base.what == "np" and attr in NUMPY_DTYPES:
+                    return Obj(DType(NUMPY_DTYPES[attr]))
+                if attr in MODULE_CONSTANTS:
+                    return literal(MODULE_CONSTANTS[attr], FLOAT64)
+                return Obj(Function(f"{base.what}.{attr}"))
+            raise self.fail(f"attribute {attr} of {base.what}")
+        if isinstance(base, Arr):
+            if attr == "shape":
+                return Tup(list(base.shape))
+            if attr == "strides":
+                return Tup(list(base.strides))
+            if attr == "size":
+                return self._size(base.shape)
+            if attr == "ndim":
+                return literal(base.type.ndim, INTP)
+            if attr in ("reshape", "view", "astype", "copy", "fill", "sum", "min", "max"):
+                return Obj(("method", attr, base))
+            raise self.fail(f"array attribute {attr}")
+        if isinstance(base, Scal):
+            if attr == "view":
+                return Obj(("method", "view", base))
+            raise self.fail(f"attribute {attr} of a number")
+        raise self.fail(f"attribute {attr}")
+
+    def _e_Tuple(self, node: ast.Tuple) -> Any:
+        items = [self._expr(e) for e in node.elts]
+        if any(i is UNKNOWN for i in items):
+            return UNKNOWN
+        return Tup(items)
+
+    def _e_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        value = self._expr(node.operand)
+        if value is UNKNOWN:
+            return UNKNOWN
+        if not isinstance(value, Scal):
+            raise self.fail("a unary operation on a value that is not a number")
+        body = self.body
+        if isinstance(node.op, ast.UAdd):
+            return value if value.type != BOOL else self._cast(value, INT64)
+        if isinstance(node.op, ast.Not):
+            truth = self._truth(value)
+            return Scal(BOOL, body.value(f"xor i1 {truth}, true"))
+        if isinstance(node.op, ast.USub):
+            result = negation(value.type)
+            if result.kind == "f":
+                # numba: fsub -0.0, x (mathimpl.negate_real)
+                return Scal(result, body.value(f"fsub {result.llvm} {float_literal(-0.0, result)}, {value.ref}"))
+            if value.type == BOOL:  # numba's bool_negate_impl: widen, then negate
+                operand = self._cast(value, result)
+                return Scal(result, body.value(f"sub {result.llvm} 0, {operand.ref}"))
+            # numba's int_negate_impl: negate in the operand's own type, then widen
+            negated = Scal(value.type, body.value(f"sub {value.type.llvm} 0, {value.ref}"))
+            return self._cast(negated, result)
+        if isinstance(node.op, ast.Invert):
+            result = inversion(value.type)
+            if result == BOOL:
+                return Scal(BOOL, body.value(f"xor i1 {value.ref}, true"))
+            # numba's int_invert_impl: invert in the operand's own type, then widen
+            inverted = Scal(value.type, body.value(f"xor {value.type.llvm} {value.ref}, -1"))
+            return self._cast(inverted, result)
+        raise self.fail(f"unary {type(node.op).__name__}")
+
+    def _e_BinOp(self, node: ast.BinOp) -> Any:
+        left = self._expr(node.left)
+        right = self._expr(node.right)
+        if isinstance(node.op, ast.Add) and isinstance(left, Tup) and isinstance(right, Tup):
+            return Tup(left.items + right.items)
+        if isinstance(node.op, ast.Pow) and isinstance(left, Scal) and isinstance(node.right, ast.Constant) \
+                and isinstance(node.right.value, int) and not isinstance(node.right.value, bool):
+            return self._static_power(left, node.right.value)
+        return self._binop(node.op, left, right)
+
+    def _binop(self, op: ast.operator, left: Any, right: Any) -> Any:
+        if left is UNKNOWN or right is UNKNOWN:
+            return UNKNOWN
+        if not (isinstance(left, Scal) and isinstance(right, Scal)):
+            raise self.fail(f"{type(op).__name__} of values that are not numbers")
+        body = self.body
+        a, b = left.type, right.type
+        if isinstance(op, (ast.Add, ast.Sub, ast.Mult)):
+            result = arithmetic(a, b)
+            x, y = self._cast(left, result), self._cast(right, result)
+            if result.kind == "f":
+                instruction = {ast.Add: "fadd", ast.Sub: "fsub", ast.Mult: "fmul"}[type(op)]
+            else:
+                instruction = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul"}[type(op)]
+            return Scal(result, body.value(f"{instruction} {result.llvm} {x.ref}, {y.ref}"))
+        if isinstance(op, ast.Div):
+            result = true_division(a, b)
+            x, y = self._cast(left, result), self._cast(right, result)
+            self._zero_check(y)
+            return Scal(result, body.value(f"fdiv {result.llvm} {x.ref}, {y.ref}"))
+        if isinstance(op, (ast.FloorDiv, ast.Mod)):
+            result = arithmetic(a, b)
+            x, y = self._cast(left, result), self._cast(right, result)
+            self._zero_check(y)
+            if result.kind == "f":
+                return self._float_divmod(x, y, floor=isinstance(op, ast.FloorDiv))
+            return self._int_divmod(x, y, floor=isinstance(op, ast.FloorDiv))
+        if isinstance(op, ast.Pow):
+            result = power(a, b)
+            if result.kind == "f" and b.kind == "f":
+                x, y = self._cast(left, result), self._cast(right, result)
+                return self._call_intrinsic("pow", result, [x, y])
+            if result.kind == "f":
+                return self._int_exponent_power(self._cast(left, result), self._cast(right, INT64))
+            raise self.fail("** of integers by a variable exponent")
+        if isinstance(op, (ast.BitAnd, ast.BitOr, ast.BitXor)):
+            result = bitwise(a, b)
+            x, y = self._cast(left, result), self._cast(right, result)
+            instruction = {ast.BitAnd: "and", ast.BitOr: "or", ast.BitXor: "xor"}[type(op)]
+            return Scal(result, body.value(f"{instruction} {result.llvm} {x.ref}, {y.ref}"))
+        if isinstance(op, (ast.LShift, ast.RShift)):
+            result = shift(a, b)
+            x, y = self._cast(left, result), self._cast(right, result)
+            if isinstance(op, ast.LShift):
+                instruction = "shl"
+            else:
+                instruction = "ashr" if result.signed else "lshr"
+            return Scal(result, body.value(f"{instruction} {result.llvm} {x.ref}, {y.ref}"))
+        raise self.fail(f"operator {type(op).__name__}")
+
+    def _static_power(self, base: Scal, exponent: int) -> Scal:
+        """``x ** n`` with a literal n: numba's static_power_impl (unrolled squarings)."""
+        if base.type.kind == "f":
+            result = base.type
+        else:
+            result = INT64 if base.type.signed else UINT64
+        if abs(exponent) > 0x10000:
+            raise self.fail("a literal exponent beyond 65536")
+        if exponent < 0 and result.kind != "f":
+            raise self.fail("an integer to a negative literal power")
+        value = self._cast(base, result)
+        body = self.body
+        mul = "fmul" if result.kind == "f" else "mul"
+        res = literal(1, result)
+        n = abs(exponent)
+        while n != 0:
+            if n & 1:
+                res = Scal(result, body.value(f"{mul} {result.llvm} {res.ref}, {value.ref}"))
+            n >>= 1
+            value = Scal(result, body.value(f"{mul} {result.llvm} {value.ref}, {value.ref}"))
+        if exponent < 0:
+            res = Scal(result, body.value(f"fdiv {result.llvm} {literal(1.0, result).ref}, {res.ref}"))
+        return res
+
+    def _int_exponent_power(self, base: Scal, exponent: Scal) -> Scal:
+        """``x ** n`` of a float by an integer variable: numba's int_power (squaring loop; 1/r for n < 0;
+        beyond 0x10000, math.pow)."""
+        raise self.fail("** of a float by an integer variable")
+
+    def _float_divmod(self, x: Scal, y: Scal, floor: bool) -> Scal:
+        """Python's float // and % as numba lowers them (real_floordiv_impl, real_mod_impl,
+        real_divmod_func_body: CPython's float_divmod)."""
+        body = self.body
+        t = x.type
+        ty = t.llvm
+        zero, nzero, one, half = (float_literal(v, t) for v in (0.0, -0.0, 1.0, 0.5))
+        result = body.slot(ty, "fdm")
+        is_zero = body.value(f"fcmp oeq {ty} {y.ref}, {zero}")
+        if_zero, if_not, done = body.label("fdm.zero"), body.label("fdm.nonzero"), body.label("fdm.end")
+        body.cbranch(is_zero, if_zero, if_not)
+        body.start(if_zero)
+        quick = body.value(f"{'fdiv' if floor else 'frem'} {ty} {x.ref}, {y.ref}")
+        body.emit(f"store {ty} {quick}, ptr {result}")
+        body.branch(done)
+        body.start(if_not)
+        mod = body.value(f"frem {ty} {x.ref}, {y.ref}")
+        div = body.value(f"fdiv {ty} " + body.value(f"fsub {ty} {x.ref}, {mod}") + f", {y.ref}")
+        pmod, pdiv = body.slot(ty, "pmod"), body.slot(ty, "pdiv")
+        body.emit(f"store {ty} {mod}, ptr {pmod}")
+        body.emit(f"store {ty} {div}, ptr {pdiv}")
+        mod_true = body.value(f"fcmp une {ty} {mod}, {zero}")
+        wx_ltz = body.value(f"fcmp olt {ty} {y.ref}, {zero}")
+        mod_ltz = body.value(f"fcmp olt {ty} {mod}, {zero}")
+        nonzero_mod, zero_mod, after = body.label("fdm.modnz"), body.label("fdm.modz"), body.label("fdm.modend")
+        body.cbranch(mod_true, nonzero_mod, zero_mod)
+        body.start(nonzero_mod)
+        differ = body.value(f"icmp ne i1 {wx_ltz}, {mod_ltz}")
+        fix, nofix = body.label("fdm.fix"), body.label("fdm.nofix")
+        body.cbranch(differ, fix, nofix)
+        body.start(fix)
+        body.emit(f"store {ty} " + body.value(f"fsub {ty} {div}, {one}") + f", ptr {pdiv}")
+        body.emit(f"store {ty} " + body.value(f"fadd {ty} {mod}, {y.ref}") + f", ptr {pmod}")
+        body.branch(nofix)
+        body.start(nofix)
+        body.branch(after)
+        body.start(zero_mod)
+        signed_zero = body.value(f"select i1 {wx_ltz}, {ty} {nzero}, {ty} {zero}")
+        body.emit(f"store {ty} {signed_zero}, ptr {pmod}")
+        body.branch(after)
+        body.start(after)
+        div2 = body.value(f"load {ty}, ptr {pdiv}")
+        div_true = body.value(f"fcmp one {ty} {div2}, {zero}")
+        pfloor = body.slot(ty, "pfloor")
+        snap, zero_div, snapped = body.label("fdm.snap"), body.label("fdm.zdiv"), body.label("fdm.snapped")
+        body.cbranch(div_true, snap, zero_div)
+        body.start(snap)
+        floored = self._call_extern("floor", t, [Scal(t, div2)]).ref
+        diff = body.value(f"fsub {ty} {div2}, {floored}")
+        incr = body.value(f"fadd {ty} {floored}, {one}")
+        over = body.value(f"fcmp ogt {ty} {diff}, {half}")
+        body.emit(f"store {ty} " + body.value(f"select i1 {over}, {ty} {incr}, {ty} {floored}") + f", ptr {pfloor}")
+        body.branch(snapped)
+        body.start(zero_div)
+        squared = body.value(f"fmul {ty} {div2}, {div2}")
+        body.emit(f"store {ty} {squared}, ptr {pdiv}")
+        signed = body.value(f"fdiv {ty} " + body.value(f"fmul {ty} {squared}, {x.ref}") + f", {y.ref}")
+        body.emit(f"store {ty} {signed}, ptr {pfloor}")
+        body.branch(snapped)
+        body.start(snapped)
+        answer = body.value(f"load {ty}, ptr {pfloor if floor else pmod}")
+        body.emit(f"store {ty} {answer}, ptr {result}")
+        body.branch(done)
+        body.start(done)
+        return Scal(t, body.value(f"load {ty}, ptr {result}"))
+
+    def _int_divmod(self, x: Scal, y: Scal, floor: bool) -> Scal:
+        """Python's integer // and % as numba lowers them (_int_divmod_impl, int_divmod_signed): 0 for a
+        zero divisor (the numpy error model), 0 for MIN // -1."""
+        body = self.body
+        t = x.type
+        ty = t.llvm
+        result = body.slot(ty, "idm")
+        body.emit(f"store {ty} 0, ptr {result}")
+        nonzero = body.value(f"icmp ne {ty} {y.ref}, 0")
+        work, done = body.label("idm.work"), body.label("idm.end")
+        if t.signed:
+            minimum = -(1 << (t.bits - 1))
+            overflow = body.value("and i1 " + body.value(f"icmp eq {ty} {x.ref}, {minimum}") + ", "
+                                  + body.value(f"icmp eq {ty} {y.ref}, -1"))
+            go = body.value(f"and i1 {nonzero}, " + body.value(f"xor i1 {overflow}, true"))
+        else:
+            go = nonzero
+        body.cbranch(go, work, done)
+        body.start(work)
+        if t.signed:
+            quotient = body.value(f"sdiv {ty} {x.ref}, {y.ref}")
+            remainder = body.value(f"srem {ty} {x.ref}, {y.ref}")
+            signs_differ = body.value(f"icmp slt {ty} " + body.value(f"xor {ty} {y.ref}, {remainder}") + ", 0")
+            remainder_true = body.value(f"icmp ne {ty} {remainder}, 0")
+            adjust = body.value(f"and i1 {remainder_true}, {signs_differ}")
+            if floor:
+                fixed = body.value(f"sub {ty} {quotient}, 1")
+                answer = body.value(f"select i1 {adjust}, {ty} {fixed}, {ty} {quotient}")
+            else:
+                fixed = body.value(f"add {ty} {remainder}, {y.ref}")
+                answer = body.value(f"select i1 {adjust}, {ty} {fixed}, {ty} {remainder}")
+        else:
+            answer = body.value(f"{'udiv' if floor else 'urem'} {ty} {x.ref}, {y.ref}")
+        body.emit(f"store {ty} {answer}, ptr {result}")
+        body.branch(done)
+        body.start(done)
+        return Scal(t, body.value(f"load {ty}, ptr {result}"))
+
+    def _e_Compare(self, node: ast.Compare) -> Any:
+        if len(node.ops) != 1:
+            raise self.fail("a chained comparison")
+        left = self._expr(node.left)
+        right = self._expr(node.comparators[0])
+        if left is UNKNOWN or right is UNKNOWN:
+            return UNKNOWN
+        if isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+            # only None is compared by identity here: decided at compile time, as numba decides it
+            if not ((isinstance(left, Obj) and left.what is None) or (isinstance(right, Obj) and right.what is None)):
+                raise self.fail("an identity comparison that is not with None")
+            same = (isinstance(left, Obj) and left.what is None) and (isinstance(right, Obj) and right.what is None)
+            return literal(same if isinstance(node.ops[0], ast.Is) else not same, BOOL)
+        return self._compare(node.ops[0], left, right)
+
+    def _compare(self, op: ast.cmpop, left: Any, right: Any) -> Scal:
+        if not (isinstance(left, Scal) and isinstance(right, Scal)):
+            raise self.fail("a comparison of values that are not numbers")
+        common = promote(left.type, right.type)
+        x, y = self._cast(left, common), self._cast(right, common)
+        body = self.body
+        kind = type(op)
+        if common.kind == "f":
+            predicate = {ast.Lt: "olt", ast.LtE: "ole", ast.Gt: "ogt", ast.GtE: "oge", ast.Eq: "oeq",
+                         ast.NotEq: "une"}.get(kind)
+            if predicate is None:
+                raise self.fail(f"comparison {kind.__name__}")
+            return Scal(BOOL, body.value(f"fcmp {predicate} {common.llvm} {x.ref}, {y.ref}"))
+        signed = common.signed
+        predicate = {ast.Lt: "slt" if signed else "ult", ast.LtE: "sle" if signed else "ule",
+                     ast.Gt: "sgt" if signed else "ugt", ast.GtE: "sge" if signed else "uge",
+                     ast.Eq: "eq", ast.NotEq: "ne"}.get(kind)
+        if predicate is None:
+            raise self.fail(f"comparison {kind.__name__}")
+        if common == BOOL:  # numba compares booleans as unsigned integers
+            predicate = {"slt": "ult", "sle": "ule", "sgt": "ugt", "sge": "uge"}.get(predicate, predicate)
+        return Scal(BOOL, body.value(f"icmp {predicate} {common.llvm} {x.ref}, {y.ref}"))
+
+    def _e_BoolOp(self, node: ast.BoolOp) -> Any:
+        """``a and b`` / ``a or b`` of booleans, short-circuit (other operand types are refused: Python
+        would return an operand, not a bool)."""
+        values = []
+        body = self.body
+        is_and = isinstance(node.op, ast.And)
+        result = body.slot("i1", "bool") if not self.dry else None
+        done = body.label("bool.end")
+        for number, operand in enumerate(node.values):
+            value = self._expr(operand)
+            if value is UNKNOWN:
+                values.append(UNKNOWN)
+                continue
+            if not (isinstance(value, Scal) and value.type == BOOL):
+                raise self.fail("and / or of values that are not booleans")
+            values.append(value)
+            if result is not None:
+                body.emit(f"store i1 {value.ref}, ptr {result}")
+            if number < len(node.values) - 1:
+                following = body.label("bool.next")
+                if is_and:
+                    body.cbranch(value.ref, following, done)
+                else:
+                    body.cbranch(value.ref, done, following)
+                body.start(following)
+        body.branch(done)
+        body.start(done)
+        if any(v is UNKNOWN for v in values):
+            return UNKNOWN
+        if self.dry:
+            return Scal(BOOL, "undef")
+        return Scal(BOOL, body.value(f"load i1, ptr {result}"))
+
+    def _e_IfExp(self, node: ast.IfExp) -> Any:
+        """``a if c else b``: branches (only the chosen side runs), the result unified as numba does."""
+        condition = self._expr(node.test)
+        if isinstance(condition, Scal) and condition.const is not None:
+            return self._expr(node.body if bool(condition.const) else node.orelse)
+        body = self.body
+        yes, no, done = body.label("ifx.then"), body.label("ifx.else"), body.label("ifx.end")
+        truth = self._truth(condition) if condition is not UNKNOWN else "undef"
+        # type both sides first (dry): the slot needs the unified type
+        saved = (self.body, self.dry)
+        self.body, self.dry = Body(dry=True), True
+        self.body.count = saved[0].count
+        try:
+            first = self._expr(node.body)
+            second = self._expr(node.orelse)
+        finally:
+            count = self.body.count
+            self.body, self.dry = saved
+            self.body.count = count
+        if first is UNKNOWN or second is UNKNOWN or condition is UNKNOWN:
+            return UNKNOWN
+        if not (isinstance(first, Scal) and isinstance(second, Scal)):
+            raise self.fail("a conditional expression of values that are not numbers")
+        common = unify(first.type, second.type)
+        if self.dry:
+            return Scal(common, "undef")
+        result = body.slot(common.llvm, "ifx")
+        body.cbranch(truth, yes, no)
+        body.start(yes)
+        value = self._cast(self._expr(node.body), common)
+        body.emit(f"store {common.llvm} {value.ref}, ptr {result}")
+        body.branch(done)
+        body.start(no)
+        value = self._cast(self._expr(node.orelse), common)
+        body.emit(f"store {common.llvm} {value.ref}, ptr {result}")
+        body.branch(done)
+        body.start(done)
+        return Scal(common, body.value(f"load {common.llvm}, ptr {result}"))
+
+    def _e_Subscript(self, node: ast.Subscript) -> Any:
+        base = self._expr(node.value)
+        if base is UNKNOWN:
+            return UNKNOWN
+        if isinstance(base, Tup):
+            index = node.slice
+            if isinstance(index, ast.Constant) and isinstance(index.value, int):
+                try:
+                    return base.items[index.value]
+                except IndexError:
+                    raise self.fail("a tuple index out of range") from None
+            if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub) and \
+                    isinstance(index.operand, ast.Constant):
+                return base.items[-index.operand.value]
+            return self._tuple_item(base, self._expr(index))
+        if not isinstance(base, Arr):
+            raise self.fail("indexing a value that is not an array or tuple")
+        pointer, remaining = self._element(base, node.slice)
+        if remaining is not None and remaining:
+            return remaining_array(base, pointer, len(base.shape) - len(remaining))
+        return self._load(base.type.dtype, pointer)
+
+    def _tuple_item(self, tuple_: Tup, index: Any) -> Any:
+        """``t[i]`` of a tuple of numbers by a variable index (numba's getitem of a UniTuple: the
+        items unified, negative indices from the end, IndexError beyond)."""
+        if index is UNKNOWN:
+            return UNKNOWN
+        if not (isinstance(index, Scal) and index.type.is_int):
+            raise self.fail("a tuple indexed by something other than an integer")
+        items = tuple_.items
+        if not items or not all(isinstance(item, Scal) for item in items):
+            raise self.fail("a tuple of values that are not numbers, indexed by a variable")
+        common = items[0].type
+        for item in items[1:]:
+            common = unify(common, item.type)
+        if self.dry:
+            return Scal(common, "undef")
+        body = self.body
+        count = len(items)
+        table = body.slot(f"[{count} x {common.llvm}]", "tuple")
+        for number, item in enumerate(items):
+            where = body.value(f"getelementptr [{count} x {common.llvm}], ptr {table}, i64 0, i64 {number}")
+            body.emit(f"store {common.llvm} {self._cast(item, common).ref}, ptr {where}")
+        position = self._cast(index, INTP)
+        if index.type.signed:
+            negative = body.value(f"icmp slt i64 {position.ref}, 0")
+            wrapped = body.value(f"add i64 {position.ref}, {count}")
+            position = Scal(INTP, body.value(f"select i1 {negative}, i64 {wrapped}, i64 {position.ref}"))
+        inside = body.value(f"icmp ult i64 {position.ref}, {count}")
+        bad, good = body.label("tuple.bad"), body.label("tuple.ok")
+        body.cbranch(inside, good, bad)
+        body.start(bad)
+        body.emit(f"store i32 {STATUS_INDEX}, ptr {self.status_slot}")
+        body.branch(self.exit)
+        body.start(good)
+        where = body.value(f"getelementptr [{count} x {common.llvm}], ptr {table}, i64 0, i64 {position.ref}")
+        return Scal(common, body.value(f"load {common.llvm}, ptr {where}"))
+
+    def _zero_check(self, divisor: Scal) -> None:
+        """The python error model: a zero divisor leaves with STATUS_ZERO_DIVISION (numba raises
+        ZeroDivisionError); the numpy model computes inf / nan (floats) or 0 (integers) instead."""
+        if not self.python_errors or self.dry:
+            return
+        body = self.body
+        if divisor.type.kind == "f":
+            zero = body.value(f"fcmp oeq {divisor.type.llvm} {divisor.ref}, {float_literal(0.0, divisor.type)}")
+        else:
+            zero = body.value(f"icmp eq {divisor.type.llvm} {divisor.ref}, 0")
+        bad, good = body.label("div.zero"), body.label("div.ok")
+        body.cbranch(zero, bad, good)
+        body.start(bad)
+        body.emit(f"store i32 {STATUS_ZERO_DIVISION}, ptr {self.status_slot}")
+        body.branch(self.exit)
+        body.start(good)
+
+    def _element(self, array: Arr, index_node: ast.expr) -> tuple[str, list | None]:
+        """The address of ``array[index]`` (and, for fewer indices than dimensions, the dimensions
+        left: a subarray)."""
+        if isinstance(index_node, ast.Tuple):
+            indices = [self._expr(e) for e in index_node.elts]
+        else:
+            indices = [self._expr(index_node)]
+        if len(indices) == 1 and isinstance(indices[0], Tup):
+            indices = indices[0].items
+        if any(i is UNKNOWN for i in indices):
+            if self.dry:
+                return "undef", ([] if len(indices) >= array.type.ndim else list(range(array.type.ndim - len(indices))))
+            raise self.fail("an index of unknown type")
+        if len(indices) > array.type.ndim:
+            raise self.fail("more indices than dimensions")
+        body = self.body
+        offset: Scal | None = None
+        for axis, index in enumerate(indices):
+            if not (isinstance(index, Scal) and index.type.is_int):
+                raise self.fail("an index that is not an integer (slices and arrays are numba's)")
+            position = self._cast(index, INTP)
+            if index.type.signed and not (position.const is not None and int(position.const) >= 0):
+                negative = body.value(f"icmp slt i64 {position.ref}, 0")
+                wrapped = body.value(f"add i64 {position.ref}, {array.shape[axis].ref}")
+                position = Scal(INTP, body.value(f"select i1 {negative}, i64 {wrapped}, i64 {position.ref}"))
+            term = self._int_op("mul", position, array.strides[axis])
+            offset = term if offset is None else self._int_op("add", offset, term)
+        if offset is None:
+            pointer = array.data
+        elif offset.const is not None and int(offset.const) == 0:
+            pointer = array.data
+        else:
+            pointer = body.value(f"getelementptr i8, ptr {array.data}, i64 {offset.ref}")
+        remaining = list(range(len(indices), array.type.ndim))
+        return pointer, remaining
+
+    def _load(self, dtype: Scalar, pointer: str) -> Scal:
+        if self.dry:
+            return Scal(dtype, "undef")
+        body = self.body
+        raw = body.value(f"load {dtype.memory}, ptr {pointer}, align {dtype.size}")
+        if dtype == BOOL:
+            return Scal(BOOL, body.value(f"icmp ne i8 {raw}, 0"))
+        return Scal(dtype, raw)
+
+    def _store(self, dtype: Scalar, pointer: str, value: Scal) -> None:
+        if self.dry:
+            return
+        stored = self._cast(value, dtype)
+        ref = stored.ref
+        if dtype == BOOL:
+            ref = self.body.value(f"zext i1 {ref} to i8")
+        self.body.emit(f"store {dtype.memory} {ref}, ptr {pointer}, align {dtype.size}")
+
+    def _e_Call(self, node: ast.Call) -> Any:
+        function = self._expr(node.func)
+        if function is UNKNOWN:
+            return UNKNOWN
+        if node.keywords and not (isinstance(function, Obj) and isinstance(function.what, Function)
+                                  and function.what.name in ("np.zeros", "np.empty")):
+            raise self.fail("a call with keyword arguments")
+        if not isinstance(function, Obj):
+            raise self.fail("calling a value that is not a function")
+        what = function.what
+        if isinstance(what, tuple) and what[0] == "method":
+            return self._method(what[1], what[2], node.args)
+        args = [self._expr(a) for a in node.args]
+        if any(a is UNKNOWN for a in args):
+            if isinstance(what, Function) and what.name.startswith("helper:"):
+                return self._helper_unknown(what.name[7:], args)
+            return UNKNOWN
+        if isinstance(what, DType):
+            return self._convert(args, what.scalar)
+        if not isinstance(what, Function):
+            raise self.fail(f"calling {what}")
+        name = what.name
+        if name.startswith("helper:"):
+            return self._helper(name[7:], args)
+        if name == "float":
+            return self._convert(args, FLOAT64)
+        if name == "int":
+            return self._convert(args, INT64)
+        if name == "bool":
+            if len(args) != 1 or not isinstance(args[0], Scal):
+                raise self.fail("bool() of a value that is not a number")
+            return Scal(BOOL, self._truth(args[0]))
+        if name in ("abs", "np.abs", "np.absolute"):
+            return self._abs(args)
+        if name in ("min", "max"):
+            return self._min_max(name, args)
+        if name == "len":
+            if len(args) == 1 and isinstance(args[0], Arr):
+                return args[0].shape[0]
+            if len(args) == 1 and isinstance(args[0], Tup):
+                return literal(len(args[0].items), INTP)
+            raise self.fail("len() of a value that is not an array")
+        if name in ("np.zeros", "np.empty"):
+            return self._allocate(node, args, zero=name == "np.zeros")
+        if name.startswith("math."):
+            return self._math(name[5:], args)
+        if name in ("np.isnan", "np.isinf", "np.isfinite") and len(args) == 1 and isinstance(args[0], Scal) \
+                and args[0].type.kind == "f":
+            return self._math(name[3:], args)
+        raise self.fail(f"call of {name}")
+
+    def _helper(self, name: str, args: list) -> Any:
+        types = []
+        for arg in args:
+            if isinstance(arg, Scal):
+                types.append(arg.type)
+            elif isinstance(arg, Arr):
+                types.append(ArrayArg(arg.type.dtype, arg.type.ndim, arg.layout, 0))
+            elif isinstance(arg, Obj) and arg.what is None:
+                types.append(NONE_ARG)
+            else:
+                raise self.fail(f"passing {type(arg).__name__} to {name}")
+        compiled = self.module.function(name, tuple(types))
+        body = self.body
+        pieces = []
+        for arg, type_ in zip(args, types):
+            if type_ == NONE_ARG:
+                continue
+            if isinstance(arg, Scal):
+                pieces.append(f"{type_.llvm} {arg.ref}")
+            else:
+                pieces.append(f"ptr {arg.data}")
+                pieces += [f"i64 {s.ref}" for s in arg.shape]
+                if arg.layout != "C":
+                    pieces += [f"i64 {s.ref}" for s in arg.strides]
+        if compiled.returns == NONE:
+            status = body.value(f"call i32 @\"{compiled.name}\"({', '.join(pieces)})")
+            self._check_status(status)
+            return Obj(None)
+        if self.dry:
+            return Scal(compiled.returns, "undef")
+        status_slot = body.slot("i32", "hst")
+        value = body.value(f"call {compiled.returns.llvm} @\"{compiled.name}\"({', '.join(pieces + [f'ptr {status_slot}'])})")
+        self._check_status(body.value(f"load i32, ptr {status_slot}"))
+        return Scal(compiled.returns, value)
+
+    def _helper_unknown(self, name: str, args: list) -> Any:
+        return UNKNOWN
+
+    def _check_status(self, status: str) -> None:
+        """Leave the function with a callee's failed status."""
+        if self.dry:
+            return
+        body = self.body
+        failed = body.value(f"icmp ne i32 {status}, 0")
+        bad, good = body.label("status.bad"), body.label("status.ok")
+        body.cbranch(failed, bad, good)
+        body.start(bad)
+        body.emit(f"store i32 {status}, ptr {self.status_slot}")
+        body.branch(self.exit)
+        body.start(good)
+
+    def _convert(self, args: list, to: Scalar) -> Scal:
+        if len(args) != 1 or not isinstance(args[0], Scal):
+            raise self.fail(f"{to}() of a value that is not one number")
+        return self._cast(args[0], to)
+
+    def _abs(self, args: list) -> Scal:
+        if len(args) != 1 or not isinstance(args[0], Scal):
+            raise self.fail("abs() of a value that is not a number")
+        value = args[0]
+        if value.type.kind == "f":
+            return self._call_intrinsic("fabs", value.type, [value])
+        body = self.body
+        if value.type == BOOL:
+            value = self._cast(value, INT8)
+        if not value.type.signed:
+            return value
+        negative = body.value(f"icmp slt {value.type.llvm} {value.ref}, 0")
+        negated = body.value(f"sub {value.type.llvm} 0, {value.ref}")
+        return Scal(value.type, body.value(f"select i1 {negative}, {value.type.llvm} {negated}, "
+                                           f"{value.type.llvm} {value.ref}"))
+
+    def _min_max(self, name: str, args: list) -> Scal:
+        """builtins min/max of numbers (numba's do_minmax: Python's algorithm, NaN operands included)."""
+        if len(args) == 1 and isinstance(args[0], Tup):
+            args = args[0].items
+        if len(args) < 2 or not all(isinstance(a, Scal) for a in args):
+            raise self.fail(f"{name}() of values that are not numbers")
+        accumulator = args[0]
+        for value in args[1:]:
+            common = promote(accumulator.type, value.type)
+            acc = self._cast(accumulator, common)
+            v = self._cast(value, common)
+            pred = self._compare(ast.Gt() if name == "max" else ast.Lt(), v, acc)
+            accumulator = Scal(common, self.body.value(f"select i1 {pred.ref}, {common.llvm} {v.ref}, "
+                                                        f"{common.llvm} {acc.ref}"))
+        return accumulator
+
+    def _math(self, name: str, args: list) -> Scal:
+        body = self.body
+        if not args or not all(isinstance(a, Scal) for a in args):
+            raise self.fail(f"math.{name} of values that are not numbers")
+        if name in ("isnan", "isinf", "isfinite"):
+            (value,) = args
+            if value.type.kind != "f":
+                return literal(name == "isfinite", BOOL)
+            ty = value.type.llvm
+            if name == "isnan":
+                return Scal(BOOL, body.value(f"fcmp uno {ty} {value.ref}, {value.ref}"))
+            if name == "isinf":
+                positive = body.value(f"fcmp oeq {ty} {value.ref}, {float_literal(math.inf, value.type)}")
+                negative = body.value(f"fcmp oeq {ty} {value.ref}, {float_literal(-math.inf, value.type)}")
+                return Scal(BOOL, body.value(f"or i1 {positive}, {negative}"))
+            difference = body.value(f"fsub {ty} {value.ref}, {value.ref}")
+            return Scal(BOOL, body.value(f"fcmp ord {ty} {difference}, {difference}"))
+        if name in MATH_UNARY:
+            if len(args) != 1:
+                raise self.fail(f"math.{name} takes one argument")
+            how, base, int_result = MATH_UNARY[name]
+            value = args[0]
+            kind = value.type if value.type.kind == "f" else FLOAT64
+            value = self._cast(value, kind)
+            if how == "intrinsic":
+                result = self._call_intrinsic(base, kind, [value])
+            else:
+                result = self._call_extern(base, kind, [value])
+            return self._cast(result, INT64) if int_result else result
+        if name in ("copysign", "atan2", "pow"):
+            if len(args) != 2:
+                raise self.fail(f"math.{name} takes two arguments")
+            a, b = args
+            if name == "pow":
+                if a.type.kind == "f" and b.type.kind == "f":
+                    common = promote(a.type, b.type)
+                    return self._call_intrinsic("pow", common, [self._cast(a, common), self._cast(b, common)])
+                raise self.fail("math.pow of integers")
+            if a.type.kind != "f" or b.type.kind != "f":
+                raise self.fail(f"math.{name} of integers")
+            common = promote(a.type, b.type)
+            a, b = self._cast(a, common), self._cast(b, common)
+            if name == "copysign":
+                return self._call_intrinsic("copysign", common, [a, b])
+            return self._call_extern("atan2", common, [a, b])
+        raise self.fail(f"math.{name}")
+
+    def _call_intrinsic(self, name: str, type_: Scalar, args: list) -> Scal:
+        suffix = "f32" if type_ == FLOAT32 else "f64"
+        symbol = f"llvm.{name}.{suffix}"
+        params = ", ".join([type_.llvm] * len(args))
+        self.module.declare(symbol, f"declare {type_.llvm} @{symbol}({params})")
+        value = self.body.value(f"call {type_.llvm} @{symbol}({', '.join(f'{type_.llvm} {a.ref}' for a in args)})")
+        return Scal(type_, value)
+
+    def _call_extern(self, name: str, type_: Scalar, args: list) -> Scal:
+        symbol = f"{name}f" if type_ == FLOAT32 else name
+        params = ", ".join([type_.llvm] * len(args))
+        # numba's cgutils.insert_pure_function: readnone nounwind
+        self.module.declare(symbol, f"declare {type_.llvm} @{symbol}({params}) nounwind memory(none)")
+        value = self.body.value(f"call {type_.llvm} @{symbol}({', '.join(f'{type_.llvm} {a.ref}' for a in args)})")
+        return Scal(type_, value)
+
+    def _method(self, method: str, base: Any, arg_nodes: list) -> Any:
+        args = [self._expr(a) for a in arg_nodes]
+        if any(a is UNKNOWN for a in args):
+            return UNKNOWN
+        if isinstance(base, Scal):
+            if method == "view" and len(args) == 1 and isinstance(args[0], Obj) and isinstance(args[0].what, DType):
+                to = args[0].what.scalar
+                if to.size != base.type.size or to == BOOL or base.type == BOOL:
+                    raise self.fail("a scalar view as a type of another size")
+                if to == base.type:
+                    return base
+                return Scal(to, self.body.value(f"bitcast {base.type.llvm} {base.ref} to {to.llvm}"))
+            raise self.fail(f"method {method} of a number")
+        if method == "reshape":
+            return self._reshape(base, args)
+        raise self.fail(f"array method {method}")
+
+    def _reshape(self, array: Arr, args: list) -> Arr:
+        if len(args) == 1 and isinstance(args[0], Tup):
+            shape = args[0].items
+        else:
+            shape = args
+        if not shape or not all(isinstance(s, Scal) and s.type.is_int for s in shape):
+            raise self.fail("reshape to a shape that is not integers")
+        if array.layout != "C":
+            raise self.fail("reshape of an array that may not be contiguous (numba refuses it)")
+        shape = [self._cast(s, INTP) for s in shape]
+        if any(s.const is not None and int(s.const) == -1 for s in shape):
+            raise self.fail("reshape with -1")
+        new_size = self._size(shape)
+        old_size = self._size(array.shape)
+        if not self.dry:
+            body = self.body
+            same = body.value(f"icmp eq i64 {new_size.ref}, {old_size.ref}")
+            bad, good = body.label("reshape.bad"), body.label("reshape.ok")
+            body.cbranch(same, good, bad)
+            body.start(bad)
+            body.emit(f"store i32 {STATUS_RESHAPE}, ptr {self.status_slot}")
+            body.branch(self.exit)
+            body.start(good)
+        return Arr(Array(array.type.dtype, len(shape)), "C", array.data, shape,
+                   self._c_strides(shape, array.type.dtype.size))
+
+    def _allocate(self, node: ast.Call, args: list, zero: bool) -> Arr:
+        if node.keywords:
+            if len(node.keywords) != 1 or node.keywords[0].arg != "dtype" or len(args) != 1:
+                raise self.fail("np.zeros / np.empty keywords other than dtype")
+            args = args + [self._expr(node.keywords[0].value)]
+        if not 1 <= len(args) <= 2:
+            raise self.fail("np.zeros / np.empty with other than a shape and a dtype")
+        shape_value = args[0]
+        shape = shape_value.items if isinstance(shape_value, Tup) else [shape_value]
+        if not all(isinstance(s, Scal) and s.type.is_int for s in shape):
+            raise self.fail("an allocation whose shape is not integers")
+        dtype = FLOAT64
+        if len(args) == 2:
+            if not (isinstance(args[1], Obj) and isinstance(args[1].what, DType)):
+                raise self.fail("an allocation whose dtype is not a numpy type")
+            dtype = args[1].what.scalar
+        shape = [self._cast(s, INTP) for s in shape]
+        size = self._size(shape)
+        body = self.body
+        if self.dry:
+            return Arr(Array(dtype, len(shape)), "C", "undef", shape, self._c_strides(shape, dtype.size))
+        nbytes = self._int_op("mul", size, literal(dtype.size, INTP))
+        at_least_one = body.value(f"select i1 " + body.value(f"icmp sgt i64 {nbytes.ref}, 0") +
+                                  f", i64 {nbytes.ref}, i64 1")
+        # One holder per allocation site: in a loop, the array of the previous iteration is freed
+        # when the next is made (the name it was bound to is rebound, as numba's reference count
+        # would free it), the last one at the function's exit.
+        self.module.declare("free", "declare void @free(ptr) nounwind")
+        holder = body.slot("ptr", "owned")
+        body.allocas.append(f"  store ptr null, ptr {holder}")
+        self._owned_holders.append(holder)
+        previous = body.value(f"load ptr, ptr {holder}")
+        body.emit(f"call void @free(ptr {previous})")
+        body.emit(f"store ptr null, ptr {holder}")
+        if zero:
+            self.module.declare("calloc", "declare noalias ptr @calloc(i64, i64) nounwind")
+            pointer = body.value(f"call ptr @calloc(i64 {at_least_one}, i64 1)")
+        else:
+            self.module.declare("malloc", "declare noalias ptr @malloc(i64) nounwind")
+            pointer = body.value(f"call ptr @malloc(i64 {at_least_one})")
+        failed = body.value(f"icmp eq ptr {pointer}, null")
+        bad, good = body.label("alloc.bad"), body.label("alloc.ok")
+        body.cbranch(failed, bad, good)
+        body.start(bad)
+        body.emit(f"store i32 {STATUS_MEMORY}, ptr {self.status_slot}")
+        body.branch(self.exit)
+        body.start(good)
+        body.emit(f"store ptr {pointer}, ptr {holder}")
+        return Arr(Array(dtype, len(shape)), "C", pointer, shape, self._c_strides(shape, dtype.size))
+
+    # ---------------------------------------------------------------- arithmetic helpers
+    def _size(self, shape: list) -> Scal:
+        size = literal(1, INTP)
+        for dim in shape:
+            size = self._int_op("mul", size, self._cast(dim, INTP))
+        return size
+
+    def _int_op(self, op: str, a: Scal, b: Scal) -> Scal:
+        """i64 arithmetic of sizes and offsets, folded when both are constants."""
+        if a.const is not None and b.const is not None:
+            x, y = int(a.const), int(b.const)
+            return literal({"mul": x * y, "add": x + y, "sub": x - y}[op], INTP)
+        if op == "mul":
+            if a.const is not None and int(a.const) == 1:
+                return b
+            if b.const is not None and int(b.const) == 1:
+                return a
+        if op == "add":
+            if a.const is not None and int(a.const) == 0:
+                return b
+            if b.const is not None and int(b.const) == 0:
+                return a
+        return Scal(INTP, self.body.value(f"{op} i64 {a.ref}, {b.ref}"))
+
+    def _truth(self, value: Any) -> str:
+        """An i1: the value's truth as Python (numba) sees it."""
+        if not isinstance(value, Scal):
+            raise self.fail("the truth of a value that is not a number")
+        if value.type == BOOL:
+            return value.ref
+        body = self.body
+        if value.type.kind == "f":
+            return body.value(f"fcmp une {value.type.llvm} {value.ref}, {float_literal(0.0, value.type)}")
+        return body.value(f"icmp ne {value.type.llvm} {value.ref}, 0")
+
+    def _cast(self, value: Scal, to: Scalar) -> Scal:
+        """numba's context.cast between number types (numba/core/base.py, numbers.py)."""
+        source = value.type
+        if source == to:
+            return value
+        if value.const is not None:
+            if to == BOOL:
+                return literal(bool(value.const), BOOL)
+            if source.kind == "f" and to.kind != "f":
+                if not math.isfinite(float(value.const)):
+                    pass  # LLVM's poison for out-of-range conversions: computed below
+                else:
+                    return literal(int(float(value.const)), to) if _fits(int(float(value.const)), to) else \
+                        self._cast(Scal(source, value.ref), to)
+            elif source.kind != "f" or to.kind == "f":
+                return literal(value.const if source.kind == "f" else int(value.const), to)
+        body = self.body
+        if to == BOOL:
+            return Scal(BOOL, self._truth(value))
+        if source.kind == "f" and to.kind == "f":
+            op = "fpext" if to.bits > source.bits else "fptrunc"
+            return Scal(to, body.value(f"{op} {source.llvm} {value.ref} to {to.llvm}"))
+        if source.kind == "f":
+            op = "fptosi" if to.signed else "fptoui"
+            return Scal(to, body.value(f"{op} {source.llvm} {value.ref} to {to.llvm}"))
+        if to.kind == "f":
+            op = "sitofp" if source.kind == "i" else "uitofp"
+            return Scal(to, body.value(f"{op} {source.llvm} {value.ref} to {to.llvm}"))
+        # integer to integer
+        from_bits = 1 if source == BOOL else source.bits
+        if to.bits == from_bits:
+            return Scal(to, value.ref)
+        if to.bits < from_bits:
+            return Scal(to, body.value(f"trunc {source.llvm} {value.ref} to {to.llvm}"))
+        op = "sext" if source.kind == "i" else "zext"
+        return Scal(to, body.value(f"{op} {source.llvm} {value.ref} to {to.llvm}"))
+
+
+def _fits(number: int, to: Scalar) -> bool:
+    if to.kind == "u":
+        return 0 <= number < (1 << to.bits)
+    if to.kind == "i":
+        return -(1 << (to.bits - 1)) <= number < (1 << (to.bits - 1))
+    return True
+
+
+def remaining_array(array: Arr, pointer: str, used: int) -> Arr:
+    """The subarray ``array[i, j]`` of the dimensions after the first ``used``."""
+    return Arr(Array(array.type.dtype, array.type.ndim - used), array.layout, pointer, array.shape[used:],
+               array.strides[used:])
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    return type(a) is type(b)
+
+
+def _load(target: ast.expr) -> ast.expr:
+    """The expression reading an assignment target (for ``x += y``)."""
+    copy = ast.parse(ast.unparse(target), mode="eval").body
+    return copy
+
+
+def _decorator_options(node: ast.FunctionDef) -> dict:
+    """The keyword options of an ``@njit(...)`` decorator (literals only)."""
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Name) and decorator.func.id == "njit":
+            options = {}
+            for keyword in decorator.keywords:
+                if isinstance(keyword.value, ast.Constant):
+                    options[keyword.arg] = keyword.value.value
+            return options
+        if isinstance(decorator, ast.Name) and decorator.id == "njit":
+            return {}
+    raise Unsupported(f"{node.name} is not an @njit function")
+
+
+def _assigned_names(statements: Sequence[ast.stmt]) -> set[str]:
+    names = set()
+    for statement in statements:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def _read_names(statements: Sequence[ast.stmt]) -> set[str]:
+    names = set()
+    for statement in statements:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                names.add(node.id)
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return names
+
+
+def _assigned_before_read(statements: Sequence[ast.stmt], name: str) -> bool:
+    """Whether the first statement of ``statements`` (at the top level) that mentions ``name``
+    assigns it without reading it: then every iteration defines it before any use (a private)."""
+    for statement in statements:
+        stores = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+                     for n in ast.walk(statement))
+        loads = name in _read_names([statement])
+        if isinstance(statement, ast.Assign) and stores and not loads:
+            return True
+        if stores or loads:
+            return False
+    return False
+
+
+def _has_prange(node: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "prange" for n in ast.walk(node))

@@ -1,0 +1,368 @@
+"""The native translator against numba: the same source compiled both ways gives the same bits.
+
+Each function below is written as bendc's generated kernels are written (njit, loops over range,
+typed constants, math calls, helpers of the module). The module is loaded as a kernel module is
+(runtime/artifact.py load_module), so its entry functions are NativeFunction objects; each is run
+natively and through numba's own dispatcher on copies of the same inputs (special values
+included: signed zeros, infinities, NaN, denormals, integer extremes), and every output array must
+match bit for bit. Functions outside the translator's subset must stay numba's and still run.
+"""
+from __future__ import annotations
+
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from runtime.artifact import load_module, module_name
+from runtime.native import jit
+from runtime.native.jit import NativeFunction
+
+HEADER = '''"""bendc kernel test module"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+SCALE = 3
+'''
+
+SOURCE = HEADER + textwrap.dedent('''
+    @njit(cache=True, error_model="numpy", no_cpython_wrapper=True, no_cfunc_wrapper=True)
+    def helper_scale(x, k):
+        """a helper returning a value"""
+        y = x * np.float32(k)
+        if y > np.float32(1.0e30):
+            return np.float32(np.inf)
+        return y
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def float_ops(a, b, out):
+        for i in range(out.shape[0]):
+            x = a[i]
+            y = b[i]
+            out[i, 0] = x + y
+            out[i, 1] = x - y
+            out[i, 2] = x * y
+            out[i, 3] = x / y
+            out[i, 4] = x // y
+            out[i, 5] = x % y
+            out[i, 6] = -x
+            out[i, 7] = abs(y)
+            out[i, 8] = min(x, y)
+            out[i, 9] = max(x, y)
+            out[i, 10] = np.float32(1.0) if x < y else (np.float32(2.0) if x == y else np.float32(3.0))
+            out[i, 11] = np.float32(x != y) + np.float32(x >= y) * np.float32(2.0)
+            out[i, 12] = np.float32(np.float64(x) * np.float64(y) + 0.1)
+            out[i, 13] = x * 2
+            out[i, 14] = x ** 2 + y ** 3
+            out[i, 15] = helper_scale(x, SCALE)
+            out[i, 16] = math.sqrt(abs(x))
+            out[i, 17] = np.float32(x).view(np.int32) >> np.int32(3)
+            out[i, 18] = np.float32(math.isnan(x)) + np.float32(math.isinf(y)) + np.float32(math.isfinite(x))
+            out[i, 19] = x if not (x > y and y > np.float32(0.0)) else y
+            out[i, 20] = x ** y
+            out[i, 21] = float(x) // 0.5
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def math_ops(a, out):
+        for i in range(a.shape[0]):
+            x = a[i]
+            out[i, 0] = math.exp(x)
+            out[i, 1] = math.log(x)
+            out[i, 2] = math.log1p(x)
+            out[i, 3] = math.expm1(x)
+            out[i, 4] = math.sin(x)
+            out[i, 5] = math.cos(x)
+            out[i, 6] = math.tan(x)
+            out[i, 7] = math.tanh(x)
+            out[i, 8] = math.erf(x)
+            out[i, 9] = math.erfc(x)
+            out[i, 10] = math.atan(x)
+            out[i, 11] = math.asin(x)
+            out[i, 12] = math.acos(x)
+            out[i, 13] = math.sinh(x)
+            out[i, 14] = math.cosh(x)
+            out[i, 15] = math.log2(x)
+            out[i, 16] = math.log10(x)
+            out[i, 17] = math.exp2(x)
+            out[i, 18] = math.floor(x) if math.isfinite(x) else x
+            out[i, 19] = math.ceil(x) if math.isfinite(x) else x
+            out[i, 20] = math.trunc(x) if math.isfinite(x) else x
+            out[i, 21] = math.copysign(np.float32(1.5), x)
+            out[i, 22] = math.atan2(x, np.float32(0.5))
+            out[i, 23] = math.pow(x, np.float32(1.5))
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def int_ops(a, b, out):
+        for i in range(a.shape[0]):
+            x = a[i]
+            y = b[i]
+            out[i, 0] = x + y
+            out[i, 1] = x - y
+            out[i, 2] = x * y
+            out[i, 3] = x // y
+            out[i, 4] = x % y
+            out[i, 5] = -x
+            out[i, 6] = abs(x)
+            out[i, 7] = min(x, y)
+            out[i, 8] = max(x, y)
+            out[i, 9] = x & y
+            out[i, 10] = x | y
+            out[i, 11] = x ^ y
+            out[i, 12] = x >> 3
+            out[i, 13] = (x << 2) + ~y
+            out[i, 14] = np.int64(x < y) + np.int64(x == y) * 2
+            out[i, 15] = np.int64(np.float32(x) / np.float32(3.0))
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def philox_like(seed, out):
+        low = np.uint64(0xFFFFFFFF)
+        shift = np.uint64(32)
+        for i in range(out.shape[0]):
+            c0 = np.uint64(i) & low
+            c1 = np.uint64(seed[0]) >> shift
+            k0 = np.uint64(seed[0]) & low
+            for _ in range(10):
+                p0 = np.uint64(0xD2511F53) * c0
+                c0, c1 = (p0 >> shift) ^ c1 ^ k0, p0 & low
+                k0 = (k0 + np.uint64(0x9E3779B9)) & low
+            out[i] = np.float32(c0 >> np.uint64(8)) * np.float32(5.9604645e-08)
+
+    @njit(parallel=False, cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def lanes_and_partials(in0, out0, out1):
+        a0 = np.zeros(out1.shape, np.float64)
+        for i0 in range(in0.shape[0]):
+            s_0 = s_1 = s_2 = s_3 = np.float64(0.0)
+            for i1_block in range(in0.shape[1] // 4):
+                i1 = 4 * i1_block + 0
+                s_0 += np.float64(in0[i0, i1])
+                i1 = 4 * i1_block + 1
+                s_1 += np.float64(in0[i0, i1])
+                i1 = 4 * i1_block + 2
+                s_2 += np.float64(in0[i0, i1])
+                i1 = 4 * i1_block + 3
+                s_3 += np.float64(in0[i0, i1])
+            for i1 in range(in0.shape[1] // 4 * 4, in0.shape[1]):
+                s_0 += np.float64(in0[i0, i1])
+            out0[i0] = np.float32((s_0 + s_1) + (s_2 + s_3))
+            for i1 in range(in0.shape[1]):
+                a0[i1] += np.float64(in0[i0, i1])
+        z0 = out1.reshape(out1.size)
+        w0 = a0.reshape(a0.size)
+        for q in range(z0.size):
+            z0[q] = np.float32(w0[q])
+
+    @njit(parallel=False, cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def collapsed(in0_full, in1, out0_full):
+        in0 = in0_full.reshape((in0_full.shape[0] * in0_full.shape[1],))
+        out0 = out0_full.reshape((out0_full.shape[0] * out0_full.shape[1],))
+        r1 = in1[()]
+        for i0 in range(out0.shape[0]):
+            out0[i0] = in0[i0] * r1 + (np.float32(1.0), np.float32(0.5), np.float32(0.25))[i0 % 3]
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def strided(a, out):
+        for i in range(a.shape[0]):
+            for j in range(a.shape[1]):
+                out[i, j] = a[i, j] + a[-1 - i, j]
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def scratch_in_loop(a, bias, out):
+        rows, width = a.shape
+        for r in range(rows):
+            scratch = np.empty(width, np.float32)
+            for c in range(width):
+                scratch[c] = a[r, c] * np.float32(2.0)
+            total = np.float32(0.0)
+            c = 0
+            while c < width:
+                if scratch[c] < np.float32(0.0):
+                    c += 1
+                    continue
+                total += scratch[c]
+                if total > np.float32(100.0):
+                    break
+                c += 1
+            out[r] = total if bias is None else total + bias[r]
+
+    @njit(cache=True, error_model="python", no_cfunc_wrapper=True)
+    def python_errors(a, b, out):
+        for i in range(a.shape[0]):
+            out[i] = a[i] // b[i]
+
+    @njit(parallel=True, cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def parallel_rows(a, scale, out, partial):
+        rows = a.shape[0]
+        for chunk in prange(4):
+            for r in range(chunk * rows // 4, (chunk + 1) * rows // 4):
+                total = np.float64(0.0)
+                for c in range(a.shape[1]):
+                    v = a[r, c] * scale[0]
+                    out[r, c] = v
+                    total += np.float64(v)
+                partial[chunk] += total
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def not_native(a, out):
+        for i in range(a.shape[0]):
+            out[i] = a[i:i + 1].sum()
+''')
+
+SPECIAL_F32 = np.array([0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, 7.0, 1e-40, -1e-40, 1e30, -1e30, 3.4e38, np.inf,
+                        -np.inf, np.nan, 2.0, 0.1, -0.3, 100.0, 1e-7, -7.0, 0.75, 1.5], np.float32)
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    name = module_name(SOURCE)
+    folder = tmp_path_factory.mktemp("native")
+    path = os.path.join(folder, f"{name}.py")
+    with open(path, "w") as stream:
+        stream.write(SOURCE)
+    return load_module(path, name)
+
+
+def both(function: NativeFunction, *args) -> tuple[list, list]:
+    """Run ``function`` natively and by numba on copies of ``args``: the arrays after each. A
+    read-only array (an input) is passed as it is, strides and all."""
+    assert isinstance(function, NativeFunction)
+
+    def copy(a):
+        return np.array(a, copy=True) if isinstance(a, np.ndarray) and a.flags.writeable else a
+
+    native, reference = [copy(a) for a in args], [copy(a) for a in args]
+    function(*native)
+    assert all(record.native for record in function.compiles.values()), \
+        {str(k): v.reason for k, v in function.compiles.items()}
+    function.dispatcher(*reference)
+    return native, reference
+
+
+def assert_same_bits(native: list, reference: list) -> None:
+    for number, (a, b) in enumerate(zip(native, reference)):
+        if isinstance(a, np.ndarray):
+            same = np.ascontiguousarray(a).view(np.uint8) == np.ascontiguousarray(b).view(np.uint8)
+            assert same.all(), f"argument {number}: native {a[~same.reshape(a.shape[:1] + (-1,)).all(-1)]!r} " \
+                               f"numba {b[~same.reshape(b.shape[:1] + (-1,)).all(-1)]!r}"
+
+
+def pairs_f32() -> tuple[np.ndarray, np.ndarray]:
+    a = np.repeat(SPECIAL_F32, SPECIAL_F32.size)
+    b = np.tile(SPECIAL_F32, SPECIAL_F32.size)
+    return a, b
+
+
+def test_float_arithmetic_and_helpers_give_numbas_bits(module):
+    a, b = pairs_f32()
+    out = np.zeros((a.size, 22), np.float32)
+    assert_same_bits(*both(module.float_ops, a, b, out))
+
+
+def test_math_functions_give_numbas_bits(module):
+    a = np.concatenate([SPECIAL_F32, np.linspace(-20, 20, 301, dtype=np.float32)])
+    out = np.zeros((a.size, 24), np.float32)
+    with np.errstate(all="ignore"):
+        assert_same_bits(*both(module.math_ops, a, out))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_integer_arithmetic_gives_numbas_bits(module, dtype):
+    info = np.iinfo(dtype)
+    values = np.array([0, 1, -1, 2, -2, 3, -7, 7, 100, -100, info.max, info.min, info.max - 1, info.min + 1], dtype)
+    a, b = np.repeat(values, values.size), np.tile(values, values.size)
+    out = np.zeros((a.size, 16), np.int64)
+    assert_same_bits(*both(module.int_ops, a, b, out))
+
+
+def test_uint64_arithmetic_gives_numbas_bits(module):
+    out = np.zeros(64, np.float32)
+    assert_same_bits(*both(module.philox_like, np.array([0x123456789ABCDEF], np.int64), out))
+
+
+def test_lane_sums_partials_and_reshapes(module):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 11)).astype(np.float32)
+    assert_same_bits(*both(module.lanes_and_partials, x, np.zeros(5, np.float32), np.zeros(11, np.float32)))
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    assert_same_bits(*both(module.collapsed, x, np.array(1.5, np.float32), np.zeros((2, 3), np.float32)))
+
+
+def test_strided_views_and_negative_indices(module):
+    x = np.arange(48, dtype=np.float32).reshape(6, 8)
+    view = x[::2, ::3]  # not contiguous: the 'A' specialization
+    view.flags.writeable = False
+    assert not view.flags.c_contiguous and not view.flags.writeable
+    assert_same_bits(*both(module.strided, view, np.zeros((3, 3), np.float32)))
+    assert_same_bits(*both(module.strided, x, np.zeros((6, 8), np.float32)))
+    assert len(module.strided.native_overloads) == 2
+
+
+def test_arrays_made_in_loops_while_break_continue_and_none(module):
+    x = np.random.default_rng(1).standard_normal((7, 30)).astype(np.float32) * 20
+    assert_same_bits(*both(module.scratch_in_loop, x, None, np.zeros(7, np.float32)))
+    assert_same_bits(*both(module.scratch_in_loop, x, np.arange(7, dtype=np.float32), np.zeros(7, np.float32)))
+
+
+def test_the_python_error_model_raises_zero_division_as_numba(module):
+    a = np.array([5.0, -3.0], np.float32)
+    out = np.zeros(2, np.float32)
+    native, reference = both(module.python_errors, a, np.array([2.0, 0.5], np.float32), out)
+    assert_same_bits(native, reference)
+    with pytest.raises(ZeroDivisionError):
+        module.python_errors(a, np.array([2.0, 0.0], np.float32), out)
+    with pytest.raises(ZeroDivisionError):
+        module.python_errors.dispatcher(a, np.array([2.0, 0.0], np.float32), out)
+
+
+def test_prange_runs_on_numbas_threading_layer_with_numbas_bits(module):
+    x = np.random.default_rng(2).standard_normal((37, 19)).astype(np.float32)
+    native, reference = both(module.parallel_rows, x, np.array([1.5], np.float32), np.zeros((37, 19), np.float32),
+                             np.zeros(4, np.float64))
+    assert_same_bits(native, reference)
+
+
+def test_what_the_translator_does_not_cover_stays_numbas(module):
+    """Slices and array methods are numba's: the function says why, and runs all the same."""
+    out = np.zeros(4, np.float32)
+    module.not_native(np.ones(4, np.float32), out)
+    assert (out == 1).all()
+    (record,) = module.not_native.compiles.values()
+    assert not record.native and "Slice" in record.reason
+
+
+def test_a_wrong_argument_is_refused_not_read(module):
+    """The entry checks each object's type, rank, dtype and layout before reading it."""
+    out = np.zeros((3, 3), np.float32)
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    module.strided(x, out)  # compiles the C specialization
+    entry = next(function for signature, function in module.strided.native_overloads.items()
+                 if signature[0].layout == "C")
+    assert entry(x, out) == 0
+    assert entry([1, 2, 3], out) == 1              # not an ndarray
+    assert entry(x.astype(np.float64), out) == 1   # another dtype
+    assert entry(x.reshape(9), out) == 1           # another rank
+    assert entry(x.T, out) == 1                    # another layout
+
+
+def test_objects_are_cached_and_signed(module, tmp_path):
+    """A second process would load the object: here, a fresh NativeFunction over the same module
+    finds it in the cache (signed), and a tampered object is compiled again, not loaded."""
+    function = module.strided
+    fresh = NativeFunction(function.dispatcher, function.module_name, function.source, function.source_path,
+                           function.numba_functions)
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    fresh(x, np.zeros((3, 3), np.float32))
+    assert any(record.cached for record in fresh.compiles.values())
+    folder = os.path.join(os.path.dirname(function.source_path), "__pycache__")
+    objects = [name for name in os.listdir(folder) if name.endswith(jit.NATIVE_SUFFIX) and ".strided." in name]
+    assert objects and all(os.path.exists(os.path.join(folder, name + ".sig")) for name in objects)
+    for name in objects:
+        with open(os.path.join(folder, name), "r+b") as stream:
+            stream.seek(100)
+            stream.write(b"\x90\x90\x90\x90")
+    tampered = NativeFunction(function.dispatcher, function.module_name, function.source, function.source_path,
+                              function.numba_functions)
+    tampered(x, np.zeros((3, 3), np.float32))
+    assert not any(record.cached for record in tampered.compiles.values())
