@@ -342,6 +342,8 @@ class NativeFunction:
             return ZeroDivisionError(f"division by zero ({self.module_name}.{self.__name__})")
         if status == _translate.STATUS_INDEX:
             return IndexError(f"tuple index out of range ({self.module_name}.{self.__name__})")
+        if status == _translate.STATUS_BROADCAST:
+            return ValueError(f"cannot assign slice from input of different size ({self.module_name}.{self.__name__})")
         messages = {_translate.STATUS_NOT_CONTIGUOUS: "reshape of an array that is not contiguous",
                     _translate.STATUS_RESHAPE: "cannot reshape array: the total size must be unchanged",
                     _translate.STATUS_MEMORY: "out of memory"}

@@ -45,6 +45,7 @@ STATUS_RESHAPE = 3         # reshape to another element count
 STATUS_MEMORY = 4          # np.zeros / np.empty could not allocate
 STATUS_ZERO_DIVISION = 5   # division by zero under the python error model (numba raises ZeroDivisionError)
 STATUS_INDEX = 6           # a tuple index out of range (numba raises IndexError)
+STATUS_BROADCAST = 7       # an array stored into a slice it does not broadcast onto (ValueError)
 
 MODULE_CONSTANTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi, "e": math.e}  # np.* and math.*
 NUMPY_DTYPES = {"float32": FLOAT32, "float64": FLOAT64, "int8": INT8, "int16": INT16, "int32": INT32,
@@ -261,6 +262,8 @@ class ModuleTranslator:
         """An exported entry function for ``args`` (arrays read from numpy objects, see the module
         docstring) and the module text holding it."""
         inner = self.function(name, args)
+        if inner.returns != NONE:
+            raise Unsupported(f"{name} returns a value to Python (a native entry returns its status)")
         symbol = f"{self.prefix}.{name}.entry"
         offsets = self.offsets
         body = Body(dry=False)
@@ -332,13 +335,7 @@ class ModuleTranslator:
                 for axis in range(arg.ndim):
                     element = body.value(f"getelementptr i64, ptr {strides}, i64 {axis}")
                     call_args.append(("i64", body.value(f"load i64, ptr {element}")))
-        if inner.returns == NONE:
-            status = body.value(f"call i32 @\"{inner.name}\"({', '.join(f'{t} {v}' for t, v in call_args)})")
-        else:
-            status_slot = body.value("alloca i32")
-            body.value(f"call {inner.returns.llvm} @\"{inner.name}\"("
-                       f"{', '.join([f'{t} {v}' for t, v in call_args] + [f'ptr {status_slot}'])})")
-            status = body.value(f"load i32, ptr {status_slot}")
+        status = body.value(f"call i32 @\"{inner.name}\"({', '.join(f'{t} {v}' for t, v in call_args)})")
         body.emit(f"ret i32 {status}")
         body.terminated = True
         body.start(fail)
@@ -419,7 +416,6 @@ class FunctionTranslator:
         self.loops: list[_Loop] = []
         self.nesting = 0
         self.nested_names: list[list[str]] = []
-        self.bound_by: dict[str, tuple] = {}
         self._owned_holders: list[str] = []
         self.private: set[str] = set()    # names a prange body assigned: not readable after it
         self.exit = "exit"
@@ -592,10 +588,9 @@ class FunctionTranslator:
                 return
             if name in self.types:
                 raise self.fail(f"{name} holds both a number and an array or tuple")
-            previous = self.bound_by.get(name)
-            if previous is not None and previous[0] is not target and (previous[1] or self.nesting):
-                raise self.fail(f"{name} is bound to an array or tuple twice, in a loop or branch")
-            self.bound_by[name] = (target, self.nesting)
+            # An array or tuple is a name for registers: bound in program order; one bound inside a
+            # loop or branch is forgotten after it (_nested), so no read can see registers that do
+            # not dominate it (reading it there is refused as an unknown name).
             self.scope[name] = ("value", value)
             if self.nesting:
                 self.nested_names[-1].append(name)
@@ -616,11 +611,15 @@ class FunctionTranslator:
                 return
             if not isinstance(array, Arr):
                 raise self.fail("item assignment to a value that is not an array")
-            if not isinstance(value, Scal):
-                raise self.fail("an array stored into an array element")
+            if _has_slice(target.slice):
+                self._fill(self._view(array, target.slice), value)
+                return
             pointer, remaining = self._element(array, target.slice)
             if remaining:
-                raise self.fail("storing into a whole row of an array")
+                self._fill(remaining_array(array, pointer, array.type.ndim - len(remaining)), value)
+                return
+            if not isinstance(value, Scal):
+                raise self.fail("an array stored into an array element")
             self._store(array.type.dtype, pointer, value)
             return
         raise self.fail(f"assignment to {type(target).__name__}")
@@ -636,10 +635,22 @@ class FunctionTranslator:
         if value is UNKNOWN:
             self.body.branch(self.exit)
             return
-        if not isinstance(value, Scal):
-            raise self.fail("returning something other than a number")
         if self.returns == NONE:
             raise self.fail("returns both a value and nothing")
+        if isinstance(value, Tup) and value.items and all(isinstance(item, Scal) for item in value.items):
+            self.returns = unify(self.returns, value.type)
+            if not self.dry:
+                if not isinstance(self.returns, Tuple):
+                    raise self.fail("returns both a number and a tuple")
+                packed = "undef"
+                for number, (item, type_) in enumerate(zip(value.items, self.returns.items)):
+                    packed = self.body.value(f"insertvalue {self.returns.llvm} {packed}, {type_.llvm} "
+                                             f"{self._cast(item, type_).ref}, {number}")
+                self.body.emit(f"store {self.returns.llvm} {packed}, ptr {self.return_slot}")
+            self.body.branch(self.exit)
+            return
+        if not isinstance(value, Scal):
+            raise self.fail("returning something other than a number or a tuple of numbers")
         self.returns = unify(self.returns, value.type)
         if not self.dry:
             self.body.emit(f"store {self.returns.llvm} {self._cast(value, self.returns).ref}, ptr {self.return_slot}")
@@ -651,7 +662,7 @@ class FunctionTranslator:
         call = node.iter
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in ("range", "prange")
                 and not call.keywords and 1 <= len(call.args) <= 3):
-            raise self.fail("a for loop over something other than range()")
+            return self._for_tuple(node)
         if not isinstance(node.target, ast.Name):
             raise self.fail("a for loop target that is not a name")
         if call.func.id == "prange" and not self.node.name.startswith("__prange_"):
@@ -706,6 +717,30 @@ class FunctionTranslator:
         body.start(latch)
         body.emit(f"{following} = add i64 {index}, {step.ref}")
         body.branch(header)
+        body.start(done)
+
+    def _for_tuple(self, node: ast.For) -> None:
+        """``for x in t`` over a tuple of numbers: the body once per item (numba iterates a tuple of
+        one type the same way, item by item); ``continue`` goes to the next item, ``break`` after them."""
+        items = self._expr(node.iter)
+        if items is UNKNOWN:
+            return
+        if not isinstance(items, Tup) or not all(isinstance(item, Scal) for item in items.items):
+            raise self.fail("a for loop over something other than range() or a tuple of numbers")
+        if not isinstance(node.target, ast.Name):
+            raise self.fail("a for loop target that is not a name")
+        body = self.body
+        done = body.label("tfor.end")
+        for item in items.items:
+            following = body.label("tfor.next")
+            self._assign(node.target, item)
+            self.loops.append(_Loop(following, done))
+            self._nested(node.body)
+            self.loops.pop()
+            if not body.terminated:
+                body.branch(following)
+            body.start(following)
+        body.branch(done)
         body.start(done)
 
     def _prange(self, node: ast.For) -> None:
@@ -961,6 +996,8 @@ class FunctionTranslator:
             return Scal(BOOL, body.value(f"xor i1 {truth}, true"))
         if isinstance(node.op, ast.USub):
             result = negation(value.type)
+            if value.const is not None and value.type in (INT64, FLOAT64, FLOAT32):  # a literal: folded
+                return literal(-value.const, result)
             if result.kind == "f":
                 # numba: fsub -0.0, x (mathimpl.negate_real)
                 return Scal(result, body.value(f"fsub {result.llvm} {float_literal(-0.0, result)}, {value.ref}"))
@@ -1299,10 +1336,184 @@ class FunctionTranslator:
             return self._tuple_item(base, self._expr(index))
         if not isinstance(base, Arr):
             raise self.fail("indexing a value that is not an array or tuple")
+        if _has_slice(node.slice):
+            return self._view(base, node.slice)
         pointer, remaining = self._element(base, node.slice)
         if remaining is not None and remaining:
             return remaining_array(base, pointer, len(base.shape) - len(remaining))
         return self._load(base.type.dtype, pointer)
+
+    def _view(self, array: Arr, index_node: ast.expr) -> Arr:
+        """Basic indexing with slices (numba's basic_indexing): integers pick, slices narrow
+        (Python's slice.indices: defaults, negative bounds from the end, clamped), missing trailing
+        dimensions are kept. The layout is numba's: C stays C while every index but an unstrided
+        innermost slice is an integer."""
+        elements = list(index_node.elts) if isinstance(index_node, ast.Tuple) else [index_node]
+        if len(elements) > array.type.ndim:
+            raise self.fail("more indices than dimensions")
+        body = self.body
+        offset = literal(0, INTP)
+        shape, strides, kinds = [], [], []
+        for axis, element in enumerate(elements):
+            size, stride = array.shape[axis], array.strides[axis]
+            if isinstance(element, ast.Slice):
+                start, length, step = self._slice(element, size)
+                offset = self._int_op("add", offset, self._int_op("mul", start, stride))
+                shape.append(length)
+                strides.append(self._int_op("mul", stride, step))
+                kinds.append("strided" if element.step is not None else "slice")
+                continue
+            index = self._expr(element)
+            if index is UNKNOWN:
+                return Arr(Array(array.type.dtype, 0), "A", "undef", [], [])
+            if not (isinstance(index, Scal) and index.type.is_int):
+                raise self.fail("an index that is not an integer or a slice")
+            position = self._cast(index, INTP)
+            if index.type.signed and not (position.const is not None and int(position.const) >= 0):
+                negative = body.value(f"icmp slt i64 {position.ref}, 0")
+                wrapped = body.value(f"add i64 {position.ref}, {size.ref}")
+                position = Scal(INTP, body.value(f"select i1 {negative}, i64 {wrapped}, i64 {position.ref}"))
+            offset = self._int_op("add", offset, self._int_op("mul", position, stride))
+            kinds.append("integer")
+        rest = range(len(elements), array.type.ndim)
+        shape += [array.shape[axis] for axis in rest]
+        strides += [array.strides[axis] for axis in rest]
+        layout = array.layout
+        if layout == "C":
+            if rest and any(k != "integer" for k in kinds):
+                layout = "A"
+            elif any(k != "integer" for k in kinds[:-1]) or (kinds and kinds[-1] == "strided"):
+                layout = "A"
+        pointer = array.data if offset.const is not None and int(offset.const) == 0 else \
+            body.value(f"getelementptr i8, ptr {array.data}, i64 {offset.ref}")
+        return Arr(Array(array.type.dtype, len(shape)), layout, pointer, shape, strides)
+
+    def _slice(self, node: ast.Slice, size: Scal) -> tuple[Scal, Scal, Scal]:
+        """(start, length, step) of ``lower:upper:step`` over a dimension of ``size`` (numba's
+        fix_slice and get_slice_length: CPython's PySlice_GetIndicesEx)."""
+        def bound(expression):
+            if expression is None:
+                return None
+            value = self._expr(expression)
+            if isinstance(value, Obj) and value.what is None:
+                return None
+            if value is UNKNOWN:
+                return literal(0, INTP)
+            if not (isinstance(value, Scal) and value.type.is_int):
+                raise self.fail("a slice bound that is not an integer")
+            return self._cast(value, INTP)
+
+        lower, upper, step = bound(node.lower), bound(node.upper), bound(node.step)
+        if step is None:
+            step = literal(1, INTP)
+        if step.const is None:
+            raise self.fail("a slice whose step is not a constant")
+        stride = int(step.const)
+        if stride == 0:
+            raise self.fail("a slice with step 0")
+        body = self.body
+
+        def fixed(value: Scal | None, default_up: Scal, default_down: Scal) -> Scal:
+            if value is None:
+                return default_up if stride > 0 else default_down
+            if value.const is not None and int(value.const) >= 0 and size.const is not None:
+                n = int(size.const)
+                v = int(value.const)
+                return literal(min(v, n) if stride > 0 else min(v, n - 1), INTP)
+            # negative: from the end; then clamped to [0, n] (step > 0) or [-1, n - 1] (step < 0)
+            negative = body.value(f"icmp slt i64 {value.ref}, 0")
+            shifted = body.value(f"add i64 {value.ref}, {size.ref}")
+            value = body.value(f"select i1 {negative}, i64 {shifted}, i64 {value.ref}")
+            low, high = (literal(0, INTP), size) if stride > 0 else \
+                (literal(-1, INTP), self._int_op("sub", size, literal(1, INTP)))
+            below = body.value(f"icmp slt i64 {value}, {low.ref}")
+            value = body.value(f"select i1 {below}, i64 {low.ref}, i64 {value}")
+            above = body.value(f"icmp sgt i64 {value}, {high.ref}")
+            return Scal(INTP, body.value(f"select i1 {above}, i64 {high.ref}, i64 {value}"))
+
+        start = fixed(lower, literal(0, INTP), self._int_op("sub", size, literal(1, INTP)))
+        stop = fixed(upper, size, literal(-1, INTP))
+        # length: max(0, ceil((stop - start) / step))
+        if stride > 0:
+            span = self._int_op("sub", stop, start)
+            if stride != 1:
+                span = Scal(INTP, body.value(f"sdiv i64 " + body.value(f"add i64 {span.ref}, {stride - 1}")
+                                             + f", {stride}"))
+        else:
+            span = self._int_op("sub", start, stop)
+            span = Scal(INTP, body.value(f"sdiv i64 " + body.value(f"add i64 {span.ref}, {-stride - 1}")
+                                         + f", {-stride}"))
+        if span.const is not None:
+            length = literal(max(0, int(span.const)), INTP)
+        else:
+            positive = body.value(f"icmp sgt i64 {span.ref}, 0")
+            length = Scal(INTP, body.value(f"select i1 {positive}, i64 {span.ref}, i64 0"))
+        return start, length, step
+
+    def _fill(self, target: Arr, value: Any) -> None:
+        """``view[...] = value``: a number into every element, or an array broadcast onto the view
+        (numba's setitem of a slice: the value's dimensions, aligned on the right, must each equal
+        the view's or be 1, else ValueError), element by element in C order."""
+        if self.dry:
+            return
+        if isinstance(value, Scal):
+            source = None
+        elif isinstance(value, Arr):
+            source = value
+            if source.type.ndim > target.type.ndim:
+                raise self.fail("an array of more dimensions stored into a slice")
+        else:
+            raise self.fail("storing something other than a number or an array into a slice")
+        body = self.body
+        ndim = target.type.ndim
+        if source is not None:
+            lead = ndim - source.type.ndim
+            for axis in range(source.type.ndim):
+                have, want = source.shape[axis], target.shape[lead + axis]
+                ok = body.value("or i1 " + body.value(f"icmp eq i64 {have.ref}, {want.ref}") + ", "
+                                + body.value(f"icmp eq i64 {have.ref}, 1"))
+                bad, good = body.label("fill.bad"), body.label("fill.ok")
+                body.cbranch(ok, good, bad)
+                body.start(bad)
+                body.emit(f"store i32 {STATUS_BROADCAST}, ptr {self.status_slot}")
+                body.branch(self.exit)
+                body.start(good)
+        indices: list[str] = []
+        exits = []
+        for axis in range(ndim):
+            before, header, inner, done = (body.label(f"fill{axis}.{part}") for part in ("pre", "head", "body", "end"))
+            index, following = body.tmp("fi"), body.tmp("fn")
+            body.branch(before)
+            body.start(before)
+            body.branch(header)
+            body.start(header)
+            latch = body.label(f"fill{axis}.latch")
+            body.emit(f"{index} = phi i64 [0, %{before}], [{following}, %{latch}]")
+            body.cbranch(body.value(f"icmp slt i64 {index}, {target.shape[axis].ref}"), inner, done)
+            body.start(inner)
+            indices.append(index)
+            exits.append((latch, index, following, header, done))
+        offset = literal(0, INTP)
+        for axis, index in enumerate(indices):
+            offset = self._int_op("add", offset, self._int_op("mul", Scal(INTP, index), target.strides[axis]))
+        pointer = body.value(f"getelementptr i8, ptr {target.data}, i64 {offset.ref}")
+        if source is None:
+            element = value
+        else:
+            lead = ndim - source.type.ndim
+            where = literal(0, INTP)
+            for axis in range(source.type.ndim):
+                one = body.value(f"icmp eq i64 {source.shape[axis].ref}, 1")
+                position = Scal(INTP, body.value(f"select i1 {one}, i64 0, i64 {indices[lead + axis]}"))
+                where = self._int_op("add", where, self._int_op("mul", position, source.strides[axis]))
+            element = self._load(source.type.dtype, body.value(f"getelementptr i8, ptr {source.data}, i64 {where.ref}"))
+        self._store(target.type.dtype, pointer, element)
+        for latch, index, following, header, done in reversed(exits):
+            body.branch(latch)
+            body.start(latch)
+            body.emit(f"{following} = add i64 {index}, 1")
+            body.branch(header)
+            body.start(done)
 
     def _tuple_item(self, tuple_: Tup, index: Any) -> Any:
         """``t[i]`` of a tuple of numbers by a variable index (numba's getitem of a UniTuple: the
@@ -1491,10 +1702,15 @@ class FunctionTranslator:
             self._check_status(status)
             return Obj(None)
         if self.dry:
+            if isinstance(compiled.returns, Tuple):
+                return Tup([Scal(item, "undef") for item in compiled.returns.items])
             return Scal(compiled.returns, "undef")
         status_slot = body.slot("i32", "hst")
         value = body.value(f"call {compiled.returns.llvm} @\"{compiled.name}\"({', '.join(pieces + [f'ptr {status_slot}'])})")
         self._check_status(body.value(f"load i32, ptr {status_slot}"))
+        if isinstance(compiled.returns, Tuple):
+            return Tup([Scal(item, body.value(f"extractvalue {compiled.returns.llvm} {value}, {number}"))
+                        for number, item in enumerate(compiled.returns.items)])
         return Scal(compiled.returns, value)
 
     def _helper_unknown(self, name: str, args: list) -> Any:
@@ -1849,6 +2065,11 @@ def _assigned_before_read(statements: Sequence[ast.stmt], name: str) -> bool:
         if stores or loads:
             return False
     return False
+
+
+def _has_slice(index: ast.expr) -> bool:
+    elements = index.elts if isinstance(index, ast.Tuple) else [index]
+    return any(isinstance(element, ast.Slice) for element in elements)
 
 
 def _has_prange(node: ast.FunctionDef) -> bool:

@@ -87,6 +87,11 @@ class Tuple:
     def __str__(self) -> str:
         return "(" + ", ".join(map(str, self.items)) + ")"
 
+    @property
+    def llvm(self) -> str:
+        """A tuple of numbers as an LLVM struct (what a helper returning one returns)."""
+        return "{" + ", ".join(item.llvm for item in self.items) + "}"
+
 
 @dataclass(frozen=True)
 class DType:
@@ -183,6 +188,8 @@ def unify(a, b):
         return a
     if isinstance(a, Scalar) and isinstance(b, Scalar):
         return promote(a, b)
+    if isinstance(a, Tuple) and isinstance(b, Tuple) and len(a.items) == len(b.items):
+        return Tuple(tuple(unify(x, y) for x, y in zip(a.items, b.items)))
     raise Unsupported(f"a variable holds both {a} and {b}")
 
 

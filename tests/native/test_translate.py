@@ -204,6 +204,37 @@ SOURCE = HEADER + textwrap.dedent('''
                     total += np.float64(v)
                 partial[chunk] += total
 
+    @njit(cache=True, no_cfunc_wrapper=True)
+    def deal(item, t):
+        other = t - 1 - item
+        if other == item:
+            return item, -1
+        return item, other
+
+    @njit(cache=True, no_cfunc_wrapper=True)
+    def row_sums(row, out):
+        for j in range(row.shape[0]):
+            out[0] += row[j]
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def slices_and_pairs(a, out, padded):
+        t = a.shape[0]
+        for item in range((t + 1) // 2):
+            cells = np.empty(t + 1, np.float32)
+            offset = 0
+            for i in deal(item, t):
+                if i < 0:
+                    continue
+                row = cells[offset:offset + i + 1]
+                for j in range(i + 1):
+                    row[j] = a[i, j]
+                row_sums(row, out[i])
+                offset += i + 1
+        padded[1:-1, 2:] = a[:, :-2]
+        padded[0, ::2] = np.float32(7.0)
+        padded[-1] = a[0, :]
+        out[::-1, 1] = a[:, -1]
+
     @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
     def not_native(a, out):
         for i in range(a.shape[0]):
@@ -323,13 +354,18 @@ def test_prange_runs_on_numbas_threading_layer_with_numbas_bits(module):
     assert_same_bits(native, reference)
 
 
+def test_tuples_from_helpers_loops_over_them_slices_and_slice_assignment(module):
+    a = np.arange(49, dtype=np.float32).reshape(7, 7) - 11  # square: row i reads i + 1 columns
+    assert_same_bits(*both(module.slices_and_pairs, a, np.zeros((7, 2), np.float32), np.zeros((9, 7), np.float32)))
+
+
 def test_what_the_translator_does_not_cover_stays_numbas(module):
     """Slices and array methods are numba's: the function says why, and runs all the same."""
     out = np.zeros(4, np.float32)
     module.not_native(np.ones(4, np.float32), out)
     assert (out == 1).all()
     (record,) = module.not_native.compiles.values()
-    assert not record.native and "Slice" in record.reason
+    assert not record.native and "array method sum" in record.reason
 
 
 def test_a_wrong_argument_is_refused_not_read(module):
