@@ -370,6 +370,8 @@ def precompile(plan: dict, modules: dict[str, Any], paths: dict[str, str], profi
     """Compile the kernels of a CPU plan before it is bound (see the module docstring)."""
     start = time.perf_counter()
     jobs = kernel_jobs(plan, modules, paths)
+    # in this process, one after another: llvmlite serializes every LLVM call (one lock), so
+    # threads would not overlap, and a worker's start (~0.5 s) costs more than most kernels take
     native = [outcome for outcome in map(compile_native_job, jobs) if outcome is not None]
     done = {id(outcome.job) for outcome in native}
     jobs = [job for job in jobs if id(job) not in done]

@@ -129,15 +129,28 @@ class _Llvm:
             except RuntimeError:
                 features = ""
         self.features = features
-        self.machine = target.create_target_machine(cpu=self.cpu, features=features, opt=3, reloc="static",
-                                                    codemodel="jitdefault", jit=True)
+        self.target = target
+        self.local = threading.local()  # a target machine per thread that compiles
+        self.machine = self._machine()
         self.data_layout = str(self.machine.target_data)
         # The ndarray type object every entry compares its arguments' types with.
         self._ndarray = ctypes.c_void_p(id(np.ndarray))
         llvm.add_symbol("bendc_ndarray_type", ctypes.addressof(self._ndarray))
         self._none = ctypes.c_void_p(id(None))  # what an argument compiled as None must be
         llvm.add_symbol("bendc_none", ctypes.addressof(self._none))
+        from numba import _helperlib
+
+        for name, address in _helperlib.c_helpers.items():  # numba's BLAS wrappers (np.dot), as numba adds them
+            llvm.add_symbol(f"numba_{name}", address)
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.machine)
+
+    def _machine(self) -> Any:
+        machine = getattr(self.local, "machine", None)
+        if machine is None:
+            machine = self.target.create_target_machine(cpu=self.cpu, features=self.features, opt=3, reloc="static",
+                                                        codemodel="jitdefault", jit=True)
+            self.local.machine = machine
+        return machine
 
     @property
     def fingerprint(self) -> str:
@@ -148,6 +161,7 @@ class _Llvm:
     def compile(self, text: str) -> bytes:
         """Optimize (numba's pipeline: O3, loop vectorization, no SLP) and compile to an object file."""
         llvm = self.llvm
+        machine = self._machine()
         module = llvm.parse_assembly(text)
         module.triple = self.triple
         module.data_layout = self.data_layout
@@ -155,9 +169,9 @@ class _Llvm:
         options = llvm.create_pipeline_tuning_options(speed_level=3)
         options.loop_vectorization = True
         options.slp_vectorization = False
-        builder = llvm.create_pass_builder(self.machine, options)
+        builder = llvm.create_pass_builder(machine, options)
         builder.getModulePassManager().run(module, builder)
-        return self.machine.emit_object(module)
+        return machine.emit_object(module)
 
     def load(self, data: bytes, symbol: str) -> int:
         with _LOCK:
@@ -166,9 +180,16 @@ class _Llvm:
             return self.engine.get_function_address(symbol)
 
 
-@functools.lru_cache(maxsize=None)
+_STATE: list[_Llvm] = []
+
+
 def llvm_state() -> _Llvm:
-    return _Llvm()
+    """The process's LLVM state, made once (by whichever thread asks first)."""
+    if not _STATE:
+        with _LOCK:
+            if not _STATE:
+                _STATE.append(_Llvm())
+    return _STATE[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -342,6 +363,10 @@ class NativeFunction:
             return ZeroDivisionError(f"division by zero ({self.module_name}.{self.__name__})")
         if status == _translate.STATUS_INDEX:
             return IndexError(f"tuple index out of range ({self.module_name}.{self.__name__})")
+        if status == _translate.STATUS_DOT_SHAPES:
+            return ValueError(f"incompatible array sizes for np.dot ({self.module_name}.{self.__name__})")
+        if status == _translate.STATUS_BLAS:
+            return OverflowError(f"a BLAS size beyond a C int, or BLAS failed ({self.module_name}.{self.__name__})")
         if status == _translate.STATUS_BROADCAST:
             return ValueError(f"cannot assign slice from input of different size ({self.module_name}.{self.__name__})")
         messages = {_translate.STATUS_NOT_CONTIGUOUS: "reshape of an array that is not contiguous",
@@ -428,8 +453,7 @@ class NativeFunction:
             text = translation.ir.replace(f'@"{translation.entry}"', f'@"{symbol}"')
             record.translate = time.perf_counter() - start
             start = time.perf_counter()
-            with _LOCK:
-                data = state.compile(text)
+            data = state.compile(text)
             record.llvm = time.perf_counter() - start
             if cache is not None:
                 cache.write(name, data)

@@ -46,6 +46,8 @@ STATUS_MEMORY = 4          # np.zeros / np.empty could not allocate
 STATUS_ZERO_DIVISION = 5   # division by zero under the python error model (numba raises ZeroDivisionError)
 STATUS_INDEX = 6           # a tuple index out of range (numba raises IndexError)
 STATUS_BROADCAST = 7       # an array stored into a slice it does not broadcast onto (ValueError)
+STATUS_DOT_SHAPES = 8      # np.dot of incompatible shapes (ValueError)
+STATUS_BLAS = 9            # a BLAS size beyond a C int, or numba's BLAS wrapper failed
 
 MODULE_CONSTANTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi, "e": math.e}  # np.* and math.*
 NUMPY_DTYPES = {"float32": FLOAT32, "float64": FLOAT64, "int8": INT8, "int16": INT16, "int32": INT32,
@@ -845,8 +847,19 @@ class FunctionTranslator:
                             "declare void @numba_parallel_for(ptr, ptr, ptr, ptr, ptr, i64, i64, i32)")
         self.module.declare("get_num_threads", "declare i32 @get_num_threads()")
         threads = body.value("call i32 @get_num_threads()")
+        # the GIL released while the threads run (as numba's parallel gufunc wrapper does): a thread
+        # that needs it (numba's BLAS wrappers take it once to find scipy's functions) must not wait
+        # on this one
+        self.module.declare("PyGILState_Ensure", "declare i32 @PyGILState_Ensure()")
+        self.module.declare("PyGILState_Release", "declare void @PyGILState_Release(i32)")
+        self.module.declare("PyEval_SaveThread", "declare ptr @PyEval_SaveThread()")
+        self.module.declare("PyEval_RestoreThread", "declare void @PyEval_RestoreThread(ptr)")
+        gil = body.value("call i32 @PyGILState_Ensure()")
+        thread = body.value("call ptr @PyEval_SaveThread()")
         body.emit(f"call void @numba_parallel_for(ptr @\"{task}\", ptr {args}, ptr {dims}, ptr {steps}, "
                   f"ptr {context}, i64 0, i64 1, i32 {threads})")
+        body.emit(f"call void @PyEval_RestoreThread(ptr {thread})")
+        body.emit(f"call void @PyGILState_Release(i32 {gil})")
         status = body.value(f"load i32, ptr " + body.value(f"getelementptr {struct}, ptr {context}, i32 0, i32 0"))
         self._check_status(status)
         body.branch(done)
@@ -967,6 +980,9 @@ class FunctionTranslator:
                 return self._size(base.shape)
             if attr == "ndim":
                 return literal(base.type.ndim, INTP)
+            if attr == "T":  # the reversed axes: C <-> F (numba's transpose)
+                layout = {"C": "F", "F": "C"}.get(base.layout, "A")
+                return Arr(base.type, layout, base.data, base.shape[::-1], base.strides[::-1])
             if attr in ("reshape", "view", "astype", "copy", "fill", "sum", "min", "max"):
                 return Obj(("method", attr, base))
             raise self.fail(f"array attribute {attr}")
@@ -1378,12 +1394,7 @@ class FunctionTranslator:
         rest = range(len(elements), array.type.ndim)
         shape += [array.shape[axis] for axis in rest]
         strides += [array.strides[axis] for axis in rest]
-        layout = array.layout
-        if layout == "C":
-            if rest and any(k != "integer" for k in kinds):
-                layout = "A"
-            elif any(k != "integer" for k in kinds[:-1]) or (kinds and kinds[-1] == "strided"):
-                layout = "A"
+        layout = _index_layout(array.layout, kinds, array.type.ndim)
         pointer = array.data if offset.const is not None and int(offset.const) == 0 else \
             body.value(f"getelementptr i8, ptr {array.data}, i64 {offset.ref}")
         return Arr(Array(array.type.dtype, len(shape)), layout, pointer, shape, strides)
@@ -1627,7 +1638,7 @@ class FunctionTranslator:
         if function is UNKNOWN:
             return UNKNOWN
         if node.keywords and not (isinstance(function, Obj) and isinstance(function.what, Function)
-                                  and function.what.name in ("np.zeros", "np.empty")):
+                                  and function.what.name in ("np.zeros", "np.empty", "np.full")):
             raise self.fail("a call with keyword arguments")
         if not isinstance(function, Obj):
             raise self.fail("calling a value that is not a function")
@@ -1666,6 +1677,10 @@ class FunctionTranslator:
             raise self.fail("len() of a value that is not an array")
         if name in ("np.zeros", "np.empty"):
             return self._allocate(node, args, zero=name == "np.zeros")
+        if name == "np.full":
+            return self._full(node, args)
+        if name == "np.dot":
+            return self._dot(args)
         if name.startswith("math."):
             return self._math(name[5:], args)
         if name in ("np.isnan", "np.isinf", "np.isfinite") and len(args) == 1 and isinstance(args[0], Scal) \
@@ -1872,8 +1887,145 @@ class FunctionTranslator:
         return Arr(Array(array.type.dtype, len(shape)), "C", array.data, shape,
                    self._c_strides(shape, array.type.dtype.size))
 
-    def _allocate(self, node: ast.Call, args: list, zero: bool) -> Arr:
+    def _full(self, node: ast.Call, args: list) -> Arr:
+        """np.full(shape, value, dtype): an allocation, then the value cast into every element
+        (numba's full: dtype default from the value's type)."""
         if node.keywords:
+            if len(node.keywords) != 1 or node.keywords[0].arg != "dtype" or len(args) != 2:
+                raise self.fail("np.full keywords other than dtype")
+            args = args + [self._expr(node.keywords[0].value)]
+        if len(args) not in (2, 3) or not isinstance(args[1], Scal):
+            raise self.fail("np.full with other than a shape, a number and a dtype")
+        dtype = args[2] if len(args) == 3 else Obj(DType(args[1].type if args[1].type != BOOL else BOOL))
+        array = self._allocate(node, [args[0], dtype], zero=False, keywords=False)
+        self._fill(array, args[1])
+        return array
+
+    def _contiguous(self, array: Arr) -> Arr:
+        """numba's make_contiguous: an array typed neither C nor F is copied into a new C array."""
+        if array.layout in ("C", "F"):
+            return array
+        copy = self._allocate(None, [Tup(list(array.shape)), Obj(DType(array.type.dtype))], zero=False,
+                              keywords=False)
+        self._fill(copy, array)
+        return copy
+
+    def _dot(self, args: list) -> Arr | None:
+        """np.dot of two matrices (into ``out`` when given): numba's dot_2_mm / dot_3_mm, calling
+        numba's own BLAS wrappers (numba_xxgemm, numba_xxgemv, numba_xxdot: scipy's BLAS) with the
+        same operands, transposes and leading dimensions, so the products are numba's bit for bit."""
+        if len(args) not in (2, 3) or not all(isinstance(a, Arr) for a in args):
+            raise self.fail("np.dot of values that are not arrays")
+        a, b = args[0], args[1]
+        if a.type.ndim != 2 or b.type.ndim != 2 or (len(args) == 3 and args[2].type.ndim != 2):
+            raise self.fail("np.dot of other than two matrices")
+        dtypes = {x.type.dtype for x in args}
+        if len(dtypes) != 1 or a.type.dtype not in (FLOAT32, FLOAT64):
+            raise self.fail("np.dot of other than float32 or float64 matrices of one dtype")
+        dtype = a.type.dtype
+        a, b = self._contiguous(a), self._contiguous(b)
+        m, k = a.shape
+        _, n = b.shape
+        body = self.body
+        if len(args) == 2:
+            out = self._allocate(None, [Tup([m, n]), Obj(DType(dtype))], zero=False, keywords=False)
+        else:
+            out = args[2]
+            if out.layout != "C":
+                raise self.fail("np.dot into an array not typed C-contiguous (numba refuses it)")
+        if self.dry:
+            return out if len(args) == 2 else None
+        # check_args: k == b's rows, out's shape (m, n)
+        same = body.value("and i1 " + body.value(f"icmp eq i64 {k.ref}, {b.shape[0].ref}") + ", "
+                          + body.value("and i1 " + body.value(f"icmp eq i64 {out.shape[0].ref}, {m.ref}") + ", "
+                                       + body.value(f"icmp eq i64 {out.shape[1].ref}, {n.ref}")))
+        self._leave_unless(same, STATUS_DOT_SHAPES)
+        limit = (1 << 31) - 1
+        for size in (m, k, n):
+            self._leave_unless(body.value(f"icmp sle i64 {size.ref}, {limit}"), STATUS_BLAS)
+        kind = ord("s" if dtype == FLOAT32 else "d")
+        ty = dtype.llvm
+        empty = body.value("or i1 " + body.value(f"icmp eq i64 {k.ref}, 0") + ", " + body.value(
+            "or i1 " + body.value(f"icmp eq i64 {m.ref}, 0") + ", " + body.value(f"icmp eq i64 {n.ref}, 0")))
+        zero_it, work, done = body.label("dot.zero"), body.label("dot.work"), body.label("dot.done")
+        body.cbranch(empty, zero_it, work)
+        body.start(zero_it)
+        self._fill(out, literal(0, dtype))
+        body.branch(done)
+        body.start(work)
+        alpha, beta = body.slot(ty, "alpha"), body.slot(ty, "beta")
+        body.emit(f"store {ty} {float_literal(1.0, dtype)}, ptr {alpha}")
+        body.emit(f"store {ty} {float_literal(0.0, dtype)}, ptr {beta}")
+        for name, signature in (("xxgemm", "i8, i8, i8, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, ptr, i64"),
+                                ("xxgemv", "i8, i8, i64, i64, ptr, ptr, i64, ptr, ptr, ptr"),
+                                ("xxdot", "i8, i8, i64, ptr, ptr, ptr")):
+            self.module.declare(f"numba_{name}", f"declare i32 @numba_{name}({signature})")
+        right_vector = body.value(f"icmp eq i64 {n.ref}, 1")
+        left_vector = body.value(f"icmp eq i64 {m.ref}, 1")
+        vv, mv, vm, mm = (body.label(f"dot.{x}") for x in ("vv", "mv", "vm", "mm"))
+        r_vec, r_mat = body.label("dot.rvec"), body.label("dot.rmat")
+        body.cbranch(right_vector, r_vec, r_mat)
+        statuses = []
+        body.start(r_vec)
+        body.cbranch(left_vector, vv, mv)
+        body.start(vv)  # V * V
+        statuses.append((vv, body.value(f"call i32 @numba_xxdot(i8 {kind}, i8 0, i64 {k.ref}, ptr {a.data}, "
+                                        f"ptr {b.data}, ptr {out.data})")))
+        vv_end = body.label("dot.vvend")
+        body.branch(vv_end)
+        body.start(vv_end)
+        statuses[-1] = (vv_end, statuses[-1][1])
+        body.branch(done + ".blas")
+        body.start(mv)  # M * V: a is the matrix
+        statuses.append((mv, self._gemv(kind, a, b.data, out.data, a.layout == out.layout, alpha, beta)))
+        body.branch(done + ".blas")
+        body.start(r_mat)
+        body.cbranch(left_vector, vm, mm)
+        body.start(vm)  # V * M: b is the matrix
+        statuses.append((vm, self._gemv(kind, b, a.data, out.data, b.layout != out.layout, alpha, beta)))
+        body.branch(done + ".blas")
+        body.start(mm)  # M * M: numba's call_xxgemm (computing out^T = b^T a^T, column-major)
+        def parameters(x: Arr):
+            return ("110" if x.layout == out.layout else "116",  # 'n' / 't'
+                    (x.shape[1] if x.layout == "C" else x.shape[0]).ref, x.data)
+        transa, lda, data_a = parameters(b)
+        transb, ldb, data_b = parameters(a)
+        ldc = (out.shape[1] if out.layout == "C" else out.shape[0]).ref
+        statuses.append((mm, body.value(
+            f"call i32 @numba_xxgemm(i8 {kind}, i8 {transa}, i8 {transb}, i64 {n.ref}, i64 {m.ref}, i64 {k.ref}, "
+            f"ptr {alpha}, ptr {data_a}, i64 {lda}, ptr {data_b}, i64 {ldb}, ptr {beta}, ptr {out.data}, i64 {ldc})")))
+        body.branch(done + ".blas")
+        body.start(done + ".blas")
+        status = body.value("phi i32 " + ", ".join(f"[{value}, %{label}]" for label, value in statuses))
+        self._leave_unless(body.value(f"icmp eq i32 {status}, 0"), STATUS_BLAS)
+        body.branch(done)
+        body.start(done)
+        return out if len(args) == 2 else None
+
+    def _gemv(self, kind: int, matrix: Arr, vector: str, out: str, transpose: bool, alpha: str, beta: str) -> str:
+        """numba's call_xxgemv."""
+        if matrix.layout == "F":
+            m, n = matrix.shape
+            lda = matrix.shape[0]
+        else:
+            n, m = matrix.shape
+            lda = matrix.shape[1]
+        trans = ord("t") if transpose else ord("n")
+        return self.body.value(f"call i32 @numba_xxgemv(i8 {kind}, i8 {trans}, i64 {m.ref}, i64 {n.ref}, ptr {alpha}, "
+                               f"ptr {matrix.data}, i64 {lda.ref}, ptr {vector}, ptr {beta}, ptr {out})")
+
+    def _leave_unless(self, condition: str, status: int) -> None:
+        """Leave the function with ``status`` where ``condition`` (an i1) is false."""
+        body = self.body
+        bad, good = body.label("check.bad"), body.label("check.ok")
+        body.cbranch(condition, good, bad)
+        body.start(bad)
+        body.emit(f"store i32 {status}, ptr {self.status_slot}")
+        body.branch(self.exit)
+        body.start(good)
+
+    def _allocate(self, node: ast.Call | None, args: list, zero: bool, keywords: bool = True) -> Arr:
+        if keywords and node is not None and node.keywords:
             if len(node.keywords) != 1 or node.keywords[0].arg != "dtype" or len(args) != 1:
                 raise self.fail("np.zeros / np.empty keywords other than dtype")
             args = args + [self._expr(node.keywords[0].value)]
@@ -2004,8 +2156,9 @@ def _fits(number: int, to: Scalar) -> bool:
 
 
 def remaining_array(array: Arr, pointer: str, used: int) -> Arr:
-    """The subarray ``array[i, j]`` of the dimensions after the first ``used``."""
-    return Arr(Array(array.type.dtype, array.type.ndim - used), array.layout, pointer, array.shape[used:],
+    """The subarray ``array[i, j]`` of the dimensions after the first ``used`` (layout: numba's rule)."""
+    layout = _index_layout(array.layout, ["integer"] * used, array.type.ndim)
+    return Arr(Array(array.type.dtype, array.type.ndim - used), layout, pointer, array.shape[used:],
                array.strides[used:])
 
 
@@ -2065,6 +2218,23 @@ def _assigned_before_read(statements: Sequence[ast.stmt], name: str) -> bool:
         if stores or loads:
             return False
     return False
+
+
+def _index_layout(layout: str, kinds: list[str], ndim: int) -> str:
+    """numba's layout of ``a[indices]`` (arraydecl.get_array_index_type, no ellipsis): integers and
+    an unstrided slice as the innermost index given keep C (from the left) or F (all indices given,
+    read from the right) contiguity; anything else is A."""
+    def keeps(kind: str, innermost: bool) -> bool:
+        return kind == "integer" or (innermost and kind == "slice")
+
+    def contiguous(indices: list[str]) -> bool:
+        return all(keeps(k, False) for k in indices[:-1]) and (not indices or keeps(indices[-1], True))
+
+    if layout == "C":
+        return "C" if contiguous(kinds) else "A"
+    if layout == "F":
+        return "F" if len(kinds) == ndim and contiguous(kinds[::-1]) else "A"
+    return layout
 
 
 def _has_slice(index: ast.expr) -> bool:

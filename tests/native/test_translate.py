@@ -236,6 +236,23 @@ SOURCE = HEADER + textwrap.dedent('''
         out[::-1, 1] = a[:, -1]
 
     @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def products(a, b, out, square, vector, column, single, rows):
+        m = a.shape[0]
+        first = np.dot(a, b.T)                  # C x F: a transposed operand
+        for i in range(m):
+            for j in range(first.shape[1]):
+                out[i, j] = first[i, j]
+        np.dot(a[:rows].T, a[:rows], square)    # F x C into C
+        np.dot(a[:1], b.T, vector)              # a row vector times a matrix: gemv
+        tile = np.full((a.shape[1], 2), np.float32(0.5))
+        np.dot(a, tile[:, ::2], column)         # a strided operand (A: copied first), a column: gemv
+        scratch = np.zeros((m, m), np.float32)
+        np.dot(a, a.T, scratch)
+        for i in range(m):
+            out[i, -1] = scratch[i, i]
+        np.dot(a[:1], a[1:2].T, single)         # vector . vector: dot
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
     def not_native(a, out):
         for i in range(a.shape[0]):
             out[i] = a[i:i + 1].sum()
@@ -357,6 +374,15 @@ def test_prange_runs_on_numbas_threading_layer_with_numbas_bits(module):
 def test_tuples_from_helpers_loops_over_them_slices_and_slice_assignment(module):
     a = np.arange(49, dtype=np.float32).reshape(7, 7) - 11  # square: row i reads i + 1 columns
     assert_same_bits(*both(module.slices_and_pairs, a, np.zeros((7, 2), np.float32), np.zeros((9, 7), np.float32)))
+
+
+def test_blas_products_transposes_and_full_give_numbas_bits(module):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((6, 5)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+    assert_same_bits(*both(module.products, a, b, np.zeros((6, 8), np.float32), np.zeros((5, 5), np.float32),
+                           np.zeros((1, 4), np.float32), np.zeros((6, 1), np.float32), np.zeros((1, 1), np.float32),
+                           3))
 
 
 def test_what_the_translator_does_not_cover_stays_numbas(module):
