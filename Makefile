@@ -25,23 +25,21 @@ train: $(VENV)/.installed-core
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PARALLEL := -n $(JOBS) --dist loadfile
 
-# Everything that guards correctness at small sizes (<= 12 minutes on a 2-core machine), in three
-# pytest runs. tests/ops has its own: numba never frees the machine code it compiles (about 1.6 MiB
-# a kernel; numba issues #5976, #7831), so a worker's memory is the kernels it compiled, and each
-# half of the suite compiles about half of them (a worker peaks near 2 GiB instead of 3.3). The
-# simulator tests need their own process: numba reads NUMBA_ENABLE_CUDASIM at import.
-# The three runs share one signing key and kernel cache (BENDC_TEST_ROOT, a folder made for this
-# run and removed after it): each run loads the kernels an earlier one compiled.
+# Everything that guards correctness at small sizes (<= 12 minutes on a 2-core machine), in two
+# pytest runs: the suite, then the simulator tests in a process of their own (numba reads
+# NUMBA_ENABLE_CUDASIM at import). Native kernels (runtime/native) keep a worker near 1 GiB: the
+# suite no longer needs splitting for memory (numba's machine code, ~1.6 MiB a kernel that it never
+# frees, made each half-suite worker peak near 2 GiB).
+# The two runs share one signing key and kernel cache (BENDC_TEST_ROOT, a folder made for this
+# run and removed after it): the simulator run loads the kernels the first one compiled.
 test: $(VENV)/.installed-test
 	@root=$$(mktemp -d "$${TMPDIR:-/tmp}/bendc-test.XXXXXX") && export BENDC_TEST_ROOT=$$root && \
-	$(PY) -m pytest -q $(PARALLEL) --durations=20 tests/ops && \
-	$(PY) -m pytest -q $(PARALLEL) --durations=20 --ignore=tests/ops && \
+	$(PY) -m pytest -q $(PARALLEL) --durations=20 && \
 	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL); \
 	status=$$?; rm -rf "$$root"; exit $$status
 
 # The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed
-# fuzz sample, the transformer's AOT round trip, more kill points, 50 steps with kernels of their
-# own (memory), virtual environments built for
+# fuzz sample, the transformer's AOT round trip, more kill points, virtual environments built for
 # the lowest dependency bounds and for the wheel on each Python installed (tests/test_packaging.py).
 test-long: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PARALLEL) -m long --durations=0
