@@ -108,7 +108,14 @@ def check_cubins(program: Program, cache_dir: str, float64_ops: frozenset[str] =
     return [(step, launch, kernel) for (step, launch), kernel in zip(launches, compiled)]
 
 
-@pytest.mark.parametrize("program", all_programs(), ids=lambda p: p.name)
+# The examples at their own (GPU) sizes are GPU-sized PTX builds (27 s and 11 s of numba-cuda's
+# compiles): make test-long. Every kernel kind they launch is compiled in make test by the small
+# programs (conv_block, layer_norm, group_norm, class_losses, the attention programs, mlp_example).
+LONG_PROGRAMS = ("cnn_example", "transformer_example")
+
+
+@pytest.mark.parametrize("program", [pytest.param(p, marks=pytest.mark.long) if p.name in LONG_PROGRAMS else p
+                                     for p in all_programs()], ids=lambda p: p.name)
 def test_every_kernel_compiles_to_cubin_without_spills(program: Program, cache_dir: str, resources) -> None:
     resources[program.name] = [
         {"kernel": f"{step.name}.{launch['kernel']}", "registers": kernel.registers,
