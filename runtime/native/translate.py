@@ -826,6 +826,17 @@ class FunctionTranslator:
         struct = "{" + ", ".join(fields) + "}"
         task = self.module.task(compiled, struct, fields)
         body = self.body
+        self.module.declare("get_num_threads", "declare i32 @get_num_threads()")
+        threads = body.value("call i32 @get_num_threads()")
+        # One thread: the body runs here, over the whole range, with no launch at all (numba's
+        # workqueue launch costs ~70 us even then: its workers nap between polls).
+        serial, launch, finished = body.label("prange.serial"), body.label("prange.launch"), body.label("prange.end")
+        body.cbranch(body.value(f"icmp sle i32 {threads}, 1"), serial, launch)
+        body.start(serial)
+        arguments = [f"{type_} {ref}" for type_, ref in stores] + [f"i64 {start.ref}", f"i64 {stop.ref}"]
+        self._check_status(body.value(f"call i32 @\"{compiled.name}\"({', '.join(arguments)})"))
+        body.branch(finished)
+        body.start(launch)
         context = body.slot(struct, "pctx")
         body.emit(f"store i32 0, ptr " + body.value(f"getelementptr {struct}, ptr {context}, i32 0, i32 0"))
         for number, (type_, ref) in enumerate(stores, start=1):
@@ -845,8 +856,6 @@ class FunctionTranslator:
         body.emit(f"store i64 1, ptr {steps}")
         self.module.declare("numba_parallel_for",
                             "declare void @numba_parallel_for(ptr, ptr, ptr, ptr, ptr, i64, i64, i32)")
-        self.module.declare("get_num_threads", "declare i32 @get_num_threads()")
-        threads = body.value("call i32 @get_num_threads()")
         # the GIL released while the threads run (as numba's parallel gufunc wrapper does): a thread
         # that needs it (numba's BLAS wrappers take it once to find scipy's functions) must not wait
         # on this one
@@ -864,6 +873,8 @@ class FunctionTranslator:
         self._check_status(status)
         body.branch(done)
         body.start(done)
+        body.branch(finished)
+        body.start(finished)
 
     def _while(self, node: ast.While) -> None:
         if node.orelse:
