@@ -15,8 +15,13 @@ Workloads (each a median of several timed runs after warm-up):
   mlp          784-512-512-10 MLP training step, batch 256, cross-entropy, Adam:
                bendc vs torch eager and torch.compile (inductor, CPU)
   elementwise  a VJP chain over 1e7 floats: achieved GB/s vs this machine's copy bandwidth
-  compile      time to the first result: cold (empty cache) and warm (second process),
-               against torch.compile's cold time
+  gpt_small    nanoGPT's model (examples/gpt.py) at 2 layers, n_embd 64, 4 heads, B=8 T=64, vocab 65, through
+               functional_call, AdamW with nanoGPT's decay groups, lr traced: vs torch eager and torch.compile
+  mnist_cnn    pytorch/examples' MNIST Net (conv 1->32->64 3x3, max pool, dropout 0.25/0.5, 9216->128->10,
+               log_softmax + nll, SGD), batch 64 of 1x28x28, through functional_call: the same comparisons
+  compile      time to the first result of mlp, transformer, gpt, cnn, gpt_small and mnist_cnn, each in a
+               fresh process: bendc cold (empty kernel cache) and warm (a second process), against
+               torch.compile's cold time (empty inductor cache)
   fusion       kernel launches and bytes moved per mlp step, fused vs unfused
   data_parallel  the mlp step data-parallel on 1, 2, 4 and 8 ranks (mpiexec -n N, global batch 256 split):
                step time, beside the step without the all-reduce, the exchange alone, the share of
@@ -43,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 # --threads N: every pool (numba's, OpenBLAS's, torch's OpenMP and MKL) gets N threads; set
 # before numpy, numba or torch load. On a machine whose cores other work shares, spinning
@@ -251,63 +257,11 @@ def transcendental_ulps(target: str, size: int = 10**6) -> dict:
 
 
 # ------------------------------------------------------------------ compile latency
-_FIRST_RESULT = """
-import sys, time
-start = time.perf_counter()
-sys.path.insert(0, {root!r})
-sys.path.insert(0, {bench!r})
-import bendc
-from run import mlp_step, mlp_inputs, LEAVES
-step = bendc.jit(mlp_step, leaves=LEAVES, target={target!r})
-step(*mlp_inputs())
-print(time.perf_counter() - start)
-"""
-
-_TORCH_FIRST_RESULT = """
-import time
-start = time.perf_counter()
-import torch
-torch.manual_seed(0)
-x, y = torch.randn(256, 784), torch.randint(0, 10, (256,))
-params = [torch.randn(512, 784, requires_grad=True), torch.zeros(512, requires_grad=True),
-          torch.randn(512, 512, requires_grad=True), torch.zeros(512, requires_grad=True),
-          torch.randn(10, 512, requires_grad=True), torch.zeros(10, requires_grad=True)]
-def forward(x, y, w1, b1, w2, b2, w3, b3):
-    h = torch.relu(torch.nn.functional.linear(x, w1, b1))
-    h = torch.relu(torch.nn.functional.linear(h, w2, b2))
-    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w3, b3), y)
-optimizer = torch.optim.Adam(params, lr=1e-3)
-compiled = torch.compile(forward)
-compiled(x, y, *params).backward()
-optimizer.step()
-print(time.perf_counter() - start)
-"""
-
-
 def _time_subprocess(code: str, env: dict) -> float:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
     if result.returncode != 0:
         raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed")
     return float(result.stdout.strip().splitlines()[-1])
-
-
-def bench_compile(target: str, with_torch: bool) -> dict:
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "BENDC_CACHE_DIR": cache, "NUMBA_CACHE_DIR": os.path.join(cache, "numba")}
-        code = _FIRST_RESULT.format(root=str(ROOT), bench=str(ROOT / "bench"), target=target)
-        cold = _time_subprocess(code, env)
-        warm = _time_subprocess(code, env)
-    result = {"name": "compile", "target": target, "bendc_cold_s": cold, "bendc_warm_s": warm}
-    if with_torch:
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-            try:
-                torch_cold = _time_subprocess(_TORCH_FIRST_RESULT, env)
-                result["torch_compile_cold_s"] = torch_cold
-                result["cold_speedup_vs_torch_compile"] = torch_cold / cold
-            except Exception as error:
-                result["torch_compile_error"] = str(error)[:200]
-    return result
 
 
 # ------------------------------------------------------------------ fusion effect
@@ -538,6 +492,306 @@ def bench_cnn(target: str, runs: int, with_compile: bool) -> dict:
     return compare_with_torch(result, bendc_step, torch_step, loss_fn, runs, with_compile, first_bendc)
 
 
+# ------------------------------------------------------------------ models as users write them (issue 23)
+class MnistNet:
+    """pytorch/examples' MNIST model (conv 1->32->64 3x3, max pool, dropout 0.25 / 0.5, linear
+    9216->128->10, log_softmax), built lazily so that importing this file needs no torch."""
+
+    @staticmethod
+    def make(seed: int = 0):
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as TF
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(1, 32, 3, 1)
+                self.conv2 = nn.Conv2d(32, 64, 3, 1)
+                self.dropout1 = nn.Dropout(0.25)
+                self.dropout2 = nn.Dropout(0.5)
+                self.fc1 = nn.Linear(9216, 128)
+                self.fc2 = nn.Linear(128, 10)
+
+            def forward(self, x):
+                x = TF.relu(self.conv1(x))
+                x = TF.relu(self.conv2(x))
+                x = TF.max_pool2d(x, 2)
+                x = self.dropout1(x)
+                x = torch.flatten(x, 1)
+                x = TF.relu(self.fc1(x))
+                x = self.dropout2(x)
+                return TF.log_softmax(self.fc2(x), dim=1)
+
+        torch.manual_seed(seed)
+        return Net()
+
+
+def gpt_small_model():
+    """examples/gpt.py's nanoGPT model at the public 2-layer size: n_embd 64, 4 heads, T=64, vocab 65."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import gpt
+    import torch
+
+    torch.manual_seed(0)
+    config = gpt.GPTConfig(block_size=64, vocab_size=65, n_layer=2, n_head=4, n_embd=64, dropout=0.0, bias=True)
+    return gpt, gpt.GPT(config)
+
+
+GPT_SMALL_BATCH, MNIST_BATCH = 8, 64
+
+
+def gpt_small_workload(target: str):
+    """(bendc step, torch eager step, the loss function to torch.compile, the compiled step maker) of
+    gpt_small: nanoGPT's model through functional_call, AdamW with nanoGPT's decay groups, lr traced."""
+    import torch
+
+    gpt, model = gpt_small_model()
+    groups = model.configure_optimizers(0.1)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, 65, (GPT_SMALL_BATCH, 64))
+    targets = rng.integers(0, 65, (GPT_SMALL_BATCH, 64))
+
+    @bendc.jit(leaves=("params",), dynamic=("lr",), target=target, donate=("params", "opt_state"))
+    def step(params, opt_state, batch, lr):
+        x, y = batch
+        _, loss = bendc.functional_call(model, params, x, y)
+        loss.backward()
+        new_params, new_state = dict(params), []
+        for group, state in zip(groups, opt_state):
+            names = group["params"]
+            updated, state = bendc.optim.adamw({n: params[n] for n in names}, {n: params[n].grad for n in names},
+                                               state, lr, betas=(0.9, 0.99), weight_decay=group["weight_decay"])
+            new_params.update(updated)
+            new_state.append(state)
+        return loss, new_params, new_state
+
+    params = bendc.params(model)
+    state = {"params": params, "opt_state": [bendc.optim.init_adam({n: params[n] for n in g["params"]})
+                                             for g in groups]}
+
+    def bendc_step():
+        loss, state["params"], state["opt_state"] = step(state["params"], state["opt_state"], (idx, targets), 1e-3)
+        return loss
+
+    torch.set_num_threads(bench_threads())
+    tmodel = gpt.GPT(model.config)
+    tmodel.load_state_dict(model.state_dict())
+    named = dict(tmodel.named_parameters())
+    optimizer = torch.optim.AdamW([{"params": [named[n] for n in g["params"]], "weight_decay": g["weight_decay"]}
+                                   for g in groups], lr=1e-3, betas=(0.9, 0.99))
+    tx, ty = torch.tensor(idx), torch.tensor(targets)
+
+    def loss_fn(x, y):
+        return tmodel(x, y)[1]
+
+    def torch_step(fn):
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(tx, ty)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return bendc_step, torch_step, loss_fn
+
+
+def mnist_cnn_workload(target: str):
+    """mnist_cnn: pytorch/examples' MNIST Net through functional_call (dropout on, a seed a step),
+    nll_loss, SGD (lr 0.01), batch 64 of 1x28x28."""
+    import torch
+    import torch.nn.functional as TF
+
+    model = MnistNet.make()
+    model.train()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((MNIST_BATCH, 1, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 10, MNIST_BATCH)
+
+    @bendc.jit(leaves=("params",), target=target, donate=("params",))
+    def step(params, x, y, seed):
+        bendc.functional.dropout_seed(seed)
+        loss = TF.nll_loss(bendc.functional_call(model, params, x), y)
+        loss.backward()
+        return loss, bendc.optim.sgd(params, bendc.tree.map(lambda p: p.grad, params), 0.01)
+
+    state = {"params": bendc.params(model), "seed": 0}
+
+    def bendc_step():
+        state["seed"] += 1
+        loss, state["params"] = step(state["params"], x, y, np.array(state["seed"], np.int64))
+        return loss
+
+    torch.set_num_threads(bench_threads())
+    tmodel = MnistNet.make()
+    tmodel.train()
+    optimizer = torch.optim.SGD(tmodel.parameters(), lr=0.01)
+    tx, ty = torch.tensor(x), torch.tensor(y)
+
+    def loss_fn(x, y):
+        return TF.nll_loss(tmodel(x), y)
+
+    def torch_step(fn):
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(tx, ty)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return bendc_step, torch_step, loss_fn
+
+
+def bench_workload(name: str, make, target: str, runs: int, with_compile: bool, model: str) -> dict:
+    """A user-written model's training step: bendc vs torch eager and torch.compile, alternating."""
+    bendc_step, torch_step, loss_fn = make(target)
+    first_bendc = float(np.asarray(bendc_step()))
+    return compare_with_torch({"name": name, "target": target, "model": model}, bendc_step, torch_step, loss_fn,
+                              runs, with_compile, first_bendc)
+
+
+# ------------------------------------------------------------------ cold compile, per workload
+# Each a script that times its own process from start to the first result: bendc with an empty
+# kernel cache, torch.compile with an empty inductor cache.
+_COLD_BENDC = """
+import sys, time
+start = time.perf_counter()
+sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
+import run
+step = run.COLD_WORKLOADS[{name!r}]({target!r})[0]
+step()
+print(time.perf_counter() - start)
+"""
+
+_COLD_TORCH = """
+import sys, time
+start = time.perf_counter()
+sys.path.insert(0, {root!r}); sys.path.insert(0, {bench!r})
+import torch, run
+_, torch_step, loss_fn = run.COLD_WORKLOADS[{name!r}]("reference")
+torch_step(torch.compile(loss_fn))
+print(time.perf_counter() - start)
+"""
+
+
+def mlp_workload(target: str):
+    import torch
+
+    args = mlp_inputs()
+    step = bendc.jit(mlp_step, leaves=LEAVES, target=target)
+    params = [torch.tensor(a, requires_grad=True) for a in args[2:8]]
+    x, y = torch.tensor(args[0]), torch.tensor(args[1])
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+
+    def loss_fn(x, y, *p):
+        hidden = torch.relu(torch.nn.functional.linear(x, p[0], p[1]))
+        hidden = torch.relu(torch.nn.functional.linear(hidden, p[2], p[3]))
+        return torch.nn.functional.cross_entropy(torch.nn.functional.linear(hidden, p[4], p[5]), y)
+
+    def torch_step(fn):
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(x, y, *params)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return (lambda: step(*args)), torch_step, loss_fn
+
+
+def decoder_workload(config):
+    def make(target: str):
+        import torch
+        from models import TorchOps, decoder_forward, decoder_inputs, decoder_program
+
+        data = decoder_inputs(config)
+        step_fn, names = decoder_program(config)
+        params = [data["params"][n] for n in names]
+        moments = [np.zeros_like(p) for p in params]
+        step = bendc.jit(step_fn, leaves=tuple(names), target=target)
+        fixed = [data["tokens"], data["targets"], data["cos"], data["sin"], np.array(1, np.int64)]
+        ops = TorchOps()
+        tparams = {n: torch.tensor(data["params"][n], requires_grad=True) for n in names}
+        tokens, targets = torch.tensor(data["tokens"]), torch.tensor(data["targets"]).reshape(-1)
+        cos, sin = torch.tensor(data["cos"]), torch.tensor(data["sin"])
+        optimizer = torch.optim.Adam(list(tparams.values()), lr=3e-3)
+
+        def loss_fn(tokens, targets, cos, sin, *values):
+            logits = decoder_forward(ops, config, tokens, cos, sin, dict(zip(names, values)))
+            return torch.nn.functional.cross_entropy(logits, targets)
+
+        def torch_step(fn):
+            optimizer.zero_grad(set_to_none=True)
+            loss = fn(tokens, targets, cos, sin, *tparams.values())
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        return (lambda: step(*fixed, *params, *moments, *moments)[0]), torch_step, loss_fn
+    return make
+
+
+def cnn_workload(target: str):
+    import torch
+    import torch.nn.functional as TF
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import cnn
+
+    x, y = cnn.make_data(cnn.BATCH)
+    step = bendc.jit(cnn.train_step.fn, leaves=("params",), target=target)
+    tparams = {n: torch.tensor(a, requires_grad=True) for n, a in cnn.init_params().items()}
+    optimizer = torch.optim.AdamW(list(tparams.values()), lr=1e-2)
+    tx, ty = torch.tensor(x), torch.tensor(y)
+
+    def loss_fn(x, y):
+        h = x
+        for number in (1, 2):
+            h = TF.conv2d(h, tparams[f"conv{number}_w"], tparams[f"conv{number}_b"], padding=1)
+            h = TF.group_norm(h, cnn.GROUPS[number - 1], tparams[f"norm{number}_w"], tparams[f"norm{number}_b"])
+            h = TF.max_pool2d(TF.silu(h), 2)
+        return TF.cross_entropy(TF.linear(h.reshape(h.shape[0], cnn.HIDDEN), tparams["head_w"], tparams["head_b"]), y)
+
+    def torch_step(fn):
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(tx, ty)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    params = cnn.init_params()
+    return (lambda: step(params, bendc.optim.init_adam(params), x, y)[0]), torch_step, loss_fn
+
+
+COLD_WORKLOADS = {"mlp": mlp_workload, "transformer": decoder_workload(TRANSFORMER), "gpt": decoder_workload(GPT),
+                  "cnn": cnn_workload, "gpt_small": gpt_small_workload, "mnist_cnn": mnist_cnn_workload}
+
+
+def bench_cold_compile(target: str, names: Sequence[str], with_torch: bool) -> dict:
+    """Time to the first result of each workload in a fresh process: bendc with an empty kernel cache
+    (and again warm: a second process), torch.compile with an empty inductor cache."""
+    result: dict = {"name": "compile", "target": target}
+    for name in names:
+        values = {"root": str(ROOT), "bench": str(ROOT / "bench"), "name": name, "target": target}
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "BENDC_CACHE_DIR": cache}
+            try:
+                cold = _time_subprocess(_COLD_BENDC.format(**values), env)
+                warm = _time_subprocess(_COLD_BENDC.format(**values), env)
+            except Exception as error:  # noqa: BLE001 - reported, the others still run
+                result[f"{name}_error"] = str(error)[:200]
+                continue
+        result[f"{name}_bendc_cold_s"], result[f"{name}_bendc_warm_s"] = cold, warm
+        if with_torch:
+            with tempfile.TemporaryDirectory() as cache:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+                try:
+                    torch_cold = _time_subprocess(_COLD_TORCH.format(**values), env)
+                except Exception as error:  # noqa: BLE001 - inductor needs a working C++ toolchain
+                    result[f"{name}_torch_compile_error"] = str(error)[:200]
+                    continue
+            result[f"{name}_torch_compile_cold_s"] = torch_cold
+            result[f"{name}_bendc_over_torch_compile"] = cold / torch_cold
+    return result
+
+
 # ------------------------------------------------------------------ main
 def blas() -> dict:
     """numpy's BLAS: library, version and the kernel it runs (threadpoolctl where installed, else
@@ -628,7 +882,8 @@ def main(argv: list[str] | None = None) -> int:
         "elementwise": lambda: bench_elementwise(args.target, runs, 10**6 if args.quick else 10**7),
         "transcendental": lambda: bench_elementwise(args.target, runs, 10**6 if args.quick else 10**7,
                                                     transcendental_chain, "transcendental"),
-        "compile": lambda: bench_compile(args.target, with_torch=not args.quick),
+        "compile": lambda: bench_cold_compile(args.target, ["mlp"] if args.quick else list(COLD_WORKLOADS),
+                                              with_torch=not args.quick),
         "fusion": lambda: bench_fusion(args.target),
         "attention": lambda: bench_attention(args.target, runs, (2, 8, 2, 128, 64) if args.quick else (4, 8, 2, 512, 64)),
         # T=2048, B=4: the pass's own choice, which must be tiled (triangular's P and G would take
@@ -639,6 +894,10 @@ def main(argv: list[str] | None = None) -> int:
         "gpt": lambda: bench_decoder(args.target, runs, not args.quick, GPT, "gpt"),
         "data_parallel": lambda: bench_data_parallel(runs),
         "cnn": lambda: bench_cnn(args.target, runs, not args.quick),  # op-coverage issue
+        "gpt_small": lambda: bench_workload("gpt_small", gpt_small_workload, args.target, runs, not args.quick,
+                                            "nanoGPT 2 layers, n_embd 64, 4 heads, B=8 T=64, vocab 65, AdamW"),
+        "mnist_cnn": lambda: bench_workload("mnist_cnn", mnist_cnn_workload, args.target, runs, not args.quick,
+                                            "pytorch/examples MNIST Net, batch 64 of 1x28x28, dropout, SGD"),
     }
     results = []
     for name, run in workloads.items():

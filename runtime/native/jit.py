@@ -138,6 +138,8 @@ class _Llvm:
         llvm.add_symbol("bendc_ndarray_type", ctypes.addressof(self._ndarray))
         self._none = ctypes.c_void_p(id(None))  # what an argument compiled as None must be
         llvm.add_symbol("bendc_none", ctypes.addressof(self._none))
+        self._type_error = ctypes.c_void_p(id(TypeError))  # what a fast entry raises for a wrong count
+        llvm.add_symbol("bendc_type_error", ctypes.addressof(self._type_error))
         from numba import _helperlib
 
         for name, address in _helperlib.c_helpers.items():  # numba's BLAS wrappers (np.dot), as numba adds them
@@ -178,6 +180,31 @@ class _Llvm:
             self.engine.add_object_file(self.llvm.ObjectFileRef.from_data(data))
             self.engine.finalize_object()
             return self.engine.get_function_address(symbol)
+
+    def address(self, symbol: str) -> int:
+        with _LOCK:
+            return self.engine.get_function_address(symbol)
+
+
+class _MethodDef(ctypes.Structure):
+    """CPython's PyMethodDef."""
+
+    _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p), ("ml_flags", ctypes.c_int),
+                ("ml_doc", ctypes.c_char_p)]
+
+
+METH_FASTCALL = 0x0080
+_DEFINITIONS: list[_MethodDef] = []  # kept alive as long as the process: the functions point at them
+
+
+def _builtin_function(address: int, name: str) -> Any:
+    """A CPython builtin function over a METH_FASTCALL entry (translate.ModuleTranslator._fastcall)."""
+    definition = _MethodDef(name.encode(), address, METH_FASTCALL, None)
+    _DEFINITIONS.append(definition)
+    new = ctypes.pythonapi.PyCFunction_NewEx
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return new(ctypes.addressof(definition), None, None)
 
 
 _STATE: list[_Llvm] = []
@@ -277,6 +304,7 @@ class NativeFunction:
         self._native_stats = _Stats()
         self.compiles: dict[tuple, NativeCompile] = {}
         self.objects: dict[tuple, str] = {}  # signature -> its object file's name in the cache
+        self.fastcalls: dict[tuple, Any] = {}  # signature -> a builtin function over its entry (arrays only)
 
     def __repr__(self) -> str:
         return f"<native {self.module_name}.{self.__name__}>"
@@ -301,10 +329,12 @@ class NativeFunction:
 
     @property
     def launcher(self) -> Callable:
-        """What a launch list calls: the native entry itself where one is compiled (it returns a
-        status: 0, or a code :meth:`status_error` explains), else this object."""
+        """What a launch list calls: the native entry itself where one is compiled, as a builtin
+        function (None, or a status: a code :meth:`status_error` explains) or through ctypes (0 or a
+        status), else this object (None)."""
         if self.fast is not None and not checking():
-            return self.fast
+            first = next(signature for signature, function in self.native_overloads.items() if function is self.fast)
+            return self.fastcalls.get(first, self.fast)
         return self
 
     # ---------------------------------------------------------------- calls
@@ -450,7 +480,7 @@ class NativeFunction:
             translator = ModuleTranslator(self.source, self.numba_functions, numpy_offsets(),
                                           f"{symbol_prefix}.{key}")
             translation = translator.entry(self.__name__, args)
-            text = translation.ir.replace(f'@"{translation.entry}"', f'@"{symbol}"')
+            text = translation.ir.replace(f'@"{translation.entry}', f'@"{symbol}')  # the entry and its .fast
             record.translate = time.perf_counter() - start
             start = time.perf_counter()
             data = state.compile(text)
@@ -475,7 +505,10 @@ class NativeFunction:
             raise Unsupported(f"the object of {self.__name__} has no entry {symbol}")
         prototype = ctypes.PYFUNCTYPE(ctypes.c_int, *[_ctypes_of(a) for a in args])
         function = prototype(address)
-        function.native = True  # launch lists tell a native entry from numba's dispatcher by this
+        if all(isinstance(a, ArrayArg) or a == NONE_ARG for a in args):
+            fast = state.address(f"{symbol}.fast")
+            if fast:
+                self.fastcalls[signature] = _builtin_function(fast, f"{self.__name__}")
         return function
 
 

@@ -260,6 +260,37 @@ class ModuleTranslator:
         self.bodies.append("\n".join(lines) + "\n")
         return name
 
+    def _fastcall(self, symbol: str, count: int) -> str:
+        """``<symbol>.fast``: the entry as a CPython METH_FASTCALL function, (self, args, nargs) ->
+        None (a new reference) where the entry returns 0, else the status as a Python int; NULL with
+        TypeError for another argument count. A builtin function object over it (runtime/native/jit.py)
+        costs a launch list ~0.05 us a call, against ~0.8 us through ctypes."""
+        for name, text in (("Py_IncRef", "declare void @Py_IncRef(ptr)"),
+                           ("PyLong_FromLong", "declare ptr @PyLong_FromLong(i64)"),
+                           ("PyErr_SetString", "declare void @PyErr_SetString(ptr, ptr)"),
+                           ("bendc_type_error", "@bendc_type_error = external global ptr")):
+            self.declare(name, text)
+        message = f"{symbol}: takes {count} arrays"
+        constant = f"@\"{symbol}.message\""
+        data = message.encode() + b"\0"
+        self.bodies.append(f"{constant} = private unnamed_addr constant [{len(data)} x i8] c\"" +
+                           "".join(f"\\{b:02X}" for b in data) + "\"\n")
+        lines = [f"define ptr @\"{symbol}.fast\"(ptr %self, ptr %args, i64 %nargs) {{", "entry:",
+                 f"  %right = icmp eq i64 %nargs, {count}", "  br i1 %right, label %call, label %wrong", "call:"]
+        arguments = []
+        for number in range(count):
+            lines.append(f"  %p{number} = getelementptr ptr, ptr %args, i64 {number}")
+            lines.append(f"  %a{number} = load ptr, ptr %p{number}")
+            arguments.append(f"ptr %a{number}")
+        lines += [f"  %status = call i32 @\"{symbol}\"({', '.join(arguments)})",
+                  "  %ok = icmp eq i32 %status, 0", "  br i1 %ok, label %none, label %failed", "none:",
+                  "  %none.p = load ptr, ptr @bendc_none", "  call void @Py_IncRef(ptr %none.p)",
+                  "  ret ptr %none.p", "failed:", "  %wide = sext i32 %status to i64",
+                  "  %code = call ptr @PyLong_FromLong(i64 %wide)", "  ret ptr %code", "wrong:",
+                  "  %type = load ptr, ptr @bendc_type_error",
+                  f"  call void @PyErr_SetString(ptr %type, ptr {constant})", "  ret ptr null", "}"]
+        return "\n".join(lines) + "\n"
+
     def entry(self, name: str, args: tuple) -> Translation:
         """An exported entry function for ``args`` (arrays read from numpy objects, see the module
         docstring) and the module text holding it."""
@@ -343,6 +374,8 @@ class ModuleTranslator:
         body.start(fail)
         body.emit(f"ret i32 {STATUS_SIGNATURE}")
         entry_text = f"define i32 @\"{symbol}\"({', '.join(params)}) {{\n" + "\n".join(body.lines) + "\n}\n"
+        if all(isinstance(a, ArrayArg) or a == NONE_ARG for a in args):
+            entry_text += self._fastcall(symbol, len(args))
         header = ["@bendc_ndarray_type = external global ptr", "@bendc_none = external global ptr"]
         header += sorted(self.declarations.values())
         text = "\n".join(header) + "\n\n" + "\n".join(self.bodies) + "\n" + entry_text

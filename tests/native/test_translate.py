@@ -10,6 +10,7 @@ match bit for bit. Functions outside the translator's subset must stay numba's a
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 
 import numpy as np
@@ -406,6 +407,24 @@ def test_a_wrong_argument_is_refused_not_read(module):
     assert entry(x.astype(np.float64), out) == 1   # another dtype
     assert entry(x.reshape(9), out) == 1           # another rank
     assert entry(x.T, out) == 1                    # another layout
+
+
+def test_launch_lists_call_a_builtin_function_over_the_entry(module):
+    """The launcher of an all-array entry is a CPython builtin (METH_FASTCALL): None on success, the
+    entry's status as an int otherwise, TypeError for a wrong argument count."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    scale, out = np.array(2.0, np.float32), np.zeros((2, 3), np.float32)
+    module.collapsed(x, scale, out)
+    launcher = module.collapsed.launcher
+    assert type(launcher).__name__ == "builtin_function_or_method"
+    assert launcher(x, scale, out) is None and (out[0] == x[0] * 2 + np.array([1, 0.5, 0.25], np.float32)).all()
+    assert launcher(x.astype(np.float64), scale, out) == 1  # another dtype: the caller retries through the function
+    with pytest.raises(TypeError, match="takes 3 arrays"):
+        launcher(x, scale)
+    refs = sys.getrefcount(None)
+    for _ in range(1000):
+        launcher(x, scale, out)
+    assert abs(sys.getrefcount(None) - refs) < 10  # None returned with its reference
 
 
 def test_objects_are_cached_and_signed(module, tmp_path):
