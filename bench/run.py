@@ -608,17 +608,20 @@ def mnist_cnn_workload(target: str):
     y = rng.integers(0, 10, MNIST_BATCH)
 
     @bendc.jit(leaves=("params",), target=target, donate=("params",))
-    def step(params, x, y, seed):
+    def step(params, opt_state, x, y, seed):
         bendc.functional.dropout_seed(seed)
         loss = TF.nll_loss(bendc.functional_call(model, params, x), y)
         loss.backward()
-        return loss, bendc.optim.sgd(params, bendc.tree.map(lambda p: p.grad, params), 0.01)
+        params, opt_state = bendc.optim.sgd(params, bendc.tree.map(lambda p: p.grad, params), opt_state, 0.01)
+        return loss, params, opt_state
 
-    state = {"params": bendc.params(model), "seed": 0}
+    params = bendc.params(model)
+    state = {"params": params, "opt_state": bendc.optim.init_sgd(params), "seed": 0}
 
     def bendc_step():
         state["seed"] += 1
-        loss, state["params"] = step(state["params"], x, y, np.array(state["seed"], np.int64))
+        loss, state["params"], state["opt_state"] = step(state["params"], state["opt_state"], x, y,
+                                                         np.array(state["seed"], np.int64))
         return loss
 
     torch.set_num_threads(bench_threads())

@@ -194,7 +194,7 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
         + ", ".join(f"out{index} {type_text(spec)}" for index, spec in enumerate(manifest["outputs"])),
         f"  kernels  {len(kernels)} modules, {stats.get('launches', 0)} launches per call; temporaries "
         f"{stats.get('planned_bytes', 0)} bytes (naive plan {stats.get('naive_bytes', 0)})",
-        *([f"  numba    compiled {watch.functions} of the kernels' {_functions(manifest)} functions now"
+        *([f"  compile  {watch.functions} of the kernels' {_functions(manifest)} functions compiled now"
            + (" (the others came compiled from the kernel cache)" if watch.functions < _functions(manifest) else "")]
           if watch is not None and manifest["target"] == "cpu" else []),
         f"  files    manifest.json, plan.json, {len(kernels)} kernels/*.py, {len(manifest['stages'])} ir/*.ir, "
@@ -209,8 +209,9 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
 
 
 def _functions(manifest: dict) -> int:
-    """The numba functions whose machine code the artifact holds (one cache index each)."""
-    return sum(1 for name in manifest["files"] if name.endswith(".nbi"))
+    """The kernel functions whose machine code the artifact holds: numba's (one cache index each) and
+    native ones (an object file per specialization, runtime/native)."""
+    return sum(1 for name in manifest["files"] if name.endswith((".nbi", ".native.o")))
 
 
 def _binary_files(manifest: dict) -> str:

@@ -41,6 +41,8 @@ from typing import Any, BinaryIO, Callable, Sequence
 import numpy as np
 
 POOL_FROM_JOBS = 4
+# Native compiles take 10-400 ms each: a worker (~0.5 s to start) pays off from this many jobs.
+NATIVE_POOL_FROM_JOBS = 12
 
 
 @dataclass(frozen=True)
@@ -236,8 +238,13 @@ def compile_job(job: Job, where: str = "main") -> Compiled:
         before = _compiled(module)
         dispatcher = getattr(module, job.function)
         dispatcher.compile(job.signature)
-        return Compiled(job, time.perf_counter() - start, phases_of(dispatcher, job.signature), where,
-                        functions=max(1, _compiled(module) - before))
+        record = getattr(dispatcher, "compiles", {}).get(tuple(job.signature))
+        if record is not None and record.native:
+            phases = {"translate": record.translate, "LLVM": record.llvm, "load": record.load}
+            where += ", native" + (" (cached)" if record.cached else "")
+        else:
+            phases = phases_of(dispatcher, job.signature)
+        return Compiled(job, time.perf_counter() - start, phases, where, functions=max(1, _compiled(module) - before))
     except Exception as error:  # noqa: BLE001 - the first call compiles it again and reports it
         return Compiled(job, time.perf_counter() - start, {}, where, f"{type(error).__name__}: {error}"[:200])
 
@@ -311,7 +318,7 @@ def compile_all(jobs: Sequence[Job], workers: int | None = None) -> tuple[list[C
                     break
                 _send(process.stdin, job)
                 outcome = _receive(process.stdout)
-                outcome.where = f"worker {number}"
+                outcome.where = f"worker {number}" + outcome.where[len("worker"):]  # keeps ", native"
                 with lock:
                     results.append(outcome)
                     if not outcome.error:
@@ -370,13 +377,17 @@ def precompile(plan: dict, modules: dict[str, Any], paths: dict[str, str], profi
     """Compile the kernels of a CPU plan before it is bound (see the module docstring)."""
     start = time.perf_counter()
     jobs = kernel_jobs(plan, modules, paths)
-    # in this process, one after another: llvmlite serializes every LLVM call (one lock), so
-    # threads would not overlap, and a worker's start (~0.5 s) costs more than most kernels take
-    native = [outcome for outcome in map(compile_native_job, jobs) if outcome is not None]
-    done = {id(outcome.job) for outcome in native}
-    jobs = [job for job in jobs if id(job) not in done]
-    outcomes, workers = compile_all(jobs) if jobs else ([], 0)
-    outcomes = native + outcomes
+    if len(jobs) >= NATIVE_POOL_FROM_JOBS and worker_count() > 0:
+        # Many kernels: shared with the worker processes, native or not (a worker compiles a native
+        # kernel as this process would, into the same signed object cache, and this process loads it).
+        # Threads would not overlap: llvmlite serializes every LLVM call under one lock.
+        outcomes, workers = compile_all(jobs)
+    else:  # a few: here, natively where the translator can (milliseconds), the rest as before
+        native = [outcome for outcome in map(compile_native_job, jobs) if outcome is not None]
+        done = {id(outcome.job) for outcome in native}
+        jobs = [job for job in jobs if id(job) not in done]
+        outcomes, workers = compile_all(jobs) if jobs else ([], 0)
+        outcomes = native + outcomes
     load_compiled(outcomes, modules)
     if profile is not None:
         profile.kernels.extend(outcomes)

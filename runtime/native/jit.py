@@ -130,6 +130,9 @@ class _Llvm:
                 features = ""
         self.features = features
         self.target = target
+        # LLVM keeps loops to 256-bit vectors on AVX-512 CPUs unless a function prefers 512: without
+        # reassociation a vector's lanes are independent elements, so the width changes speed only.
+        self.vector_width = 512 if "+avx512f" in features.split(",") else 0
         self.local = threading.local()  # a target machine per thread that compiles
         self.machine = self._machine()
         self.data_layout = str(self.machine.target_data)
@@ -164,6 +167,8 @@ class _Llvm:
         """Optimize (numba's pipeline: O3, loop vectorization, no SLP) and compile to an object file."""
         llvm = self.llvm
         machine = self._machine()
+        if self.vector_width:
+            text = _prefer_vector_width(text, self.vector_width)
         module = llvm.parse_assembly(text)
         module.triple = self.triple
         module.data_layout = self.data_layout
@@ -173,6 +178,13 @@ class _Llvm:
         options.slp_vectorization = False
         builder = llvm.create_pass_builder(machine, options)
         builder.getModulePassManager().run(module, builder)
+        dump = os.environ.get("BENDC_NATIVE_DUMP")
+        if dump:  # the IR before and after optimization, and the assembly (to read what LLVM made of it)
+            os.makedirs(dump, exist_ok=True)
+            name = hashlib.sha256(text.encode()).hexdigest()[:12]
+            for suffix, content in ((".ll", text), (".opt.ll", str(module)), (".s", machine.emit_assembly(module))):
+                with open(os.path.join(dump, name + suffix), "w") as stream:
+                    stream.write(content)
         return machine.emit_object(module)
 
     def load(self, data: bytes, symbol: str) -> int:
@@ -217,6 +229,14 @@ def llvm_state() -> _Llvm:
             if not _STATE:
                 _STATE.append(_Llvm())
     return _STATE[0]
+
+
+def _prefer_vector_width(text: str, width: int) -> str:
+    """Every function defined in ``text`` marked "prefer-vector-width"=width."""
+    import re
+
+    marked = re.sub(r"^(define .*\))\s*\{\s*$", r"\1 #901 {", text, flags=re.M)
+    return marked + f'\nattributes #901 = {{ "prefer-vector-width"="{width}" }}\n'
 
 
 @functools.lru_cache(maxsize=None)
