@@ -69,6 +69,22 @@ def test_native_kernels_compile_in_this_process_and_give_numbas_bits(tmp_path, m
         assert_bitwise(a, b, name)
 
 
+def test_native_kernels_compiled_by_workers_give_the_bits_of_serial_ones(tmp_path, monkeypatch, caplog):
+    """From NATIVE_POOL_FROM_JOBS jobs (here: any) the native compiles are shared with a worker, which
+    writes its signed objects into the cache this process loads them from."""
+    monkeypatch.setattr(compile_pool, "NATIVE_POOL_FROM_JOBS", 1)
+    monkeypatch.setenv("BENDC_LOG", "compile")
+    with caplog.at_level(logging.INFO, logger="bendc"):
+        pooled, got = _compile(tmp_path / "pooled", monkeypatch, "1", native=True)
+    kernels = [r.getMessage() for r in caplog.records if "s  k_" in r.getMessage()]
+    assert any("[worker 1, native]" in line for line in kernels), kernels
+    serial, expected = _compile(tmp_path / "serial", monkeypatch, "0", native=True)
+    for a, b, name in zip(got, expected, ["loss", "w1", "b1", "w2", "g"]):
+        assert_bitwise(a, b, name)
+    for a, b in zip(pooled(*inputs(1)), serial(*inputs(1))):
+        assert_bitwise(a, b, "second inputs")
+
+
 def test_worker_compiled_kernels_give_the_bits_of_serial_ones(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("BENDC_LOG", "compile")
     with caplog.at_level(logging.INFO, logger="bendc"):
