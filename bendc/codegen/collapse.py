@@ -31,7 +31,7 @@ from bendc.codegen.plan import Step
 from bendc.codegen.views import view_access
 from bendc.ir.graph import Graph, Node
 from bendc.kernels.access import Access, contiguous_strides, dense
-from bendc.kernels.cpu_kit import PARALLEL_ELEMENTWISE_CELLS
+from bendc.kernels import cpu_policy as policy
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -122,7 +122,7 @@ def collapse_domain(step: Step, graph: Graph, domain: tuple[int, ...]) -> Collap
             lead = n - source.type.ndim
             arrays[value] = {lead + d: d for d in range(source.type.ndim)}
     strides = {v: value_strides(graph, v) for v in step.inputs if v in arrays}  # outputs are dense
-    parallel = next((a for a, d in enumerate(domain) if d > 1), None) if step.cells >= PARALLEL_ELEMENTWISE_CELLS else None
+    parallel = next((a for a, d in enumerate(domain) if d > 1), None) if policy.parallel("elementwise", step.cells) else None
 
     # A strided array's dims of more than one element in a collapsed axis must chain densely
     # (size-1 dims between them aside: numpy's free reshape), so each array remembers the last

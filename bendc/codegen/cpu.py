@@ -17,7 +17,7 @@ from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.kernels.epilogue import Epilogue
 from bendc.kernels.templates import helper_functions
-from bendc.kernels.cpu_kit import (PARALLEL_ELEMENTWISE_CELLS, UNROLLED_EXTENT, element, loop_nest, njit_decorator,
+from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, element, loop_nest, njit_decorator,
                                    sum_layout, sum_lines, vectorizable_math)
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
@@ -164,7 +164,7 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
     sums = epilogues(graph, step.nodes)
     # The loops' parallel split and each epilogue sum's accumulation: cpu_kit.sum_layout.
     layout = sum_layout(domain, [set(reduced_axes(graph, graph.node(id))) for id in sums],
-                        PARALLEL_ELEMENTWISE_CELLS)
+                        "elementwise")
     before: dict[int, list[str]] = {}
     after: dict[int, list[str]] = {}
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}

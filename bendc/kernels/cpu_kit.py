@@ -14,21 +14,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from bendc.kernels import cpu_policy as policy
 from bendc.kernels.templates import copied, template_text
 
-# CPU kernels over at least this many cells run their cells in parallel (prange);
-# smaller ones stay serial, where threads cost more than they give.
-PARALLEL_CELLS = 1 << 16
-# A kernel that only sums (an unfused sum, the norm statistics: ~0.3 ns a cell in lanes) runs in
-# parallel from this many cells: a parallel launch on numba's workqueue layer (runtime/cpu.py) cost
-# 35-50 us here, more than a sum of 2^16 (20 us) or 2^17 cells takes serially (the CNN step's
-# bias-gradient sums: 0.11 ms parallel at one thread vs 0.04 ms serial).
-PARALLEL_SUM_CELLS = 1 << 20
-# A fused elementwise kernel runs in parallel from this many cells. The same launch cost (66-75 us
-# for an empty prange over 64 cells, at 1 or 2 threads: the workqueue's workers nap between polls)
-# against ~0.2-1 ns a cell serially: at 2^17 cells two threads save less than the launch costs. The
-# CNN step (examples/cnn.py, kernels of 2^16-2^17 cells) went from 5.35 to 2.36 ms at one thread.
-PARALLEL_ELEMENTWISE_CELLS = 1 << 18
+# When a kernel runs its cells in parallel: bendc/kernels/cpu_policy.py (the one place).
 
 # The innermost loop of a nest keeps its extent as a literal when it is at most this (LLVM then
 # unrolls it whole: 1.5-2.7x faster than a trip count read from a shape at extents 2 and 4, measured
@@ -157,12 +146,11 @@ class SumLayout:
     lanes: int                      # lanes of the innermost loop (0: no sum runs over it)
 
 
-def sum_layout(domain: Sequence[int], reduced: Sequence[set[int]], parallel_cells: int = PARALLEL_CELLS
-               ) -> SumLayout:
+def sum_layout(domain: Sequence[int], reduced: Sequence[set[int]], kind: str = "rows") -> SumLayout:
     """The layout of a nest over ``domain`` whose sums reduce the axes ``reduced`` (one set a sum).
 
-    The first loop of more than one cell runs in parallel when the nest has ``parallel_cells`` cells
-    or more. When a sum runs over it, its range is split in a fixed number of chunks (set by the
+    The first loop of more than one cell runs in parallel when the policy says so for ``kind`` work
+    (bendc/kernels/cpu_policy.py). When a sum runs over it, its range is split in a fixed number of chunks (set by the
     shape, not the thread count: the same sums on every machine), each summing into its own
     partial output, added in chunk order after the loop. A sum over the innermost loop sums in
     lanes across the trailing loops it reduces (its run), stored once after them; a tiny innermost
@@ -170,7 +158,8 @@ def sum_layout(domain: Sequence[int], reduced: Sequence[set[int]], parallel_cell
     cells = 1
     for size in domain:
         cells *= size
-    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None) if cells >= parallel_cells else None
+    parallel_axis = next((axis for axis, d in enumerate(domain) if d > 1), None) if policy.parallel(kind, cells) \
+        else None
     chunks = min(REDUCTION_CHUNKS, domain[parallel_axis]) if any(parallel_axis in r for r in reduced) else 0
     inner = len(domain) - 1
     runs: list[int | None] = []
@@ -240,9 +229,9 @@ def sum_lines(number: int, value: str, out: str, kept: Sequence[str], axes: set[
 def sum_kernel(shape: Sequence[int], axes: Sequence[int], kept: Sequence[str], what: str) -> str:
     """A kernel ``kernel(in0, out0)`` summing in0 (of ``shape``) over ``axes`` into out0 at ``kept``
     (an index over the loops i0, i1, ...: reduced axes dropped or 0), as a fused kernel's epilogue
-    sum does (sum_layout, sum_lines; parallel from PARALLEL_SUM_CELLS); extents from in0's shape."""
+    sum does (sum_layout, sum_lines; parallel as the policy says for "sums"); extents from in0's shape."""
     loops = [f"i{axis}" for axis in range(len(shape))]
-    layout = sum_layout(shape, [set(axes)], PARALLEL_SUM_CELLS)
+    layout = sum_layout(shape, [set(axes)], "sums")
     lines = sum_lines(0, "r0", "out0", kept, set(axes), loops, layout, layout.runs[0], what)
     body = [f"r0 = {element('in0', loops)}", lines.body]
     extents: list[int | str] = [f"in0.shape[{axis}]" for axis in range(len(shape))]

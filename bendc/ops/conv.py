@@ -48,7 +48,8 @@ import numpy as np
 from bendc.ir.types import numel
 from bendc.kernels.epilogue import Epilogue
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
+from bendc.kernels import cpu_policy as policy
+from bendc.kernels.cpu_kit import njit_decorator
 from bendc.ops import conv_cuda
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
@@ -348,7 +349,7 @@ def _cpu_conv2d(attrs, ins, out, epilogue: Epilogue | None = None) -> str:
     in cache; the conv's own result is then written only where something else reads it."""
     groups = attrs["groups"]
     o, _, kh, kw = ins[1].shape
-    sizes = _conv_sizes_cpu(attrs, (kh, kw), out.shape[2:], max(ins[0].numel, out.numel) >= PARALLEL_CELLS)
+    sizes = _conv_sizes_cpu(attrs, (kh, kw), out.shape[2:], policy.parallel("rows", max(ins[0].numel, out.numel)))
     has_bias = len(ins) == 3
     own = tuple(f"in{k}" for k in range(len(ins)))
     writes_value = epilogue is None or epilogue.value_output is not None
@@ -410,7 +411,7 @@ def _cpu_conv2d_grad_input(attrs, ins, out) -> str:
     (each plane summed in tap order in the sample's padded planes, in cache)."""
     groups = attrs["groups"]
     o, cg, kh, kw = ins[1].shape
-    sizes = _conv_sizes_cpu(attrs, (kh, kw), ins[0].shape[2:], max(ins[0].numel, out.numel) >= PARALLEL_CELLS)
+    sizes = _conv_sizes_cpu(attrs, (kh, kw), ins[0].shape[2:], policy.parallel("rows", max(ins[0].numel, out.numel)))
     source = _CPU_CONV_GRAD_INPUT.format(geometry=_cpu_geometry(sizes, "dx"), columns=_cpu_taps(sizes, _COL2IM),
                                          **sizes)
     return source + f'''
@@ -445,7 +446,7 @@ def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:
     product is (8, 16384) @ (16384, 9); numba's per-sample np.dot calls cost more than numpy's
     batched loop at 8 channels.)"""
     groups = attrs["groups"]
-    parallel = max(ins[0].numel, ins[1].numel) >= PARALLEL_CELLS
+    parallel = policy.parallel("rows", max(ins[0].numel, ins[1].numel))
     sizes = _conv_sizes_cpu(attrs, out.shape[2:], ins[1].shape[2:], parallel)
     source = _CPU_CONV_COLUMNS.format(geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes),
                                       columns=_cpu_taps(sizes, _IM2COL), **sizes)
@@ -832,7 +833,7 @@ def _tiled_max_cell(attrs) -> list[str]:
 
 def _cpu_tiled_max_pool(attrs, ins, out) -> str:
     """max_pool2d over tiling windows: one (sample, channel) plane per parallel cell."""
-    parallel = ins[0].numel >= PARALLEL_CELLS
+    parallel = policy.parallel("rows", ins[0].numel)
     lines = ([njit_decorator(parallel), "def _pool(x, out):", "    ho, wo = out.shape[1], out.shape[2]",
               f"    for plane in {'prange' if parallel else 'range'}(x.shape[0]):",
               "        for oh in range(ho):", "            for ow in range(wo):"]
@@ -850,7 +851,7 @@ def _cpu_tiled_max_pool_grad(attrs, ins, out) -> str:
     row's dx tiles written in memory order (0 + g at the argmax, as a cleared dx plus g would be,
     0 elsewhere): dx is written once, only the rows and columns no window covers cleared apart."""
     kh, kw = attrs["kernel_size"]
-    parallel = out.numel >= PARALLEL_CELLS
+    parallel = policy.parallel("rows", out.numel)
     lines = ([njit_decorator(parallel), "def _pool_grad(x, g, dx):", "    planes, height, width = dx.shape",
               "    ho, wo = g.shape[1], g.shape[2]",
               f"    for plane in {'prange' if parallel else 'range'}(planes):",
@@ -882,7 +883,7 @@ def _cpu_pool(name: str):
         """One (sample, channel) plane per parallel cell, one output element per inner cell."""
         if kind == MAX and _tiled_max_pool(attrs):
             return _cpu_tiled_max_pool(attrs, ins, out)
-        parallel = ins[0].numel >= PARALLEL_CELLS
+        parallel = policy.parallel("rows", ins[0].numel)
         window_h = pool_window_lines(kind, attrs, 0, "oh", "height", "ho")
         window_w = pool_window_lines(kind, attrs, 1, "ow", "width", "wo")
         cell = _pool_cell_lines(kind, attrs, "x[plane, ih, iw]")
@@ -910,7 +911,7 @@ def _cpu_pool_grad(name: str):
         gradient to its argmax (max) or spread it over its window (averages), in output order."""
         if kind == MAX and _tiled_max_pool(attrs):
             return _cpu_tiled_max_pool_grad(attrs, ins, out)
-        parallel = out.numel >= PARALLEL_CELLS
+        parallel = policy.parallel("rows", out.numel)
         window_h = pool_window_lines(kind, attrs, 0, "oh", "height", "ho")
         window_w = pool_window_lines(kind, attrs, 1, "ow", "width", "wo")
         if kind == MAX:

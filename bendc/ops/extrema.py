@@ -29,7 +29,8 @@ import numpy as np
 
 from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, REDUCTION_CHUNKS, lane_sum, njit_decorator
+from bendc.kernels import cpu_policy as policy
+from bendc.kernels.cpu_kit import REDUCTION_CHUNKS, lane_sum, njit_decorator
 from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, normalize_dims, require_float
 from bendc.ops.reduce import TREE_MIN_EXTENT
 
@@ -239,7 +240,7 @@ def _cpu_extremum(largest: bool, want_index: bool):
     def render(attrs, ins, out):
         shape = ins[0].shape
         axes = extremum_axes(shape, attrs)
-        large = ins[0].numel >= PARALLEL_CELLS
+        large = policy.parallel("rows", ins[0].numel)
         if large and out.numel < REDUCTION_CHUNKS:
             return _scan_chunks(largest, want_index) + _cpu_lines_call(shape, axes)
         return _scan_lines(largest, want_index, large) + _cpu_lines_call(shape, axes)
@@ -420,7 +421,7 @@ def vjp_logsumexp(b, node, grad, needs):
 def _cpu_logsumexp(attrs, ins, out):
     shape = ins[0].shape
     dims = tuple(attrs["dims"])
-    parallel = ins[0].numel >= PARALLEL_CELLS and out.numel > 1
+    parallel = policy.parallel("rows", ins[0].numel) and out.numel > 1
     loop = "prange" if parallel else "range"
     return (f"{njit_decorator(parallel)}\n"
             "def _lines(x, out):\n"

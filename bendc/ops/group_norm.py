@@ -67,7 +67,8 @@ import numpy as np
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.access import reshaped
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
+from bendc.kernels import cpu_policy as policy
+from bendc.kernels.cpu_kit import njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 # Independent partial sums per row statistic: 32 float64 lanes are four AVX-512 vectors (on the
@@ -295,7 +296,7 @@ def _stats_lines(indent: str) -> list[str]:
 def _cpu_group_norm(attrs, ins, out):
     """One cell per (sample, group) row: the statistics, then the normalized and scaled row."""
     rows, _, _, _ = _geometry(ins[0].shape, attrs["groups"])
-    parallel = ins[0].numel >= PARALLEL_CELLS and rows > 1
+    parallel = policy.parallel("rows", ins[0].numel) and rows > 1
     weight, bias = attrs["weight"], attrs["bias"]
     scale = "rstd * np.float64(w[g * per_group + j])" if weight else "rstd"
     shift = " + shift" if bias else ""
@@ -328,7 +329,7 @@ def _cpu_group_norm_grad(attrs, ins, out):
     """One cell per (sample, group) row: the statistics, each channel's ds and db, then dx; after
     the rows, dweight and dbias summed over the samples in order."""
     rows, _, _, _ = _geometry(ins[0].shape, attrs["groups"])
-    parallel = ins[0].numel >= PARALLEL_CELLS and rows > 1
+    parallel = policy.parallel("rows", ins[0].numel) and rows > 1
     weight, grad_input, grad_affine = attrs["weight"], attrs["grad_input"], attrs["grad_affine"]
     wj = "np.float64(w[g * per_group + j])" if weight else "1.0"
     lines = [njit_decorator(parallel), "def _rows(x3, x2, g3, w, dx3, ds, db, stats, groups, eps, lanes):",

@@ -71,7 +71,8 @@ from __future__ import annotations
 import numpy as np
 
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, PARALLEL_SUM_CELLS, lane_row_sums, lane_sum, njit_decorator
+from bendc.kernels import cpu_policy as policy
+from bendc.kernels.cpu_kit import lane_row_sums, lane_sum, njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
@@ -162,7 +163,7 @@ def _cpu_stat(rstd: bool):
         x = ins[0]
         dims = tuple(attrs["dims"])
         rows, columns = _stat_geometry(x.shape, dims)
-        parallel = x.numel >= PARALLEL_SUM_CELLS and rows > 1  # only sums: parallel from more cells
+        parallel = policy.parallel("sums", x.numel) and rows > 1  # only sums
         loop = "prange" if parallel else "range"
         lines = lane_sum("total", "np.float64(x[r, c])", "c", "x.shape[1]") + ["mean = total / x.shape[1]"]
         if rstd:
@@ -319,7 +320,7 @@ def _cpu_rope(attrs, ins, out):
     x = ins[0]
     half = x.shape[-1] // 2
     rows = x.numel // max(x.shape[-1], 1)
-    parallel = x.numel >= PARALLEL_CELLS and rows > 1
+    parallel = policy.parallel("rows", x.numel) and rows > 1
     loop = "prange" if parallel else "range"
     if attrs["inverse"]:
         # PyTorch's slice backward accumulates each half into +0.0 words: -0.0 becomes +0.0.

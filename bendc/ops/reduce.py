@@ -6,7 +6,8 @@ import numpy as np
 
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, lane_sum, njit_decorator, sum_kernel
+from bendc.kernels import cpu_policy as policy
+from bendc.kernels.cpu_kit import lane_sum, njit_decorator, sum_kernel
 from bendc.kernels.access import dense
 from bendc.ops.base import OPS, InferError, Lowering, define_op, normalize_dims, require_float
 
@@ -230,7 +231,7 @@ def _cpu_row(log: bool):
         dim = attrs["dim"]
         columns = shape[dim]
         rows = ins[0].numel // max(columns, 1)
-        parallel = ins[0].numel >= PARALLEL_CELLS and rows > 1
+        parallel = policy.parallel("rows", ins[0].numel) and rows > 1
         loop = "prange" if parallel else "range"
         finish = ("            out[r, c] = (x[r, c] - m) - log_total\n" if log else
                   "            out[r, c] = math.exp(x[r, c] - m) / total\n")

@@ -23,7 +23,8 @@ import numpy as np
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.access import dense
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, njit_decorator
+from bendc.kernels import cpu_policy as policy
+from bendc.kernels.cpu_kit import njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
@@ -102,7 +103,7 @@ def _cpu_source(attrs, ins, start, update):
     size = shape[dim]
     # The line count from the other dims (not numel // size: a zero-size dim has lines of no elements).
     lines = numel(shape[:dim] + shape[dim + 1:])
-    parallel = ins[0].numel >= PARALLEL_CELLS and lines > 1
+    parallel = policy.parallel("rows", ins[0].numel) and lines > 1
     loop = "prange" if parallel else "range"
     order = "range(x.shape[1] - 1, -1, -1)" if attrs["reverse"] else "range(x.shape[1])"
     source = (f"{njit_decorator(parallel)}\n"

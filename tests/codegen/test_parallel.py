@@ -11,8 +11,10 @@ import pytest
 
 import bendc
 import bendc.functional as F
-from bendc.kernels.cpu_kit import PARALLEL_CELLS, PARALLEL_ELEMENTWISE_CELLS
+from bendc.kernels.cpu_policy import parallel_from
 from conftest import assert_close
+
+PARALLEL_CELLS, PARALLEL_ELEMENTWISE_CELLS = parallel_from("rows"), parallel_from("elementwise")
 
 _LAUNCH = re.compile(r"^\[cpu\] (\w+): \w+, (\d+) cells", re.M)
 

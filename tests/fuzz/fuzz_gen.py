@@ -35,8 +35,8 @@ MAX_RANK = 4
 # Shapes come from a small pool so generated kernels (whose sources hold the shapes) repeat
 # across programs and numba's compiles are shared. (4, 8) and (6, 3) are the shapes of known bug 5.
 BASE_SHAPES = [(), (1,), (3,), (4,), (1, 4), (4, 1), (2, 3), (3, 4), (4, 4), (2, 1, 4), (2, 3, 4), (4, 8), (6, 3)]
-# At least bendc.kernels.cpu_kit.PARALLEL_CELLS (65536) cells: CPU op kernels this large run their
-# cells with prange; the first is over PARALLEL_ELEMENTWISE_CELLS (2^18), where fused elementwise
+# At least bendc.kernels.cpu_policy.parallel_from("rows") (65536) cells: CPU op kernels this large run their
+# cells with prange; the first is over parallel_from("elementwise") (2^18), where fused elementwise
 # kernels do. Drawn rarely (each such program compiles its own parallel kernels).
 LARGE_SHAPES = [(512, 512), (16, 64, 64)]
 ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4),
@@ -2121,7 +2121,7 @@ def _sort_scatter_family(self: Builder) -> bool:
     # scatter: self is x, the index a constant of the shape of src (at most x's shape outside dim)
     src = self.pick(lambda v: len(v.shape) == rank and math.isfinite(v.bound)
                     and all(n <= m for a, (n, m) in enumerate(zip(v.shape, x.shape)) if a != dim % rank))
-    if src is None:
+    if src is None or _numel(src.shape) > 4096:  # the index is a torch.tensor([...]) literal: at most 4096 values
         return False
     index = np.asarray(draw(st.lists(st.integers(0, size - 1), min_size=_numel(src.shape),
                                      max_size=_numel(src.shape)))).reshape(src.shape).tolist()

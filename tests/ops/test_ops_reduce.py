@@ -18,10 +18,12 @@ import torch
 
 import bendc
 import bendc.functional as BF
-from bendc.kernels.cpu_kit import PARALLEL_CELLS
+from bendc.kernels.cpu_policy import parallel_from
 from conftest import assert_bitwise, assert_close
 from parity_harness import normal, parity, target  # noqa: F401  (target: the autouse fixture)
 import parity_harness
+
+PARALLEL_CELLS = parallel_from("rows")
 
 
 def _jit(fn, leaves=()):

@@ -12,7 +12,7 @@ import re
 from functools import lru_cache
 
 from bendc.ir.types import TensorType
-from bendc.kernels.cpu_kit import PARALLEL_CELLS
+from bendc.kernels import cpu_policy as policy
 from bendc.ops.attention.layout import resolve_schedule
 
 _TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -39,7 +39,7 @@ def _parallel(types: list[TensorType], out: TensorType) -> bool:
     arrays = [type for type in types + [out] if type.ndim == 4]
     t = max(type.shape[2] for type in arrays)
     width = max(type.shape[3] for type in arrays)
-    return batch * heads * t * t * width >= PARALLEL_CELLS
+    return policy.parallel("rows", batch * heads * t * t * width)
 
 
 def _cpu_source(name: str, layout: str, parallel: bool, **values) -> str:

@@ -1,0 +1,50 @@
+"""The CPU execution policy: the one place that decides whether a kernel runs its cells in parallel.
+
+A generated CPU kernel either loops over its cells in the calling thread or splits them over
+numba's thread pool (``prange``: runtime/native runs it on numba's threading layer through
+``numba_parallel_for``, or numba itself does). A parallel launch costs ``LAUNCH_SECONDS`` (numba's
+workqueue layer: its workers nap between polls, so a launch takes 66-75 us whatever the work, at 1
+or 2 threads; the native kernels launch nothing when numba's thread count is 1, so a one-thread
+run pays it nowhere). Splitting ``cells`` cells of ``seconds_per_cell`` work over two threads saves
+half the work: a kernel goes parallel when that saving exceeds the launch, that is from
+``2 * LAUNCH_SECONDS / seconds_per_cell`` cells. Every renderer asks :func:`parallel` with the
+kind of work its cells do; no other file holds a threshold.
+
+The costs per cell are the ones measured when each kind's crossover was set (2-core machine,
+bench/run.py and the examples), which these constants reproduce exactly:
+
+- ``"rows"``: a kernel whose cells are rows or lines of real work (norm statistics with their
+  affine, softmax rows, scans, extrema, convolutions, attention): ~2.1 ns a cell, parallel from
+  2^16 cells;
+- ``"elementwise"``: a fused elementwise kernel, ~0.2-1 ns a cell (the CNN step's kernels of
+  2^16-2^17 cells went from 5.35 to 2.36 ms at one thread when they stopped launching), parallel
+  from 2^18 cells;
+- ``"sums"``: a kernel that only sums (an unfused sum, the norm statistics: ~0.3 ns a cell in
+  lanes, the CNN step's bias-gradient sums 0.04 ms serial against 0.11 ms parallel at one thread),
+  parallel from 2^20 cells.
+
+Threads: numba's thread count (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads`` in the
+process), on the threading layer runtime/cpu.py picks (``workqueue`` unless the user set
+``NUMBA_THREADING_LAYER``). BLAS: numpy's products run on numpy's OpenBLAS with its own threads
+(``OPENBLAS_NUM_THREADS``); the tiled attention's products run inside the parallel work items on
+scipy's OpenBLAS, held to one thread there (ops/attention/templates/tiled.py) so that one pool
+serves each region.
+"""
+from __future__ import annotations
+
+LAUNCH_SECONDS = 70e-6
+SECONDS_PER_CELL = {
+    "rows": 2 * LAUNCH_SECONDS / (1 << 16),
+    "elementwise": 2 * LAUNCH_SECONDS / (1 << 18),
+    "sums": 2 * LAUNCH_SECONDS / (1 << 20),
+}
+
+
+def parallel_from(kind: str) -> int:
+    """The fewest cells of ``kind`` that run in parallel."""
+    return round(2 * LAUNCH_SECONDS / SECONDS_PER_CELL[kind])
+
+
+def parallel(kind: str, cells: int) -> bool:
+    """Whether ``cells`` cells of ``kind`` work run in parallel (see the module docstring)."""
+    return cells >= parallel_from(kind)
