@@ -10,7 +10,9 @@ report:
 - ``tiled`` (flash attention, ops/attention/tiled.py): blocks of queries by keys, tile
   products in BLAS, an online softmax; the forward saves O and each query's logsumexp, the
   backward recomputes the tiles from them. It never stores the T x T matrices that the two
-  others keep for the backward (P and G: 2 * B*H*cells*4 bytes).
+  others keep for the backward (P and G: 2 * B*H*cells*4 bytes). On the CPU a sequence of up to
+  ``SMALL_HEAD`` (64) positions runs each head as one fused kernel whose scores stay in cache
+  (loop products, no BLAS call per tile; templates/tiled.py ``_small_forward_head``).
 
 On the CPU (and for the reference interpreter, which follows the CPU's rule) a site is tiled
 when its sequence is at least ``tiled_from`` positions (the crossover measured on a 2-core
@@ -49,6 +51,7 @@ from bendc.passes.manager import PassContext, register, register_variant
 
 ATTENTION_OPS = ("attention", "attention_probs", "attention_score_grad", "attention_vjp")
 MIB = 1 << 20
+SMALL_HEAD = 64  # templates/tiled.py SMALL: up to this length the CPU's tiled kernels fuse each head
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ def choose(node: Node, options: ScheduleOptions, target: str = "cpu", depth: int
     if target == "cuda":
         return _cuda_length_rule(node, options, rows, why_rows, forward.keys, scores)
     if t >= options.tiled_from:
-        return "tiled", (f"t={t} >= {options.tiled_from}, where blocked BLAS products beat the per-row kernels "
+        how = (f"each head fused in cache up to t={SMALL_HEAD}" if t <= SMALL_HEAD else "blocked BLAS products")
+        return "tiled", (f"t={t} >= {options.tiled_from}, where the tiled kernels ({how}) beat the per-row kernels "
                          f"(crossover measured on the CPU; {rows} would keep {_size(scores)} of P and G)")
     return rows, f"{why_rows}; t={t} < {options.tiled_from}: the per-row kernels tie with tiles this short"
 

@@ -213,6 +213,7 @@ class ModuleTranslator:
         self.declarations: dict[str, str] = {}
         self.in_progress: set[tuple] = set()
         self.tasks: set[str] = set()
+        self.nonneg_params: dict[str, frozenset[str]] = {}  # outlined prange bodies' (nonneg_names)
 
     def declare(self, name: str, text: str) -> None:
         self.declarations.setdefault(name, text)
@@ -403,6 +404,106 @@ def _module_constants(tree: ast.Module) -> dict[str, Any]:
     return constants
 
 
+_RANGE = object()   # an assignment by a range()/prange() loop: see _nonneg
+_SHAPE = object()   # an item of an array's shape
+
+
+def nonneg_names(function: ast.FunctionDef, constants: dict[str, Any],
+                 known: frozenset[str] = frozenset()) -> tuple[set[str], set[str]]:
+    """(names, bound): ``bound`` the names ``function`` binds (its parameters included), ``names``
+    those of them whose every binding is a non-negative integer expression (the
+    greatest such set: a counter that only grows stays in it). ``known``: parameters known to be
+    non-negative (an outlined prange body's bounds); other parameters may be anything. Indexing
+    with such a name needs no negative-index wraparound (numba's select on every index, which
+    keeps LLVM from vectorizing loops over ``a[i + j]``): an index that cannot be negative reads the
+    same element either way, so the bits are numba's."""
+    bindings: dict[str, list] = {}
+
+    def bind(target: ast.expr, value: Any) -> None:
+        if isinstance(target, ast.Name):
+            bindings.setdefault(target.id, []).append(value)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            if isinstance(value, ast.Tuple) and len(value.elts) == len(target.elts):
+                for element, item in zip(target.elts, value.elts):
+                    bind(element, item)
+            else:
+                shape = isinstance(value, ast.Attribute) and value.attr == "shape"
+                for element in target.elts:
+                    bind(element, _SHAPE if shape else None)
+
+    for arg in function.args.args:
+        bindings.setdefault(arg.arg, []).append(_SHAPE if arg.arg in known else None)
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                bind(target, node.value)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and isinstance(node.target, ast.Name):
+            value = ast.BinOp(ast.Name(node.target.id, ast.Load()), node.op, node.value) \
+                if isinstance(node, ast.AugAssign) else node.value
+            bind(node.target, value)
+        elif isinstance(node, ast.NamedExpr):
+            bind(node.target, node.value)
+        elif isinstance(node, ast.For):
+            iterated = node.iter
+            ranged = isinstance(iterated, ast.Call) and isinstance(iterated.func, ast.Name) and \
+                iterated.func.id in ("range", "prange") and not iterated.keywords
+            bind(node.target, (_RANGE, iterated.args) if ranged and isinstance(node.target, ast.Name) else None)
+    names = set(bindings)
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(names):
+            if not all(_nonneg(value, names, bindings, constants) for value in bindings[name]):
+                names.discard(name)
+                changed = True
+    return names, set(bindings)
+
+
+def _nonneg(value: Any, names: set[str], bindings: dict, constants: dict[str, Any]) -> bool:
+    """Whether an expression is a non-negative integer when ``names`` hold non-negative integers."""
+    def positive_step(step: ast.expr) -> bool:
+        number = step.value if isinstance(step, ast.Constant) else \
+            constants.get(step.id) if isinstance(step, ast.Name) and step.id not in bindings else None
+        return isinstance(number, int) and not isinstance(number, bool) and number > 0
+
+    def check(node: Any) -> bool:
+        if node is _SHAPE:
+            return True
+        if node is None:
+            return False
+        if isinstance(node, tuple) and node and node[0] is _RANGE:
+            args = node[1]
+            if len(args) == 1:
+                return True
+            return len(args) in (2, 3) and check(args[0]) and (len(args) == 2 or positive_step(args[2]))
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, int) and node.value >= 0
+        if isinstance(node, ast.Name):
+            if node.id in bindings:
+                return node.id in names
+            number = constants.get(node.id)
+            return isinstance(number, int) and number >= 0
+        if isinstance(node, ast.BinOp):
+            return isinstance(node.op, (ast.Add, ast.Mult, ast.FloorDiv, ast.Mod)) and \
+                check(node.left) and check(node.right)
+        if isinstance(node, ast.IfExp):
+            return check(node.body) and check(node.orelse)
+        if isinstance(node, ast.Subscript):
+            return isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
+        if isinstance(node, ast.Attribute):
+            return node.attr in ("size", "ndim")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+            if node.func.id == "len":
+                return True
+            if node.func.id == "min":
+                return bool(node.args) and all(check(a) for a in node.args)
+            if node.func.id == "max":
+                return any(check(a) for a in node.args)
+        return False
+
+    return check(value)
+
+
 # ------------------------------------------------------------------ one function
 class _Loop:
     def __init__(self, cont: str, done: str) -> None:
@@ -427,6 +528,7 @@ class FunctionTranslator:
             raise Unsupported(f"{node.name} takes {len(node.args.args)} arguments, called with {len(args)}")
         self.types: dict[str, Any] = {}
         self.returns: Any = None
+        self.nonneg, self.bound = nonneg_names(node, module.globals, module.nonneg_params.get(node.name, frozenset()))
 
     # ---------------------------------------------------------------- driver
     def translate(self) -> Compiled:
@@ -824,6 +926,11 @@ class FunctionTranslator:
                                    col_offset=node.col_offset)
         ast.fix_missing_locations(outlined)
         self.module.defs[outlined_name] = outlined
+        start_node = call.args[0] if len(call.args) == 2 else ast.Constant(0)
+        bounds_known = {"first__", "last__"} if _nonneg(start_node, self.nonneg, dict.fromkeys(self.bound),
+                                                         self.module.globals) else set()
+        self.module.nonneg_params[outlined_name] = frozenset(
+            {name for name in captured if name in self.nonneg} | bounds_known)
         self.module.numba_functions = set(self.module.numba_functions) | {outlined_name}
         types = []
         for name in captured:
@@ -1429,7 +1536,8 @@ class FunctionTranslator:
             if not (isinstance(index, Scal) and index.type.is_int):
                 raise self.fail("an index that is not an integer or a slice")
             position = self._cast(index, INTP)
-            if index.type.signed and not (position.const is not None and int(position.const) >= 0):
+            if index.type.signed and not (position.const is not None and int(position.const) >= 0) and \
+                    not self._never_negative(elements, axis):
                 negative = body.value(f"icmp slt i64 {position.ref}, 0")
                 wrapped = body.value(f"add i64 {position.ref}, {size.ref}")
                 position = Scal(INTP, body.value(f"select i1 {negative}, i64 {wrapped}, i64 {position.ref}"))
@@ -1626,12 +1734,11 @@ class FunctionTranslator:
     def _element(self, array: Arr, index_node: ast.expr) -> tuple[str, list | None]:
         """The address of ``array[index]`` (and, for fewer indices than dimensions, the dimensions
         left: a subarray)."""
-        if isinstance(index_node, ast.Tuple):
-            indices = [self._expr(e) for e in index_node.elts]
-        else:
-            indices = [self._expr(index_node)]
+        index_nodes = list(index_node.elts) if isinstance(index_node, ast.Tuple) else [index_node]
+        indices = [self._expr(e) for e in index_nodes]
         if len(indices) == 1 and isinstance(indices[0], Tup):
             indices = indices[0].items
+            index_nodes = []
         if any(i is UNKNOWN for i in indices):
             if self.dry:
                 return "undef", ([] if len(indices) >= array.type.ndim else list(range(array.type.ndim - len(indices))))
@@ -1644,7 +1751,8 @@ class FunctionTranslator:
             if not (isinstance(index, Scal) and index.type.is_int):
                 raise self.fail("an index that is not an integer (slices and arrays are numba's)")
             position = self._cast(index, INTP)
-            if index.type.signed and not (position.const is not None and int(position.const) >= 0):
+            if index.type.signed and not (position.const is not None and int(position.const) >= 0) and \
+                    not self._never_negative(index_nodes, axis):
                 negative = body.value(f"icmp slt i64 {position.ref}, 0")
                 wrapped = body.value(f"add i64 {position.ref}, {array.shape[axis].ref}")
                 position = Scal(INTP, body.value(f"select i1 {negative}, i64 {wrapped}, i64 {position.ref}"))
@@ -1658,6 +1766,13 @@ class FunctionTranslator:
             pointer = body.value(f"getelementptr i8, ptr {array.data}, i64 {offset.ref}")
         remaining = list(range(len(indices), array.type.ndim))
         return pointer, remaining
+
+    def _never_negative(self, index_nodes: list, axis: int) -> bool:
+        """Whether the index expression of ``axis`` cannot be negative (nonneg_names): then numba's
+        wraparound select is left out."""
+        if axis >= len(index_nodes):
+            return False
+        return _nonneg(index_nodes[axis], self.nonneg, dict.fromkeys(self.bound), self.module.globals)
 
     def _load(self, dtype: Scalar, pointer: str) -> Scal:
         if self.dry:

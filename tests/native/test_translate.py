@@ -254,6 +254,23 @@ SOURCE = HEADER + textwrap.dedent('''
         np.dot(a[:1], a[1:2].T, single)         # vector . vector: dot
 
     @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def chunked_and_wrapped(a, shift, out):
+        t = a.shape[0]
+        for c in range(t):
+            first = (c // 4) * 4
+            for chunk in range(first, t, 4):
+                for j in range(4):
+                    out[c, chunk + j] += a[c, chunk + j] * np.float32(2.0)
+        for c in range(t):
+            back = t - 1 - c
+            out[c, back - t] += np.float32(1.0)   # negative: wraps to column t-1-c
+            out[c, shift] += np.float32(3.0)      # a parameter: may be negative
+        k = 0
+        while k < t:
+            out[k, k] += np.float32(5.0)
+            k += 1
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
     def not_native(a, out):
         for i in range(a.shape[0]):
             out[i] = a[i:i + 1].sum()
@@ -346,6 +363,30 @@ def test_strided_views_and_negative_indices(module):
     assert_same_bits(*both(module.strided, view, np.zeros((3, 3), np.float32)))
     assert_same_bits(*both(module.strided, x, np.zeros((6, 8), np.float32)))
     assert len(module.strided.native_overloads) == 2
+
+
+def test_indices_that_cannot_be_negative_skip_the_wraparound_and_the_rest_keep_it(module):
+    """Names bound only to non-negative expressions (loop counters from a non-negative start, shape
+    items, sums, products and floor quotients of such) index without numba's wraparound select,
+    which lets LLVM vectorize ``a[c, chunk + j]``; a name that can be negative (a difference, a
+    parameter) still wraps, as numba does."""
+    import ast
+
+    from runtime.native.translate import nonneg_names
+
+    tree = ast.parse(SOURCE)
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "chunked_and_wrapped")
+    names, bound = nonneg_names(function, {"SCALE": 3})
+    assert names == {"t", "c", "first", "chunk", "j", "k"}, names
+    assert {"back", "shift", "a", "out"} <= bound - names
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    native, reference = both(module.chunked_and_wrapped, a, -2, np.zeros((8, 8), np.float32))
+    assert_same_bits(native, reference)
+    expected = np.where(np.arange(8)[None, :] >= (np.arange(8)[:, None] // 4) * 4, a * 2, 0)
+    expected[np.arange(8), 7 - np.arange(8)] += 1   # t - 1 - c - t wrapped
+    expected[:, -2] += 3
+    expected[np.arange(8), np.arange(8)] += 5
+    assert np.array_equal(native[2], expected)
 
 
 def test_arrays_made_in_loops_while_break_continue_and_none(module):

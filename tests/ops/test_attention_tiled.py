@@ -15,6 +15,7 @@ from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
 from bendc.ops.attention.layout import TILE
 from bendc.passes import PASSES, default_passes
+from bendc.passes.attention import SMALL_HEAD
 from test_attention import inputs, kernel_module, ops_with, run_bendc, run_torch
 
 RELATIVE = 2e-5
@@ -55,6 +56,19 @@ def test_head_dims_and_groups(depth, heads, kv_heads):
     """D up to 128, no grouping, one key/value head for all, groups of 4; ragged t, causal."""
     arrays = inputs(1, heads, kv_heads, 100, depth, seed=depth + heads)
     check_tiled(arrays, LEAVES, "cpu", is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("t, depth, width, heads, kv_heads", [
+    (40, 3, 5, 4, 1),      # D and Dv not multiples of 4 (the products' single-source tail), t not of 16
+    (17, 64, 64, 2, 2),    # one cell past a lane chunk, no grouping
+    (48, 16, 8, 8, 2),     # whole lane chunks, groups of 4, Dv < D
+])
+def test_fused_small_heads(causal, t, depth, width, heads, kv_heads):
+    """Up to SMALL positions the cpu kernels run each head fused (templates/tiled.py
+    _small_forward_head/_small_backward_head): ragged chunks, head sizes, groups, both maskings."""
+    arrays = inputs(2, heads, kv_heads, t, depth, width=width, seed=t + depth)
+    check_tiled(arrays, LEAVES, "cpu", is_causal=causal, enable_gqa=True)
 
 
 def test_benchmark_shape():
@@ -140,6 +154,7 @@ def tiled_module():
 
 def test_block_is_the_layouts_tile(tiled_module):
     assert tiled_module.BLOCK == TILE
+    assert tiled_module.SMALL == SMALL_HEAD  # the pass's report names the fused kernels' reach
 
 
 @pytest.mark.parametrize("blocks", range(1, 10))

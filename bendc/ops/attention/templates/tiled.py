@@ -112,12 +112,187 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
         lse[first + r] = top[r] + math.log(total[r])
 
 
+SMALL = 64  # sequences up to this length take the fused per-head kernels below (no BLAS tiles)
+LANES = 16  # a causal row's cells are computed from the start of its 16-lane chunk
+
+
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
+def _transposed_into(a, at):
+    """at[j, i] = a[i, j]; the columns of at past a's rows are zeros."""
+    rows, cols = a.shape
+    for j in range(cols):
+        line = at[j]
+        for i in range(rows):
+            line[i] = a[i, j]
+        for i in range(rows, at.shape[1]):
+            line[i] = np.float32(0.0)
+
+
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
+def _weighted_rows(dest, weights, column, across, count, sources, lo, hi, mode):
+    """dest[r] += w_s * sources[s, r] for s = 0 .. count-1 in order, w_s = weights[column, s] when
+    ``across``, else weights[s, column]; four sources a pass (one load and store of dest per four
+    products). r runs over [lo, hi) (mode 0), from the start of s's lane chunk to hi (mode 1: a
+    causal source row holds its cells from there on), or from lo to the end of s's chunk (mode 2:
+    a transposed causal row)."""
+    whole = count // 4 * 4
+    for s in range(0, whole, 4):
+        first = (s // LANES) * LANES if mode == 1 else lo
+        last = (s // LANES + 1) * LANES if mode == 2 else hi
+        a0 = weights[column, s] if across else weights[s, column]
+        a1 = weights[column, s + 1] if across else weights[s + 1, column]
+        a2 = weights[column, s + 2] if across else weights[s + 2, column]
+        a3 = weights[column, s + 3] if across else weights[s + 3, column]
+        y0 = sources[s]
+        y1 = sources[s + 1]
+        y2 = sources[s + 2]
+        y3 = sources[s + 3]
+        for r in range(first, last):
+            x = dest[r] + a0 * y0[r]
+            x = x + a1 * y1[r]
+            x = x + a2 * y2[r]
+            dest[r] = x + a3 * y3[r]
+    for s in range(whole, count):
+        first = (s // LANES) * LANES if mode == 1 else lo
+        last = (s // LANES + 1) * LANES if mode == 2 else hi
+        a0 = weights[column, s] if across else weights[s, column]
+        y0 = sources[s]
+        for r in range(first, last):
+            dest[r] = dest[r] + a0 * y0[r]
+
+
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
+def _small_scores(k, qt, st, c, causal):
+    """Row c of S^T = K Q^T (keys by queries), from the start of c's lane chunk when causal."""
+    tp = st.shape[1]
+    first = (c // LANES) * LANES if causal else 0
+    row = st[c]
+    for r in range(first, tp):
+        row[r] = np.float32(0.0)
+    _weighted_rows(row, k, c, True, k.shape[1], qt, first, tp, 0)
+
+
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
+def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, ot, top, total):
+    """One head, all of it in cache: S^T row by row (a query's scores run along a row, so its max
+    and sums are elementwise), the softmax, O^T = V^T P^T, O = O^T / sum and the logsumexp. A
+    causal row c starts at its 16-lane chunk: the cells before c in that chunk are masked."""
+    t = q.shape[0]
+    width = v.shape[1]
+    tp = st.shape[1]
+    _transposed_into(q, qt)
+    for r in range(tp):
+        top[r] = np.float32(-np.inf)
+        total[r] = np.float32(0.0)
+    for c in range(t):
+        _small_scores(k, qt, st, c, causal)
+        first = (c // LANES) * LANES if causal else 0
+        row = st[c]
+        for r in range(first, tp):
+            x = row[r] * scale
+            x = np.float32(-np.inf) if causal and r < c else x
+            row[r] = x
+            top[r] = x if x > top[r] else top[r]
+    for c in range(t):
+        first = (c // LANES) * LANES if causal else 0
+        row = st[c]
+        for r in range(first, tp):
+            e = math.exp(row[r] - top[r])
+            e = np.float32(0.0) if causal and r < c else e
+            row[r] = e
+            total[r] += e
+    for w in range(width):
+        line = ot[w]
+        for r in range(tp):
+            line[r] = np.float32(0.0)
+        _weighted_rows(line, v, w, False, t, st, 0, tp, 1 if causal else 0)
+    for r in range(t):
+        for w in range(width):
+            out[r, w] = ot[w, r] / total[r]
+        lse[r] = top[r] + math.log(total[r])
+
+
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
+def _small_transpose(st, sq, t, causal):
+    """sq = st's transpose over the cells a causal row holds (zeros past t)."""
+    tp = st.shape[1]
+    for r in range(tp):
+        last = (r // LANES + 1) * LANES if causal else tp
+        line = sq[r]
+        for c in range(min(last, t)):
+            line[c] = st[c, r]
+        for c in range(t, last):
+            line[c] = np.float32(0.0)
+
+
+@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
+def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt, st, sq, dqt, delta, dp):
+    """One query head's backward, all of it in cache: P^T recomputed from the logsumexp, dV^T += dO^T P,
+    dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dQ^T = K^T dS^T, dK^T += Q^T dS (dK^T and
+    dV^T accumulate over the query heads of a key/value head)."""
+    t, depth = q.shape
+    width = v.shape[1]
+    tp = st.shape[1]
+    _transposed_into(q, qt)
+    _transposed_into(g, gt)
+    for r in range(tp):
+        delta[r] = np.float32(0.0)
+    for r in range(t):
+        s = np.float32(0.0)
+        for w in range(width):
+            s += g[r, w] * o[r, w]
+        delta[r] = s
+    for c in range(t):
+        _small_scores(k, qt, st, c, causal)
+        first = (c // LANES) * LANES if causal else 0
+        row = st[c]
+        for r in range(first, t):
+            e = math.exp(row[r] * scale - lse[r])
+            row[r] = np.float32(0.0) if causal and r < c else e
+        for r in range(t, tp):
+            row[r] = np.float32(0.0)
+    _small_transpose(st, sq, t, causal)
+    for w in range(width):
+        _weighted_rows(dvt[w], g, w, False, t, sq, 0, tp, 2 if causal else 0)
+    for c in range(t):
+        first = (c // LANES) * LANES if causal else 0
+        for r in range(first, tp):
+            dp[r] = np.float32(0.0)
+        _weighted_rows(dp, v, c, True, width, gt, first, tp, 0)
+        row = st[c]
+        for r in range(first, tp):
+            row[r] = row[r] * (dp[r] - delta[r]) * scale
+    for d in range(depth):
+        line = dqt[d]
+        for r in range(tp):
+            line[r] = np.float32(0.0)
+        _weighted_rows(line, k, d, False, t, st, 0, tp, 1 if causal else 0)
+    _small_transpose(st, sq, t, causal)
+    for d in range(depth):
+        _weighted_rows(dkt[d], q, d, False, t, sq, 0, tp, 2 if causal else 0)
+    for r in range(t):
+        for d in range(depth):
+            dq[r, d] = dqt[d, r]
+
+
 @njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _attention_tiled(q, k, v, out, lse, scale, causal):
-    """Each work item: its block rows of one (batch, head), over the key/value head it reads."""
-    batch, heads, t, _ = q.shape
+    """Each work item: its block rows of one (batch, head), over the key/value head it reads (up to
+    SMALL positions: the whole head, fused)."""
+    batch, heads, t, depth = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
+    if t <= SMALL:
+        padded = (t + LANES - 1) // LANES * LANES
+        width = v.shape[3]
+        for work in prange(batch * heads):
+            b = work // heads
+            h = work - b * heads
+            _small_forward_head(q[b, h], k[b, h // group], v[b, h // group], out[b, h], lse[b, h], scale, causal,
+                                np.empty((depth, padded), np.float32), np.empty((t, padded), np.float32),
+                                np.empty((width, padded), np.float32), np.empty(padded, np.float32),
+                                np.empty(padded, np.float32))
+        return
     blocks = (t + BLOCK - 1) // BLOCK
     items = _tiled_items(blocks, causal)
     for work in prange(batch * heads * items):
@@ -193,9 +368,34 @@ def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
 def _attention_tiled_grads(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
     """A work item per (batch, key/value head): dK and dV of that head and dQ of its group's query
     heads are written by that item only (no races), the heads in order."""
-    batch, heads, t, _ = q.shape
+    batch, heads, t, depth = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
+    if t <= SMALL:
+        padded = (t + LANES - 1) // LANES * LANES
+        width = v.shape[3]
+        for work in prange(batch * kv_heads):
+            b = work // kv_heads
+            kv = work - b * kv_heads
+            dkt = np.zeros((depth, padded), np.float32)
+            dvt = np.zeros((width, padded), np.float32)
+            qt = np.empty((depth, padded), np.float32)
+            gt = np.empty((width, padded), np.float32)
+            st = np.empty((t, padded), np.float32)
+            sq = np.empty((padded, padded), np.float32)
+            dqt = np.empty((depth, padded), np.float32)
+            delta = np.empty(padded, np.float32)
+            dp = np.empty(padded, np.float32)
+            for member in range(group):
+                h = kv * group + member
+                _small_backward_head(q[b, h], k[b, kv], v[b, kv], o[b, h], g[b, h], lse[b, h], dq[b, h], dkt, dvt,
+                                     scale, causal, qt, gt, st, sq, dqt, delta, dp)
+            for c in range(t):
+                for d in range(depth):
+                    dk[b, kv, c, d] = dkt[d, c]
+                for w in range(width):
+                    dv[b, kv, c, w] = dvt[w, c]
+        return
     for work in prange(batch * kv_heads):
         b = work // kv_heads
         kv = work - b * kv_heads
