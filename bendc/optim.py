@@ -82,25 +82,29 @@ def init_adam(params: Any, sharded: bool = False) -> dict:
             "exp_avg_sq": _zeros_tree(params, sharded)}
 
 
-def init_rmsprop(params: Any, momentum: float = 0.0, centered: bool = False) -> dict:
+def init_rmsprop(params: Any, momentum: float = 0.0, centered: bool = False, sharded: bool = False) -> dict:
     """RMSprop's state: ``{"step": 0, "square_avg": zeros}``, with ``"momentum_buffer"`` when
-    momentum > 0 and ``"grad_avg"`` when centered (as torch keeps them)."""
-    state = {"step": np.zeros((), np.float32), "square_avg": _zeros_tree(params)}
+    momentum > 0 and ``"grad_avg"`` when centered (as torch keeps them). ``sharded``: this rank's
+    shards (``data_parallel="sharded"``)."""
+    state = {"step": np.zeros((), np.float32), "square_avg": _zeros_tree(params, sharded)}
     if momentum > 0:
-        state["momentum_buffer"] = _zeros_tree(params)
+        state["momentum_buffer"] = _zeros_tree(params, sharded)
     if centered:
-        state["grad_avg"] = _zeros_tree(params)
+        state["grad_avg"] = _zeros_tree(params, sharded)
     return state
 
 
-def init_adagrad(params: Any, initial_accumulator_value: float = 0.0) -> dict:
-    """Adagrad's state: ``{"step": 0, "sum": initial_accumulator_value everywhere}``."""
-    return {"step": np.zeros((), np.float32), "sum": _zeros_tree(params, fill=initial_accumulator_value)}
+def init_adagrad(params: Any, initial_accumulator_value: float = 0.0, sharded: bool = False) -> dict:
+    """Adagrad's state: ``{"step": 0, "sum": initial_accumulator_value everywhere}``. ``sharded``:
+    this rank's shards (``data_parallel="sharded"``)."""
+    return {"step": np.zeros((), np.float32), "sum": _zeros_tree(params, sharded, fill=initial_accumulator_value)}
 
 
-def init_adadelta(params: Any) -> dict:
-    """Adadelta's state: ``{"step": 0, "square_avg": zeros, "acc_delta": zeros}``."""
-    return {"step": np.zeros((), np.float32), "square_avg": _zeros_tree(params), "acc_delta": _zeros_tree(params)}
+def init_adadelta(params: Any, sharded: bool = False) -> dict:
+    """Adadelta's state: ``{"step": 0, "square_avg": zeros, "acc_delta": zeros}``. ``sharded``: this
+    rank's shards (``data_parallel="sharded"``)."""
+    return {"step": np.zeros((), np.float32), "square_avg": _zeros_tree(params, sharded),
+            "acc_delta": _zeros_tree(params, sharded)}
 
 
 # ------------------------------------------------------------------ helpers
@@ -162,8 +166,8 @@ def _shard_update(param: Any, grad: Any, sharding: tuple[int, int] | None, state
         if isinstance(value, Tensor) and value.shape != shard.shape:
             raise UnsupportedError(f"under data_parallel='sharded' state[{key!r}] of a parameter {param.type} is "
                                    f"this rank's shard {shard.type}, got {value.type} (make the state with "
-                                   f"bendc.optim.init_{'sgd' if op == 'sgd' else 'adam'}(params, ..., "
-                                   f"sharded=True), or bendc.distributed.shard_state)", loc=user_location(), op=op)
+                                   f"bendc.optim.{_INIT[op]}(params, ..., sharded=True), or "
+                                   "bendc.distributed.shard_state)", loc=user_location(), op=op)
     return shard, distributed.sharded_gradient(grad, rank, ranks), param.shape
 
 
@@ -345,10 +349,15 @@ def _static(value: Any, name: str, op: str) -> float:
 def _update_leaves(params: Any, grads: Any, state: Any, keys: tuple[str, ...], op: str, update: Any) -> tuple:
     """Apply ``update(param, grad, *state_values) -> (new_param, *new_state_values)`` to each parameter
     with a gradient; a None gradient keeps its parameter and state, and a traced parameter under two
-    paths (tied weights) is updated once. Returns (new_params, new_state) with the step incremented."""
+    paths (tied weights) is updated once. Under ``data_parallel="sharded"`` the update runs on this
+    rank's shard of the parameter, of its reduce-scattered gradient and of the state, and the new
+    parameter is all-gathered. Returns (new_params, new_state) with the step incremented."""
+    from bendc.distributed import sharding as _sharding
+
     leaves, treedef = tree.flatten(params)
     gradients = _grads(grads, treedef, op)
     parts = [_state_part(state, key, treedef, op) for key in keys]
+    sharding = _sharding(leaves)
     new_params: list = []
     new_parts: list[list] = [[] for _ in keys]
     updated: dict[int, tuple] = {}
@@ -359,7 +368,9 @@ def _update_leaves(params: Any, grads: Any, state: Any, keys: tuple[str, ...], o
         elif grad is None:
             result = (param, *values)
         else:
-            result = updated[id(param)] = update(param, grad, *values)
+            shard, grad, shape = _shard_update(param, grad, sharding, list(zip(keys, values)), op)
+            new_param, *new_values = update(shard, grad, *values)
+            result = updated[id(param)] = (_gathered(new_param, shape, sharding), *new_values)
         new_params.append(result[0])
         for collected, value in zip(new_parts, result[1:]):
             collected.append(value)

@@ -1,6 +1,7 @@
 """Index reads (index_select, gather) and their ordered scatters (index_add,
 scatter_add), which accumulate into +0.0 words in index order like PyTorch's
-index_add_ and scatter_add_."""
+index_add_ and scatter_add_. On cuda scatter_add keeps that order (one thread per
+output element: the same bits every run); index_add adds with atomics."""
 from __future__ import annotations
 
 import numpy as np
@@ -75,10 +76,52 @@ def _cuda_gather(op):
                        check=INDEX_RANGE.format(index="{index}", size=size))
 
 
+def index_line_walk(op, names: list[str], index_operand: int, source_operand: int, fold: list[str]) -> list[str]:
+    """The statements by which the thread of one output element (indexes ``names``) walks its line of
+    the index along dim in index order, folding each contributor ``s`` (the source element beside an
+    index equal to its own position) into ``acc`` by the ``fold`` statements and counting them in ``n``;
+    a bad index sets ``err``. No atomics: the same bits every run, in the order of torch's CPU loops
+    (scatter_add, scatter_reduce)."""
+    shape, dim = op.shape, op.attrs["dim"]
+    index_shape = op.shapes[index_operand]
+    along = list(names)
+    along[dim] = "k"
+    inside = [f"{names[a]} < {index_shape[a]}" for a in range(len(shape)) if a != dim and index_shape[a] < shape[a]]
+    walk = [f"for k in range({index_shape[dim]}):",
+            f"    t = {op.read(index_operand, along)}",
+            f"    if t < 0 or t >= {shape[dim]}:", "        err[0] = 1", "        err[1] = t",
+            f"    elif t == {names[dim]}:", f"        s = {op.read(source_operand, along)}"]
+    walk += ["        " + line for line in fold] + ["        n += 1"]
+    if inside:
+        walk = [f"if {' and '.join(inside)}:"] + ["    " + line for line in walk]
+    return walk
+
+
 def _cuda_scatter_add(op):
-    """index_add / scatter_add into a cleared output: one source element per thread, accumulated
-    with ``cuda.atomic.add`` (repeated indices sum in an unspecified order, where PyTorch's CPU
-    kernels add in index order: equal within tolerance, not bit for bit)."""
+    """scatter_add (gather's gradient): one output element per thread, its contributors summed from
+    +0.0 in index order (index_line_walk), as torch's scatter_add_ on the CPU and the reference add
+    them: the reference's bits, the same every run."""
+    node = op.node
+    shape = op.shape
+    dim = op.attrs["dim"]
+    split, names = kit.unflatten("cell", shape, "o")
+    body = ["acc = np.float32(0.0)", "n = 0"] + index_line_walk(op, names, 1, 0, ["acc = acc + s"])
+    body += [f"out0[{dense(node.id, shape).flat(names)}] = acc"]
+    body = kit.used(split, body) + body
+    cells = numel(shape)
+    source = kit.kernel_source("kernel", op.checked_arguments, kit.grid_stride_loop(op.count(cells), body),
+                               f"scatter_add along dim {dim}: one output element per thread, its contributors "
+                               "in index order; a bad index sets err.")
+    return kit.Kernels(f"scatter_add along dim {dim} (index order)", source, [kit.grid_stride_launch("kernel", cells)],
+                       check=INDEX_RANGE.format(index="{index}", size=shape[dim]))
+
+
+def _cuda_index_add(op):
+    """index_add (index_select's gradient: embeddings) into a cleared output: one source element per
+    thread, accumulated with ``cuda.atomic.add``. Repeated indices sum in an unspecified order, where
+    PyTorch's CPU kernels add in index order: equal within tolerance, not bit for bit. (An ordered
+    walk, as scatter_add's, would read the whole index per output element: a vocabulary times the
+    tokens for an embedding's gradient.)"""
     node = op.node
     shape = op.shape
     dim = op.attrs["dim"]
@@ -194,7 +237,7 @@ define_op(
     arity=2,
     infer=_infer_index_add,
     reference=_reference_index_add,
-    lowering=Lowering("scatter", cpu=_cpu_index_add, cuda=_cuda_scatter_add),
+    lowering=Lowering("scatter", cpu=_cpu_index_add, cuda=_cuda_index_add),
     index_operand=1,
     indexed_size=lambda shapes, out, attrs: out[attrs["dim"]],
     vjp=vjp_index_add,

@@ -29,7 +29,7 @@ from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.access import dense
 from bendc.ops.base import InferError, Lowering, define_op, require_float
-from bendc.ops.gather import INDEX_RANGE, IndexRangeError
+from bendc.ops.gather import INDEX_RANGE, IndexRangeError, index_line_walk
 
 REDUCES = ("sum", "prod", "mean", "amax", "amin", "assign")
 _IDENTITY = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "amax": "-math.inf", "amin": "math.inf", "assign": "0.0"}
@@ -128,19 +128,9 @@ def _cuda(op):
     shape = op.shape
     dim = op.attrs["dim"]
     reduce, include_self = op.attrs["reduce"], op.attrs["include_self"]
-    index_shape = op.shapes[2]
     split, names = kit.unflatten("cell", shape, "o")
-    along = list(names)
-    along[dim] = "k"
-    inside = [f"{names[a]} < {index_shape[a]}" for a in range(len(shape)) if a != dim and index_shape[a] < shape[a]]
     start = "v" if include_self else f"np.float32({_IDENTITY[reduce]})"
-    walk = [f"for k in range({index_shape[dim]}):",
-            f"    t = {op.read(2, along)}",
-            f"    if t < 0 or t >= {shape[dim]}:", "        err[0] = 1", "        err[1] = t",
-            f"    elif t == {names[dim]}:", f"        s = {op.read(1, along)}", f"        {_combine(reduce)}",
-            "        n += 1"]
-    if inside:
-        walk = [f"if {' and '.join(inside)}:"] + ["    " + line for line in walk]
+    walk = index_line_walk(op, names, 2, 1, [_combine(reduce)])
     body = [f"v = {op.read(0, names)}", f"acc = {start}", "n = 0"] + walk
     if reduce == "mean":
         count = "n + 1" if include_self else "n"

@@ -19,6 +19,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     pytest.skip("PTX needs the real numba.cuda: run without NUMBA_ENABLE_CUDASIM", allow_module_level=True)
 
 from cuda_programs import Program  # noqa: E402
+from test_epilogue_sums import FLOAT_ATOMIC  # noqa: E402
 from test_ptx import check_cubins  # noqa: E402
 
 
@@ -37,5 +38,10 @@ PROGRAM = Program("sorts_and_scatters", sorts_and_scatters, ("x", "src"), lambda
 
 
 def test_sort_and_scatter_kernels_compile_to_cubin_in_float32(tmp_path) -> None:
-    ops = {step.op for step, _, _ in check_cubins(PROGRAM, str(tmp_path), frozenset())}
-    assert {"argsort", "scatter_reduce"} <= ops, ops
+    compiled = check_cubins(PROGRAM, str(tmp_path), frozenset())
+    ops = {step.op for step, _, _ in compiled}
+    assert {"argsort", "scatter_reduce", "scatter_add"} <= ops, ops
+    # gather's gradient (scatter_add) sums in index order: no float atomic add in its PTX
+    for step, _, kernel in compiled:
+        if step.op == "scatter_add":
+            assert not FLOAT_ATOMIC.search(kernel.ptx), f"{step.name} adds with float atomics"

@@ -3,8 +3,8 @@ simulator, against the reference interpreter (tiny shapes: a simulated thread co
 its own process (tests/cuda/run_simulator.sh); skipped elsewhere.
 
 The cumprod scan, the argsort rank kernel (ties and a NaN, both directions), the index-ordered
-scatter_reduce kernel (every reduce, include_self both ways) and the // and % scalars are compared bit
-for bit with the reference; the gradients within the conftest tolerances. No zero divisor or
+scatter_reduce kernel (every reduce, include_self both ways), gather's gradient (scatter_add, repeated
+indices, index order) and the // and % scalars are compared bit for bit with the reference; the gradients within the conftest tolerances. No zero divisor or
 infinity reaches // and %: the simulator evaluates them with Python's float operators, which raise
 there (compiled code gives torch's inf and NaN)."""
 from __future__ import annotations
@@ -47,6 +47,25 @@ def scatters_and_modulo(x, src, index, a, b):
     return spread, F.stack([a // b, a % b, a % -0.75]), x.grad, src.grad
 
 
+def gather_gradients(x, index_rows, index_columns, g_rows, g_columns):
+    """gather's gradient (scatter_add) along both dims, indices repeated: x.grad is summed in index
+    order, as the reference sums it, only where each output element's contributors are added in that
+    order (1e8 and -1e8 among them: another order gives other bits)."""
+    loss = (F.gather(x, 1, index_columns) * g_columns).sum() + (F.gather(x, 0, index_rows) * g_rows).sum()
+    loss.backward()
+    return x.grad
+
+
+def _gather_inputs(rng):
+    x = np.zeros((3, 4), np.float32)
+    index_columns = np.array([[0, 0, 0, 0, 1, 3], [2, 2, 3, 2, 2, 2]], np.int64)   # rows 0-1 of 3
+    g_columns = np.array([[1.0, 1e8, -1e8, 3.0, 0.5, 2.0], [-1e8, 7.0, 1.0, 1e8, 1.0, 0.25]], np.float32)
+    index_rows = np.array([[1, 0, 2], [1, 0, 2], [1, 1, 2], [0, 0, 2], [1, 0, 2]], np.int64)  # columns 0-2 of 4
+    g_rows = np.array([[1e8, 1.0, 3.0], [1.0, -1e8, 1e8], [-1e8, 1e8, -1e8], [5.0, -1e8, 1.0], [1.0, 1.0, 1.0]],
+                      np.float32)
+    return x, index_rows, index_columns, g_rows, g_columns
+
+
 def _sort_inputs(rng):
     x = np.array([[1.0, 2.0, 2.0, -0.5], [0.0, -0.0, 3.0, 1.0], [2.0, 2.0, 2.0, -1.0]], np.float32)
     w = np.ones((3, 4), np.float32)  # keeps the ties of x
@@ -71,6 +90,7 @@ PROGRAMS = [
             bitwise=(0, 1, 2, 3, 4, 5)),
     Program("scatters_and_modulo", scatters_and_modulo, ("x", "src"), _scatter_inputs, frozenset({"scatter"}),
             bitwise=(0, 1)),
+    Program("gather_gradients", gather_gradients, ("x",), _gather_inputs, frozenset({"scatter"}), bitwise=(0,)),
 ]
 
 
@@ -82,3 +102,15 @@ def cache_dir(tmp_path_factory) -> str:
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
 def test_program_matches_reference(program, cache_dir: str) -> None:
     check_program(program, cache_dir)
+
+
+def test_gather_gradient_sums_in_index_order_without_atomics(cache_dir: str) -> None:
+    """gather's backward on cuda: one thread per output element summing its contributors in index order
+    (the reference's bits above, the same every run), no atomic add in any kernel of the step."""
+    program = next(p for p in PROGRAMS if p.name == "gather_gradients")
+    step = check_program(program, cache_dir)
+    sources = step.kernels()
+    assert any("scatter_add along dim 0" in text for text in sources.values())
+    assert any("scatter_add along dim 1" in text for text in sources.values())
+    atomics = [name for name, text in sources.items() if "atomic" in text]
+    assert not atomics, f"kernels with atomics: {atomics}"

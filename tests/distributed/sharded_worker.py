@@ -10,7 +10,10 @@ step returns must be this rank's shards (ceil(n / N) elements each), and after t
 ``full_state`` of it bit-identical to the unsharded state. Rank 0 writes the report, the IR after
 the bucket pass and every rank's traffic of the sharded step (traffic.json). ``killed``: rank 1 is
 killed (SIGKILL) on step 3 in the middle of the sharded exchange, its reduce-scatter done and its
-all-gather not started.
+all-gather not started. ``optimizers``: the checks of ``train`` with RMSprop (momentum, centered,
+weight decay) on the first layer's weight, plain RMSprop on its bias, Adagrad (lr_decay, weight
+decay, an initial accumulator) on the second layer's weight and Adadelta (weight decay) on its
+bias.
 """
 from __future__ import annotations
 
@@ -43,6 +46,36 @@ def step(params, sgd_state, adam_state, x, y):
     return loss, {**first, **second}, sgd_state, adam_state
 
 
+def step_other_optimizers(params, w1_state, b1_state, w2_state, b2_state, x, y):
+    h = F.relu(F.linear(x, params["w1"], params["b1"]))
+    loss = F.mse_loss(F.linear(h, params["w2"], params["b2"]), y)
+    loss.backward()
+    grads = tree.map(lambda p: p.grad, params)
+
+    def one(name):
+        return {name: params[name]}, {name: grads[name]}
+
+    w1, w1_state = bendc.optim.rmsprop(*one("w1"), w1_state, lr=0.01, momentum=0.9, centered=True, weight_decay=0.01)
+    b1, b1_state = bendc.optim.rmsprop(*one("b1"), b1_state, lr=0.01)
+    w2, w2_state = bendc.optim.adagrad(*one("w2"), w2_state, lr=0.1, lr_decay=0.01, weight_decay=0.01)
+    b2, b2_state = bendc.optim.adadelta(*one("b2"), b2_state, weight_decay=0.01)
+    return loss, {**w1, **b1, **w2, **b2}, w1_state, b1_state, w2_state, b2_state
+
+
+def optimizer_states(scenario: str, params, sharded: bool) -> tuple[list, list[tuple[str, ...]]]:
+    """The step's optimizer states (whole, or this rank's shards) and the parameters each one updates."""
+    if scenario == "optimizers":
+        groups = [("w1",), ("b1",), ("w2",), ("b2",)]
+        w1, b1, w2, b2 = ({name: params[name]} for (name,) in groups)
+        return [bendc.optim.init_rmsprop(w1, momentum=0.9, centered=True, sharded=sharded),
+                bendc.optim.init_rmsprop(b1, sharded=sharded),
+                bendc.optim.init_adagrad(w2, initial_accumulator_value=0.1, sharded=sharded),
+                bendc.optim.init_adadelta(b2, sharded=sharded)], groups
+    first, second = split(params)
+    return [bendc.optim.init_sgd(first, 0.9, sharded=sharded), bendc.optim.init_adam(second, sharded=sharded)], \
+        [("w1", "b1"), ("w2", "b2")]
+
+
 def problem(seed: int = 0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((GLOBAL_BATCH, FEATURES)).astype(np.float32)
@@ -64,16 +97,16 @@ def main() -> int:
 
     def jitted(mode):
         # bucket_mb small enough that the reduce-scatters make two buckets
-        return bendc.jit(step, leaves=("params",), target="cpu", cache_dir=cache_dir, data_parallel=mode,
-                         bucket_mb=0.0003)
+        return bendc.jit(step_other_optimizers if scenario == "optimizers" else step, leaves=("params",),
+                         target="cpu", cache_dir=cache_dir, data_parallel=mode, bucket_mb=0.0003)
 
     sharded_step, plain_step = jitted("sharded"), jitted(True)
     x, y, params = problem()
     rows = GLOBAL_BATCH // size
     xs, ys = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
-    first, second = split(params)
-    sharded = (dict(params), bendc.optim.init_sgd(first, 0.9, sharded=True), bendc.optim.init_adam(second, sharded=True))
-    plain = (dict(params), bendc.optim.init_sgd(first, 0.9), bendc.optim.init_adam(second))
+    states, groups = optimizer_states(scenario, params, sharded=True)
+    sharded = (dict(params), *states)
+    plain = (dict(params), *optimizer_states(scenario, params, sharded=False)[0])
     for number in range(1, STEPS + 1):
         if scenario == "killed" and rank == 1 and number == 3:
             original = collective.ShardBucket.start
@@ -106,9 +139,8 @@ def main() -> int:
                             raise AssertionError(f"state {key}[{name}] is {leaf.shape}, the shard is {want}")
     if scenario == "killed":
         return 0
-    first, second = split(sharded[0])
-    for whole, mine, reference in ((bendc.distributed.full_state(sharded[1], first), sharded[1], plain[1]),
-                                   (bendc.distributed.full_state(sharded[2], second), sharded[2], plain[2])):
+    for mine, reference, names in zip(sharded[1:], plain[1:], groups):
+        whole = bendc.distributed.full_state(mine, {name: sharded[0][name] for name in names})
         for key in reference:
             got, want = tree.flatten(whole[key])[0], tree.flatten(reference[key])[0]
             if not all(np.array_equal(g, w) for g, w in zip(got, want)):

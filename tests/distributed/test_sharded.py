@@ -6,6 +6,7 @@ parameters are bit-identical to the unsharded ``data_parallel=True`` step's (SGD
 and Adam, both with weight decay) and across the ranks, that the returned state is this rank's
 shards, and that ``full_state`` of it is bit-identical to the unsharded state. Shards are uneven on
 every world here (b1's 16 elements over 3 ranks: 6, 5, 5; b2's 3 over 2 and 4: 2, 1 and 1, 1, 1, 0).
+RMSprop, Adagrad and Adadelta are checked the same way (scenario ``optimizers``).
 """
 from __future__ import annotations
 
@@ -58,6 +59,22 @@ def test_sharded_steps_are_bit_identical_to_the_unsharded_step(ranks, cache_dir,
     assert sorted(saved.files) == sorted(SIZES)
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_sharded_rmsprop_adagrad_adadelta_are_bit_identical_to_the_unsharded_step(ranks, cache_dir, tmp_path):
+    """RMSprop (momentum, centered, weight decay; and plain), Adagrad (lr_decay, weight decay, an initial
+    accumulator) and Adadelta (weight decay), each on one parameter: every step's parameters are
+    bit-identical to the unsharded step's and across the ranks, the state is this rank's shards, and
+    full_state of it is bit-identical to the unsharded state (the worker checks; it fails the run)."""
+    result = run_ranks(ranks, [str(SHARDED_WORKER), "optimizers", cache_dir, str(tmp_path)], timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ir = (tmp_path / "bucket.ir").read_text()
+    assert "all_reduce" not in ir and ir.count("reduce_scatter[") == 4 and ir.count("all_gather[") == 4
+    padded = {name: math.ceil(n / ranks) for name, n in SIZES.items()}
+    # rmsprop's three arrays of w1, one of b1, adagrad's sum of w2, adadelta's two arrays of b2
+    held = 4 * (3 * padded["w1"] + padded["b1"] + padded["w2"] + 2 * padded["b2"])
+    assert f"optimizer state per rank: {held} bytes in 7 shard arrays" in (tmp_path / "report.txt").read_text()
+
+
 def test_a_rank_killed_mid_sharded_exchange_ends_the_job_with_a_message(cache_dir, tmp_path):
     """Rank 1 is killed (SIGKILL) on step 3 after its reduce-scatter, before its all-gather of the
     updated parameters, rank 0 waiting on that all-gather: mpiexec ends the job and names the kill,
@@ -101,6 +118,46 @@ def test_a_whole_state_under_sharding_is_an_error_naming_the_shard():
     assert "sharded=True" in message and "test_sharded.py" in message
     with pytest.raises(BendcError, match="data_parallel='shard'"):
         bendc.jit(step, data_parallel="shard")
+
+
+@pytest.mark.parametrize("optimizer", ["rmsprop", "adagrad", "adadelta"])
+def test_one_rank_sharded_rmsprop_adagrad_adadelta_match_the_unsharded_step(optimizer):
+    """A world of one: two steps under sharding give the unsharded parameters and state bit for bit;
+    a whole state is refused naming this optimizer's init function."""
+    import bendc
+    import bendc.distributed
+    from bendc import tree
+    from bendc.errors import BendcError
+
+    update = {"rmsprop": lambda p, g, s: bendc.optim.rmsprop(p, g, s, lr=0.01, momentum=0.5, centered=True),
+              "adagrad": lambda p, g, s: bendc.optim.adagrad(p, g, s, lr=0.1, lr_decay=0.1, weight_decay=0.1),
+              "adadelta": lambda p, g, s: bendc.optim.adadelta(p, g, s, weight_decay=0.1)}[optimizer]
+    init = {"rmsprop": lambda p, sharded: bendc.optim.init_rmsprop(p, 0.5, True, sharded=sharded),
+            "adagrad": lambda p, sharded: bendc.optim.init_adagrad(p, 0.5, sharded=sharded),
+            "adadelta": lambda p, sharded: bendc.optim.init_adadelta(p, sharded=sharded)}[optimizer]
+    _, params, x = _one_process_step()
+
+    def step(params, state, x):
+        loss = bendc.functional.linear(x, params["w"], params["b"]).sum()
+        loss.backward()
+        return update(params, tree.map(lambda p: p.grad, params), state)
+
+    sharded = bendc.jit(step, leaves=("params",), target="reference", data_parallel="sharded")
+    plain = bendc.jit(step, leaves=("params",), target="reference", data_parallel=True)
+    mine, state = dict(params), init(params, True)
+    assert all(leaf.shape == (params[k].size,) for key, part in state.items() if key != "step"
+               for k, leaf in part.items())
+    want, want_state = dict(params), init(params, False)
+    for _ in range(2):
+        mine, state = sharded(mine, state, x)
+        want, want_state = plain(want, want_state, x)
+        assert all(np.array_equal(mine[k], want[k]) for k in params)
+    whole = bendc.distributed.full_state(state, params)
+    for key in want_state:
+        assert all(np.array_equal(a, b) for a, b in zip(tree.flatten(whole[key])[0], tree.flatten(want_state[key])[0]))
+    assert "all_gather" in sharded.ir("final") and "all_gather" not in plain.ir("final")
+    with pytest.raises(BendcError, match=f"make the state with bendc.optim.init_{optimizer}"):
+        sharded(params, init(params, False), x)
 
 
 def test_one_rank_sharded_step_and_state_round_trip():

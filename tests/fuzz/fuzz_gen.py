@@ -493,6 +493,7 @@ class Builder:
         self.counter = 0
         self.backwards = 0
         self.roots: list[Value] = []   # the values backward() was called on
+        self.required: list[Value] = []  # values every program returns (batch_norm's updated statistics)
 
     # ------------------------------------------------------------- helpers
     def new_input(self, shape, kind="f32", leaf=None, high=0) -> Value:
@@ -1988,7 +1989,7 @@ def _resample_family(self: Builder) -> bool:
     """issue 22's part B (bendc/resample.py, bendc/tensor_ops.py pad): F.pad reflect / replicate / circular,
     F.interpolate nearest (size= or scale_factor=, exact) and bilinear (align_corners both ways),
     F.conv_transpose2d / 1d (stride, padding, output_padding, dilation, groups, bias) and training-mode
-    F.batch_norm (batch statistics; eps 0.1 keeps a near-constant channel's gradient well conditioned)."""
+    F.batch_norm (training on batch statistics, training updating running statistics, evaluation)."""
     draw = self.draw
     form = draw(st.sampled_from(["pad", "nearest", "bilinear", "conv_transpose", "batch_norm"]))
     rank = 4 if form == "bilinear" else draw(st.sampled_from((4, 3)))
@@ -2023,14 +2024,7 @@ def _resample_family(self: Builder) -> bool:
         return True
     channels = x.shape[1]
     if form == "batch_norm":
-        if x.shape[0] * math.prod(spatial) < 2:
-            return False
-        w = self.pick_or_new((channels,)) if draw(st.booleans()) else None
-        b = self.pick_or_new((channels,)) if draw(st.booleans()) else None
-        bound = math.sqrt(x.shape[0] * math.prod(spatial)) * (w.bound if w else 1.0) + (b.bound if b else 0.0)
-        self.emit(f"F.batch_norm({x.name}, None, None, {w.name if w else None}, {b.name if b else None}, True, "
-                  "0.1, 0.1)", x.shape, bound, tuple(o for o in (x, w, b) if o), "resample", exact=False)
-        return True
+        return _batch_norm_form(self, x)
     groups = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
     out_channels = groups * draw(st.integers(1, 2))
     kernel = tuple(draw(st.integers(1, 3)) for _ in spatial)
@@ -2050,6 +2044,46 @@ def _resample_family(self: Builder) -> bool:
     self.emit(f"F.{fn}({x.name}, {w.name}, {b.name if b else None}, stride={stride}, padding={padding}, "
               f"output_padding={output_padding}, groups={groups}, dilation={dilation})",
               (x.shape[0], out_channels) + out, bound, tuple(o for o in (x, w, b) if o), "resample")
+    return True
+
+
+def _batch_norm_form(self: Builder, x: Value) -> bool:
+    """F.batch_norm in one of three modes: training on batch statistics alone; training with running
+    statistics, which torch updates in place (the traced tensors name the updated values afterwards),
+    returned by the program; evaluation by running statistics (variance kept >= 0.5). The running
+    statistics are fresh tensors made from constant inputs (``x * 1.0``, ``x * x + 0.5``), so that no
+    other value of the program is a view torch's in-place update would change. eps 0.1 in training
+    keeps a near-constant channel's gradient well conditioned."""
+    draw = self.draw
+    channels, count = x.shape[1], x.shape[0] * math.prod(x.shape[2:])
+    mode = draw(st.sampled_from(["batch", "running", "eval"]))
+    if mode != "eval" and count < 2:
+        return False
+    w = self.pick_or_new((channels,)) if draw(st.booleans()) else None
+    b = self.pick_or_new((channels,)) if draw(st.booleans()) else None
+    stats = "None, None"
+    if mode != "batch":
+        mean_input, var_input = (self.new_input((channels,), leaf=False) for _ in range(2))
+        mean = self.emit(f"{mean_input.name} * 1.0", (channels,), mean_input.bound, (mean_input,), "resample",
+                         exact=True)
+        var = self.emit(f"{var_input.name} * {var_input.name} + 0.5", (channels,), var_input.bound ** 2 + 0.5,
+                        (var_input,), "resample", exact=True)
+        stats = f"{mean.name}, {var.name}"
+    momentum = draw(st.sampled_from([0.1, 0.5, 1.0]))
+    eps = draw(st.sampled_from([1e-5, 0.1])) if mode == "eval" else 0.1
+    scale = (w.bound if w else 1.0)
+    if mode == "eval":
+        bound = (x.bound + mean.bound) / math.sqrt(0.5) * scale + (b.bound if b else 0.0)
+    else:
+        bound = math.sqrt(count) * scale + (b.bound if b else 0.0)
+    self.emit(f"F.batch_norm({x.name}, {stats}, {w.name if w else None}, {b.name if b else None}, "
+              f"{mode != 'eval'}, {momentum}, {eps})", x.shape, bound, tuple(o for o in (x, w, b) if o),
+              "resample", exact=False)
+    if mode == "running":  # the updated statistics: momentum-weighted means of old and batch values
+        mean.bound = max(mean.bound, x.bound)
+        var.bound = max(var.bound, x.bound ** 2 * count / (count - 1))
+        mean.exact = var.exact = False
+        self.required += [mean, var]
     return True
 
 
@@ -2179,6 +2213,7 @@ def programs(draw, families=WEIGHTED_FAMILIES, large_shapes: bool = True) -> Pro
     chosen = draw(st.lists(st.sampled_from(values), min_size=0, max_size=3, unique_by=lambda v: v.name))
     if b.roots and draw(st.booleans()) and b.roots[-1] not in chosen:  # the loss, beside the grads
         chosen.append(b.roots[-1])
+    chosen += [v for v in b.required if v not in chosen]
     if not chosen:
         chosen = [values[-1]]
     if draw(st.integers(0, 7)) == 0:  # one value returned twice

@@ -4,6 +4,12 @@ switches, attribute and buffer changes, parameter dicts (tied weights given once
 names) and batch sizes. Every call is checked against torch eager with the same state, loss and
 every gradient; a stale trace (one traced for another state) is a failure.
 
+BatchNorm1d/2d (affine or not, track_running_stats or not, momentum a float or None) take their
+buffers from ``bendc.buffers(model)``, given to the step beside the parameters (all of them, the
+norms' only, or none where no norm updates its statistics: eval-mode statistics are then the
+module's own, constants of the trace guarded by their version). The step returns the buffers it
+was given, updated by a training call; each is checked against torch's after the call.
+
 Dropout compares in train mode too: torch's F.dropout draws bendc's mask for the call's offset in
 the trace (as fuzz_gen.TorchF.dropout does).
 
@@ -28,8 +34,9 @@ from dropout_masks import bendc_masks
 torch = pytest.importorskip("torch")
 nn = torch.nn
 TF = torch.nn.functional
+from torch.nn.modules.batchnorm import _BatchNorm  # noqa: E402  (BatchNorm1d/2d/3d)
 
-SAMPLE = {"reference": 30, "cpu": 6}  # programs per target in `make test` (10-15 s)
+SAMPLE = {"reference": 30, "cpu": 6}  # programs per target in `make test` (about 7 s, batch norms included)
 CALLS = 5                               # calls per program
 FUZZ_N = int(os.environ.get("BENDC_FUZZ_N", "0"))
 FUZZ_SEED = os.environ.get("BENDC_FUZZ_SEED")
@@ -84,6 +91,35 @@ class ConvRow(nn.Module):
         return self.conv(x.reshape(batch, 1, 1, width)).sum(1).reshape(batch, width)
 
 
+class Channels(nn.Module):
+    """A BatchNorm1d/2d over the features laid out as ``channels`` channels: (B, W) -> (B, C, W/C) for
+    BatchNorm1d, (B, C, 1, W/C) for BatchNorm2d, and back."""
+
+    def __init__(self, norm: nn.Module, channels: int) -> None:
+        super().__init__()
+        self.norm, self.channels = norm, channels
+
+    def forward(self, x):
+        batch, width = x.shape
+        shape = (batch, self.channels, width // self.channels)
+        if isinstance(self.norm, nn.BatchNorm2d):
+            shape = (batch, self.channels, 1, width // self.channels)
+        return self.norm(x.reshape(shape)).reshape(batch, width)
+
+
+def _batch_norm(rng: random.Random, width: int) -> tuple[nn.Module, str]:
+    """A BatchNorm1d over (B, W) or (B, C, L), or a BatchNorm2d over (B, C, 1, L), its options drawn."""
+    options = {"affine": rng.random() < 0.6, "track_running_stats": rng.random() < 0.75,
+               "momentum": rng.choice([0.1, 0.5, None])}
+    text = ", ".join(f"{key}={value}" for key, value in options.items())
+    dims = rng.choice(["1d", "1d-channels", "2d"])
+    if dims == "1d":
+        return nn.BatchNorm1d(width, **options), f"BatchNorm1d({width}, {text})"
+    channels = rng.choice([c for c in (1, 2, 3) if width % c == 0])
+    norm = (nn.BatchNorm1d if dims == "1d-channels" else nn.BatchNorm2d)(channels, **options)
+    return Channels(norm, channels), f"Channels({type(norm).__name__}({channels}, {text}))"
+
+
 class Residual(nn.Module):
     def __init__(self, body: nn.Module) -> None:
         super().__init__()
@@ -106,7 +142,8 @@ class Stack(nn.Module):
 
 def _tree(rng: random.Random, width: int, depth: int) -> tuple[nn.Module, int, str]:
     """A random module from ``width`` features: (module, its output width, its description)."""
-    kinds = ["linear", "layernorm", "groupnorm", "dropout", "act", "gate", "scale", "tied", "conv"]
+    kinds = ["linear", "layernorm", "groupnorm", "dropout", "act", "gate", "scale", "tied", "conv", "batchnorm",
+             "batchnorm"]
     if depth < 2:
         kinds += ["sequential", "residual", "stack"]
     kind = rng.choice(kinds)
@@ -120,6 +157,9 @@ def _tree(rng: random.Random, width: int, depth: int) -> tuple[nn.Module, int, s
         # amplified by 1/sqrt(eps) in torch (a weight gradient of 1e-4 against 0)
         groups = rng.choice([g for g in (1, 2, 3) if width % g == 0 and width // g >= 2])
         return nn.GroupNorm(groups, width), width, f"GroupNorm({groups},{width})"
+    if kind == "batchnorm":
+        norm, text = _batch_norm(rng, width)
+        return norm, width, text
     if kind == "dropout":
         p = rng.choice([0.0, 0.25, 0.5])
         return nn.Dropout(p), width, f"Dropout({p})"
@@ -154,7 +194,7 @@ def _change(rng: random.Random, model: nn.Module) -> str:
     """One random change of the module state; returns what it did."""
     modules = list(model.named_modules())
     path, module = rng.choice(modules)
-    choice = rng.randrange(6)
+    choice = rng.randrange(8)
     if choice == 0:
         model.train(rng.random() < 0.5)
         return f"model.train({model.training})"
@@ -177,12 +217,43 @@ def _change(rng: random.Random, model: nn.Module) -> str:
         value = rng.choice([0.5, 1.5, -2.0])
         module.factor.fill_(value)
         return f"model.{path}.factor.fill_({value})"
-    norms = [(p, m) for p, m in modules if isinstance(m, (nn.LayerNorm, nn.GroupNorm))]
+    norms = [(p, m) for p, m in modules if isinstance(m, (nn.LayerNorm, nn.GroupNorm, _BatchNorm))]
     if choice == 5 and norms:
         path, module = rng.choice(norms)
         module.eps = rng.choice([1e-5, 1e-2, 0.5])
         return f"model.{path}.eps = {module.eps}"
+    batch_norms = [(p, m) for p, m in modules if isinstance(m, _BatchNorm)]
+    if choice == 6 and batch_norms:
+        path, module = rng.choice(batch_norms)
+        module.momentum = rng.choice([0.1, 0.5, None])
+        return f"model.{path}.momentum = {module.momentum}"
+    if choice == 7 and batch_norms:  # a module made with statistics stops (or resumes) updating them
+        path, module = rng.choice(batch_norms)
+        module.track_running_stats = not module.track_running_stats
+        return f"model.{path}.track_running_stats = {module.track_running_stats}"
     return "no change"
+
+
+def _updates_statistics(model: nn.Module) -> bool:
+    """A training-mode BatchNorm with running statistics: its buffers must be given (bendc refuses
+    an in-place update of a module buffer it does not trace)."""
+    return any(isinstance(m, _BatchNorm) and m.training and m.track_running_stats and m.running_mean is not None
+               for m in model.modules())
+
+
+def _buffers(rng: random.Random, model: nn.Module) -> tuple[dict, str]:
+    """The buffers given to the step: all (bendc.buffers), the batch norms' only, or none where no norm
+    updates its statistics (eval-mode statistics are then the module's own, read as constants)."""
+    every = bendc.buffers(model)
+    owners = {f"{p}.{name}" if p else name for p, m in model.named_modules() if isinstance(m, _BatchNorm)
+              for name, _ in m.named_buffers(recurse=False)}
+    choices = ["all", "norms"] + ([] if _updates_statistics(model) else ["none"])
+    how = rng.choice(choices)
+    if how == "all":
+        return every, "buffers: all"
+    if how == "norms":
+        return {name: value for name, value in every.items() if name in owners}, "buffers: the norms'"
+    return {}, "buffers: none"
 
 
 def _params(rng: random.Random, model: nn.Module, arrays: dict[int, np.ndarray]) -> tuple[dict, str]:
@@ -211,6 +282,37 @@ def _torch_float64_grads(model: nn.Module, x: np.ndarray, seed_value: int) -> di
     return _torch_run(copy.deepcopy(model).double(), x.astype(np.float64), seed_value)[1]
 
 
+def _check_buffers(model: nn.Module, updated: dict[str, np.ndarray], where: str) -> None:
+    """The buffers the step returned against torch's after the same call (updated by a training call)."""
+    theirs = dict(model.named_buffers())
+    for name, value in updated.items():
+        want = theirs[name].detach().numpy()
+        assert value.dtype == want.dtype and value.shape == want.shape, (where, name, value.dtype, want.dtype)
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6, err_msg=f"{where}\nbuffer {name}")
+        else:
+            np.testing.assert_array_equal(value, want, err_msg=f"{where}\nbuffer {name}")
+
+
+COVERED: set[str] = set()  # what the sample's batch norms exercised (test_programs_match_torch_modules)
+
+
+def _cover(model: nn.Module, buffers: dict, updating: bool) -> None:
+    for path, module in model.named_modules():
+        if not isinstance(module, _BatchNorm):
+            continue
+        COVERED.add(type(module).__name__)
+        COVERED.add("train" if module.training else "eval")
+        COVERED.add(f"momentum={'None' if module.momentum is None else 'float'}")
+        COVERED.add(f"affine={module.affine}")
+        COVERED.add(f"track_running_stats={module.track_running_stats}")
+        if not module.training and module.running_mean is not None:
+            given = f"{path}.running_mean" in buffers
+            COVERED.add("eval statistics " + ("given" if given else "the module's own"))
+    if updating:
+        COVERED.add("running statistics updated and checked")
+
+
 def run_program(program_seed: int, target: str) -> None:
     """One random module tree called CALLS times with random state changes, checked against torch."""
     rng = random.Random(program_seed)
@@ -223,24 +325,30 @@ def run_program(program_seed: int, target: str) -> None:
     log = [f"model = {text}"]
 
     @bendc.jit(target=target, leaves=("params",), cache_dir=CACHE_DIR)
-    def step(params, x, seed):
+    def step(params, buffers, x, seed):
         bendc.functional.dropout_seed(seed)
-        loss = (bendc.functional_call(model, params, x) ** 2).mean()
+        state = {**params, **buffers}  # a training BatchNorm rebinds its traced buffers to the updated values
+        loss = (bendc.functional_call(model, state, x) ** 2).mean()
         loss.backward()
-        return loss, bendc.tree.map(lambda p: p.grad, params)
+        return loss, bendc.tree.map(lambda p: p.grad, params), {name: state[name] for name in buffers}
 
     for call in range(CALLS):
         if call:
             log.append(_change(rng, model))
         params, how = _params(rng, model, arrays)
-        batch = rng.choice([2, 3, 5])  # torch refuses a group norm over one value
+        buffers, given = _buffers(rng, model)
+        batch = rng.choice([2, 3, 5])  # torch refuses a group norm over one value, a batch norm over one row
         x = np.random.default_rng(program_seed + call).standard_normal((batch, width), np.float32)
         seed_value = rng.randrange(4)
-        log.append(f"call {call}: batch {batch}, params {how}, seed {seed_value}")
-        loss, grads = step(params, x, np.array(seed_value, np.int64))
+        log.append(f"call {call}: batch {batch}, params {how}, {given}, seed {seed_value}")
+        updating = _updates_statistics(model)
+        loss, grads, updated = step(params, buffers, x, np.array(seed_value, np.int64))
+        updated = {name: np.array(value) for name, value in updated.items()}
         expected_loss, expected = _torch_run(model, x, seed_value)
         where = "\n".join(log)
         np.testing.assert_allclose(loss, expected_loss, rtol=2e-4, atol=1e-5, err_msg=where)
+        _check_buffers(model, updated, where)
+        _cover(model, buffers, updating)
         exact = None  # float64 torch, computed only where float32 torch disagrees
         for name, grad in grads.items():
             want = expected[name]
@@ -250,6 +358,12 @@ def run_program(program_seed: int, target: str) -> None:
             exact = exact if exact is not None else _torch_float64_grads(model, x, seed_value)
             np.testing.assert_allclose(got, exact[name], rtol=2e-3, atol=2e-5,
                                        err_msg=f"{where}\ngradient of {name} (torch float32: {want})")
+
+
+BATCH_NORM_CASES = {"BatchNorm1d", "BatchNorm2d", "train", "eval", "momentum=None", "momentum=float", "affine=True",
+                    "affine=False", "track_running_stats=True", "track_running_stats=False",
+                    "eval statistics given", "eval statistics the module's own",
+                    "running statistics updated and checked"}
 
 
 def _settings(target: str):
@@ -268,6 +382,10 @@ def test_programs_match_torch_modules(target: str) -> None:
         run_program(program_seed, target)
         counted[0] += 1
 
+    COVERED.clear()
     (seed(int(FUZZ_SEED))(check) if FUZZ_SEED is not None else check)()
+    if target == "reference" and not FUZZ_N and FUZZ_SEED is None:  # the fixed sample reaches every case
+        missing = sorted(BATCH_NORM_CASES - COVERED)
+        assert not missing, f"the fixed sample's batch norms never exercised {missing}"
     if FUZZ_N:  # the long run's count, in pytest's warnings summary
         warnings.warn(f"fuzz modules ({target}): {counted[0]} programs of {CALLS} calls matched torch")
