@@ -135,9 +135,13 @@ def _weighted_rows(dest, weights, column, across, count, sources, lo, hi, mode):
     products). r runs over [lo, hi) (mode 0), from the start of s's lane chunk to hi (mode 1: a
     causal source row holds its cells from there on), or from lo to the end of s's chunk (mode 2:
     a transposed causal row)."""
-    whole = count // 4 * 4
+    # max(..., 0): the bounds are never negative, and saying so lets the native translator leave
+    # out numba's negative-index wraparound, which would keep the row loops from vectorizing
+    rows = max(count, 0)
+    start = max(lo, 0)
+    whole = rows // 4 * 4
     for s in range(0, whole, 4):
-        first = (s // LANES) * LANES if mode == 1 else lo
+        first = (s // LANES) * LANES if mode == 1 else start
         last = (s // LANES + 1) * LANES if mode == 2 else hi
         a0 = weights[column, s] if across else weights[s, column]
         a1 = weights[column, s + 1] if across else weights[s + 1, column]
@@ -152,8 +156,8 @@ def _weighted_rows(dest, weights, column, across, count, sources, lo, hi, mode):
             x = x + a1 * y1[r]
             x = x + a2 * y2[r]
             dest[r] = x + a3 * y3[r]
-    for s in range(whole, count):
-        first = (s // LANES) * LANES if mode == 1 else lo
+    for s in range(whole, rows):
+        first = (s // LANES) * LANES if mode == 1 else start
         last = (s // LANES + 1) * LANES if mode == 2 else hi
         a0 = weights[column, s] if across else weights[s, column]
         y0 = sources[s]
@@ -213,9 +217,9 @@ def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, ot, top, total
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _small_transpose(st, sq, t, causal):
-    """sq = st's transpose over the cells a causal row holds (zeros past t)."""
-    tp = st.shape[1]
+def _small_transpose(st, sq, causal):
+    """sq = st's transpose over the cells a causal row holds (zeros past st's rows)."""
+    t, tp = st.shape
     for r in range(tp):
         last = (r // LANES + 1) * LANES if causal else tp
         line = sq[r]
@@ -251,7 +255,7 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt
             row[r] = np.float32(0.0) if causal and r < c else e
         for r in range(t, tp):
             row[r] = np.float32(0.0)
-    _small_transpose(st, sq, t, causal)
+    _small_transpose(st, sq, causal)
     for w in range(width):
         _weighted_rows(dvt[w], g, w, False, t, sq, 0, tp, 2 if causal else 0)
     for c in range(t):
@@ -267,7 +271,7 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt
         for r in range(tp):
             line[r] = np.float32(0.0)
         _weighted_rows(line, k, d, False, t, st, 0, tp, 1 if causal else 0)
-    _small_transpose(st, sq, t, causal)
+    _small_transpose(st, sq, causal)
     for d in range(depth):
         _weighted_rows(dkt[d], q, d, False, t, sq, 0, tp, 2 if causal else 0)
     for r in range(t):
