@@ -258,7 +258,10 @@ def _random_call_inputs(function: JitFunction, executable: Any, shapes: str | di
 
     bounds = index_bounds(executable.graph)
     specs = []
+    constants = set(executable.graph.constant_params())  # the program holds their values
     for param in executable.graph.params:
+        if param in constants:
+            continue
         node = executable.graph.node(param)
         name = node.attr["name"]
         spec = {"name": name, "dtype": node.type.dtype, "shape": list(node.type.shape)}

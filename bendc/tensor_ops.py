@@ -18,6 +18,7 @@ import numpy as np
 
 from bendc.errors import ShapeError, UnsupportedError, user_location
 from bendc.ops.base import f32_value
+from bendc.ir.types import DTYPES
 
 _COMPARISONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _FLOAT_NAMES = ("float32", "float")
@@ -823,8 +824,9 @@ def _flatten_data(data: Any, op: str, loc) -> tuple[tuple[int, ...], list]:
 
 
 def tensor(data: Any, **kwargs: Any):
-    """torch.tensor / torch.as_tensor of numbers or nested lists: a constant (a ``literal`` of at most
-    4096 values; one float is a ``const``); dtype from the values (bool, int64, float32) unless given."""
+    """torch.tensor / torch.as_tensor of numbers or nested lists: a constant (a ``literal`` of up to 4096
+    values, else a lifted constant; one float is a ``const``); dtype from the values (bool, int64, float32)
+    unless given."""
     tracer = _creation_tracer("tensor")
     with tracer.at_user_line("tensor") as builder:
         dtype = _creation_options("tensor", kwargs, builder.loc)
@@ -840,12 +842,13 @@ def tensor(data: Any, **kwargs: Any):
         if dtype == "f32":
             if not shape:
                 return tracer.const(float(values[0]))
-            converted = tuple(f32_value(float(v)) for v in values)
+            converted = [f32_value(float(v)) for v in values]
         elif dtype == "bool":
-            converted = tuple(bool(v) for v in values)
+            converted = [bool(v) for v in values]
         else:
-            converted = tuple(int(v) for v in values)  # a float value truncated toward zero, as PyTorch's
-        return tracer.emit("literal", (), shape=shape, dtype=dtype, values=converted)
+            converted = [int(v) for v in values]  # a float value truncated toward zero, as PyTorch's
+        # a literal, or past LITERAL_LIMIT values a lifted constant (bendc/trace.py)
+        return tracer.array_constant(np.array(converted, dtype=DTYPES[dtype]).reshape(shape), dtype)
 
 
 def one_hot(input: Any, num_classes: int = -1):

@@ -936,16 +936,21 @@ class Builder:
     def creation(self) -> bool:
         """Tensors made inside the step (issue 22), each rounding as torch's does: F.arange under
         integer arithmetic (int_add, int_sub, int_mul, int_floordiv, int_remainder) scaling x,
-        a torch.tensor literal, F.full and F.ones_like, and integer index tensors made from an
-        arange (.long() of a float: to_int; negative entries: wrap_index). Index entries are
+        a torch.tensor literal (and one of more values than a literal holds: a lifted constant parameter),
+        F.full and F.ones_like, and integer index tensors made from an arange (.long() of a float: to_int; negative entries: wrap_index). Index entries are
         distinct, so the backward's scatter adds each gradient once, as torch's does."""
         draw = self.draw
         x = self.pick(lambda v: len(v.shape) > 0 and v.shape[-1] > 0)
         if x is None:
             return False
         n = x.shape[-1]
-        style = draw(st.sampled_from(["arange", "literal", "full", "index"]))
-        if style == "arange":
+        style = draw(st.sampled_from(["arange", "literal", "full", "index", "lifted"]))
+        if style == "lifted":  # over the 4096 values a literal holds: a lifted constant parameter
+            values = draw(st.lists(st.sampled_from([-2.0, -1.5, -0.5, 0.25, 1.0, 2.0]), min_size=n, max_size=n))
+            rows = 4096 // n + 1
+            self.emit(f"{x.name} * F.tensor([{values!r}] * {rows})[{rows - 1}]", x.shape, x.bound * 2, (x,),
+                      "creation")
+        elif style == "arange":
             scale, shift, modulus = draw(st.integers(1, 3)), draw(st.integers(0, 4)), draw(st.integers(2, 4))
             expr = f"{x.name} * ((F.arange({n}) * {scale} + {shift}) // 2 % {modulus} - 1)"
             self.emit(expr, x.shape, x.bound * max(1, modulus - 2), (x,), "creation")
@@ -2121,7 +2126,7 @@ def _sort_scatter_family(self: Builder) -> bool:
     # scatter: self is x, the index a constant of the shape of src (at most x's shape outside dim)
     src = self.pick(lambda v: len(v.shape) == rank and math.isfinite(v.bound)
                     and all(n <= m for a, (n, m) in enumerate(zip(v.shape, x.shape)) if a != dim % rank))
-    if src is None or _numel(src.shape) > 4096:  # the index is a torch.tensor([...]) literal: at most 4096 values
+    if src is None or _numel(src.shape) > 4096:  # the index is drawn value by value: keep it small
         return False
     index = np.asarray(draw(st.lists(st.integers(0, size - 1), min_size=_numel(src.shape),
                                      max_size=_numel(src.shape)))).reshape(src.shape).tolist()

@@ -31,8 +31,9 @@ D, I, S = "direct", "indirect", "source"
 
 OP_TABLE: dict[str, OpEntry] = {
     # ---------------------------------------------------------------- sources
-    "param": OpEntry(S, "every array parameter of the jitted function", "torch.tensor(..., requires_grad=leaf)",
-                     ()),
+    "param": OpEntry(S, "every array parameter of the jitted function; a lifted constant (F.tensor of more than "
+                        "4096 values, a large captured torch tensor)", "torch.tensor(..., requires_grad=leaf)",
+                     ("creation",)),
     "const": OpEntry(S, "Python scalars in arithmetic (2.0 * x, x / 3, x * math.inf), constants of VJP rules",
                      "Python scalars", ("arith_scalar", "nonfinite")),
     "grad": OpEntry(D, "leaf.grad after a backward() (placeholder resolved by autodiff); zero_grad empties it",
