@@ -327,6 +327,27 @@ class TensorOps:
             merged = int(math.prod(self.shape[start:end + 1]))
             return self.reshape(self.shape[:start] + (merged,) + self.shape[end + 1:])
 
+    def unflatten(self, dim: int, sizes: Any):
+        """torch's unflatten (nn.Unflatten's forward): dim ``dim`` split into ``sizes``, a non-empty tuple
+        or list of ints whose product is its size (one -1 is inferred)."""
+        with self.tracer.at_user_line("unflatten") as builder:
+            if self.ndim == 0:
+                raise ShapeError("unflatten of a 0-d tensor", loc=builder.loc, op="unflatten")
+            axis = _dim(dim, self.ndim, "unflatten", builder.loc)
+            if not isinstance(sizes, (tuple, list)) or not sizes or any(
+                    isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in sizes):
+                raise ShapeError(f"unflatten: sizes {sizes!r} must be a non-empty tuple or list of ints (named "
+                                 "dimensions are not supported)", loc=builder.loc, op="unflatten")
+            sizes = tuple(int(s) for s in sizes)
+            size = self.shape[axis]
+            known = int(math.prod(s for s in sizes if s != -1))
+            if sizes.count(-1) > 1 or any(s < -1 for s in sizes) or (
+                    -1 in sizes and (known == 0 or size % known)) or (-1 not in sizes and known != size):
+                raise ShapeError(f"unflatten: sizes {sizes} do not split dim {dim} of size {size} of {self.type}",
+                                 loc=builder.loc, op="unflatten")
+            sizes = tuple(size // known if s == -1 else s for s in sizes)
+            return self.reshape(self.shape[:axis] + sizes + self.shape[axis + 1:])
+
     def squeeze(self, dim: Any = None):
         """Size-1 dims removed: all of them, or those of ``dim`` (an int or a tuple) that are size 1."""
         with self.tracer.at_user_line("squeeze") as builder:

@@ -351,12 +351,12 @@ for _handler, _text in ((_cat, "`bendc.functional.cat`"), (_stack, "`bendc.funct
                         (_rpow, "`a ** b`"), (_pad, "`bendc.functional.pad` (constant, reflect, replicate, circular)")):
     _handler.bendc = _text
 
-_SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "tril", "triu", "masked_fill", "repeat", "expand",
+_SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "unflatten", "tril", "triu", "masked_fill", "repeat", "expand",
                   "expand_as", "unbind", "abs", "sign", "rsqrt", "reciprocal", "float", "to", "detach", "clamp_min",
                   "clamp_max")
 TORCH_FUNCTIONS.update({
     **{f"torch.{name}": _tensor_method(name) for name in (
-        "split", "chunk", "squeeze", "flatten", "tril", "triu", "masked_fill", "unbind", "abs", "sign",
+        "split", "chunk", "squeeze", "flatten", "unflatten", "tril", "triu", "masked_fill", "unbind", "abs", "sign",
         "rsqrt", "reciprocal", "clamp_min", "clamp_max", "detach")},
     **{f"torch.Tensor.{name}": _tensor_method(name) for name in _SHAPE_METHODS + ("where", "clip", "pow")},
     **{f"torch.{name}": _comparison(op) for name, op in (
@@ -405,7 +405,22 @@ _RESAMPLING_NOTES = {
 }
 
 
+def _aten_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
+    """torch.batch_norm, aten's argument order (weight and bias before the running statistics, every
+    argument given) onto F.batch_norm; cudnn_enabled chooses a torch backend and means nothing here."""
+    from bendc import resample
+
+    if not isinstance(cudnn_enabled, (bool, int)):
+        raise UnsupportedError(f"torch.batch_norm: cudnn_enabled={cudnn_enabled!r} must be a bool",
+                               loc=user_location(), op="batch_norm")
+    return resample.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+_aten_batch_norm.bendc = ("`bendc.functional.batch_norm` (torch's order: input, weight, bias, running_mean, "
+                          "running_var, training, momentum, eps, cudnn_enabled)")
+
 TORCH_FUNCTIONS.update({
+    "torch.batch_norm": _aten_batch_norm,
     **{f"torch.nn.functional.{name}": _resampling(name)
        for name in ("batch_norm", "conv_transpose1d", "conv_transpose2d", "interpolate", "upsample")},
     **{f"torch.{name}": _resampling(name) for name in ("conv_transpose1d", "conv_transpose2d")},

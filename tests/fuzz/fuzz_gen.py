@@ -1526,14 +1526,14 @@ class Builder:
         return True
 
     def shape(self) -> bool:
-        """cat, stack, split, chunk, squeeze, flatten, expand, repeat, pad and tril/triu."""
+        """cat, stack, split, chunk, squeeze, flatten, unflatten, expand, repeat, pad and tril/triu."""
         draw = self.draw
         x = self.pick(lambda v: len(v.shape) > 0 and math.isfinite(v.bound))
         if x is None:
             return False
         rank = len(x.shape)
         form = draw(st.sampled_from(["cat", "stack", "split", "chunk", "squeeze", "flatten", "expand", "repeat",
-                                     "pad", "tril"]))
+                                     "pad", "tril", "unflatten"]))
         dim = draw(st.integers(-rank, rank - 1))
         axis = dim % rank
         grad_exact = True
@@ -1580,6 +1580,19 @@ class Builder:
             arg = "" if draw(st.booleans()) else str(dim)
             shape = [d for a, d in enumerate(x.shape) if not (d == 1 and (arg == "" or a == axis))]
             expr, bound = f"{x.name}.squeeze({arg})", x.bound
+        elif form == "unflatten":  # x.unflatten / torch.unflatten (nn.Unflatten's forward), one size maybe -1
+            if rank >= MAX_RANK:
+                return False
+            size = x.shape[axis]
+            first = draw(st.sampled_from([d for d in range(1, size + 1) if size % d == 0] or [1]))
+            if size == 0:
+                return False
+            sizes = [first, size // first]
+            spelled = [draw(st.sampled_from([s, -1])) if k == 1 else s for k, s in enumerate(sizes)]
+            shape = list(x.shape[:axis]) + sizes + list(x.shape[axis + 1:])
+            expr = (f"{x.name}.unflatten({dim}, {tuple(spelled)!r})" if draw(st.booleans())
+                    else f"torch.unflatten({x.name}, {dim}, {spelled!r})")
+            bound = x.bound
         elif form == "flatten":
             start = draw(st.integers(0, rank - 1))
             end = draw(st.integers(start, rank - 1))
@@ -2033,8 +2046,10 @@ def _resample_family(self: Builder) -> bool:
         w = self.pick_or_new((channels,)) if draw(st.booleans()) else None
         b = self.pick_or_new((channels,)) if draw(st.booleans()) else None
         bound = math.sqrt(x.shape[0] * math.prod(spatial)) * (w.bound if w else 1.0) + (b.bound if b else 0.0)
-        self.emit(f"F.batch_norm({x.name}, None, None, {w.name if w else None}, {b.name if b else None}, True, "
-                  "0.1, 0.1)", x.shape, bound, tuple(o for o in (x, w, b) if o), "resample", exact=False)
+        affine = f"{w.name if w else None}, {b.name if b else None}"
+        expr = (f"F.batch_norm({x.name}, None, None, {affine}, True, 0.1, 0.1)" if draw(st.booleans())
+                else f"torch.batch_norm({x.name}, {affine}, None, None, True, 0.1, 0.1, False)")  # aten's order
+        self.emit(expr, x.shape, bound, tuple(o for o in (x, w, b) if o), "resample", exact=False)
         return True
     groups = draw(st.sampled_from([g for g in range(1, channels + 1) if channels % g == 0]))
     out_channels = groups * draw(st.integers(1, 2))

@@ -90,7 +90,8 @@ OP_TABLE: dict[str, OpEntry] = {
                                "autograd of group_norm", ("norm", "group_norm_family")),
     # ---------------------------------------------------------------- layout
     "reshape": OpEntry(D, "x.reshape(shape) / x.view (-1 allowed; same shape is an identity), x.unsqueeze(d), "
-                          "1-D matmul operands", "same", ("layout", "matmul")),
+                          "x.unflatten(dim, sizes) / torch.unflatten (nn.Unflatten), 1-D matmul operands", "same",
+                       ("layout", "matmul", "shape")),
     "permute": OpEntry(D, "x.permute(*dims), x.transpose(d0, d1), x.T (2-D); F.linear's w.T", "same",
                        ("layout", "matmul")),
     "index": OpEntry(D, "x[key]: ints, slices with steps, negative indices, ellipsis, full slices", "same",
