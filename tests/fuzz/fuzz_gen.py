@@ -2114,6 +2114,15 @@ def _sort_scatter_family(self: Builder) -> bool:
         expr = f"{x.name}.flip({tuple(dims)!r})" if draw(st.booleans()) else f"torch.flip({x.name}, {dims!r})"
         self.emit(expr, x.shape, x.bound, (x,), "sort_scatter", exact=True)
         return True
+    if form == "sort" and draw(st.integers(0, 2)) == 0:  # an integer sort (ties everywhere), torch's stable order
+        descending = draw(st.booleans())
+        if draw(st.booleans()):
+            expr = f"{x.name}.long().sort(dim={dim}, descending={descending}, stable=True).values.float()"
+            self.emit(expr, x.shape, x.bound, (), "sort_scatter", exact=True)
+        else:
+            order = f"torch.argsort({x.name}.long(), dim={dim}, descending={descending}, stable=True)"
+            self.emit(f"{x.name} * {order}.float()", x.shape, x.bound * size, (x,), "sort_scatter", exact=False)
+        return True
     if form == "sort":
         descending = draw(st.booleans())
         expr = (f"{x.name}.sort(dim={dim}, descending={descending}, stable=True).values" if draw(st.booleans())
