@@ -400,7 +400,7 @@ _RESAMPLING_NOTES = {
     "batch_norm": " (training updates the running statistics given in place)",
     "conv_transpose1d": " (conv2d's input gradient, `conv2d_grad_input`)",
     "conv_transpose2d": " (conv2d's input gradient, `conv2d_grad_input`)",
-    "interpolate": " (nearest, linear, bilinear; align_corners both ways)",
+    "interpolate": " (nearest, linear, bilinear, trilinear, bicubic: align_corners both ways; area)",
     "upsample": " (as interpolate)",
 }
 

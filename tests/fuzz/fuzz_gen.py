@@ -2004,12 +2004,14 @@ for _name in ("pad", "interpolate", "conv_transpose1d", "conv_transpose2d", "bat
 
 def _resample_family(self: Builder) -> bool:
     """issue 22's part B (bendc/resample.py, bendc/tensor_ops.py pad): F.pad reflect / replicate / circular,
-    F.interpolate nearest (size= or scale_factor=, exact) and bilinear (align_corners both ways),
+    F.interpolate nearest (size= or scale_factor=, exact), bilinear and bicubic (align_corners both ways),
+    trilinear (over x.unsqueeze(2), summed back) and area,
     F.conv_transpose2d / 1d (stride, padding, output_padding, dilation, groups, bias) and training-mode
     F.batch_norm (batch statistics; eps 0.1 keeps a near-constant channel's gradient well conditioned)."""
     draw = self.draw
-    form = draw(st.sampled_from(["pad", "nearest", "bilinear", "conv_transpose", "batch_norm"]))
-    rank = 4 if form == "bilinear" else draw(st.sampled_from((4, 3)))
+    form = draw(st.sampled_from(["pad", "nearest", "bilinear", "conv_transpose", "batch_norm", "bicubic", "trilinear",
+                                 "area"]))
+    rank = 4 if form in ("bilinear", "bicubic", "trilinear") else draw(st.sampled_from((4, 3)))
     x = _image_operand(self, rank, lambda v: math.isfinite(v.bound))
     spatial = x.shape[2:]
     if form == "pad":
@@ -2021,7 +2023,19 @@ def _resample_family(self: Builder) -> bool:
         self.emit(f"F.pad({x.name}, {amounts!r}, mode={mode!r})", shape, x.bound, (x,), "resample", exact=True,
                   grad_exact=False)
         return True
-    if form in ("nearest", "bilinear"):
+    if form == "trilinear":  # over x.unsqueeze(2), 5-D, summed back to 4-D (values stay within MAX_RANK)
+        depth = draw(st.integers(1, 3))
+        sizes = (depth,) + tuple(draw(st.integers(1, 2 * n + 1)) for n in spatial)
+        corners = draw(st.booleans())
+        self.emit(f"F.interpolate({x.name}.unsqueeze(2), size={sizes!r}, mode='trilinear', align_corners={corners})"
+                  ".sum(2)", x.shape[:2] + sizes[1:], x.bound * depth, (x,), "resample", exact=False)
+        return True
+    if form == "area":  # adaptive average pooling to the size drawn
+        sizes = tuple(draw(st.integers(1, n)) for n in spatial)
+        self.emit(f"F.interpolate({x.name}, size={sizes!r}, mode='area')", x.shape[:2] + sizes, x.bound, (x,),
+                  "resample", exact=False)
+        return True
+    if form in ("nearest", "bilinear", "bicubic"):
         if draw(st.booleans()):
             sizes = tuple(draw(st.integers(1, 2 * n + 1)) for n in spatial)
             how = f"size={sizes!r}"
@@ -2034,10 +2048,11 @@ def _resample_family(self: Builder) -> bool:
         if form == "nearest":
             self.emit(f"F.interpolate({x.name}, {how})", x.shape[:2] + sizes, x.bound, (x,), "resample", exact=True,
                       grad_exact=False)
-        else:
+        else:  # bicubic overshoots: its weights' absolute values add to at most 1.5625 per dim
             corners = draw(st.booleans())
-            self.emit(f"F.interpolate({x.name}, {how}, mode='bilinear', align_corners={corners})",
-                      x.shape[:2] + sizes, x.bound, (x,), "resample", exact=False)
+            bound = x.bound * (1.5625 ** 2 if form == "bicubic" else 1.0)
+            self.emit(f"F.interpolate({x.name}, {how}, mode={form!r}, align_corners={corners})",
+                      x.shape[:2] + sizes, bound, (x,), "resample", exact=False)
         return True
     channels = x.shape[1]
     if form == "batch_norm":
