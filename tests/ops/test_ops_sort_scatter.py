@@ -7,7 +7,7 @@ Tolerances, stated per test:
   indices (ties keep their order of position, NaN largest: torch's stable=True; of integer tensors
   too, whose topk and stable=False sort give torch's values and the stable indices), scatter / scatter_add /
   scatter_reduce values (index order from self, as torch's CPU loops), floor_divide and remainder
-  values (specials included);
+  values (specials included; floor_divide also where |a / b| >= 2**24);
 - within 4 ulp: prod's value (bendc rounds the float64 product once, torch rounds as it goes);
 - gradients within rtol 1e-5 (divisions and sums in other orders than torch's): prod and cumprod with
   no, one and several zeros in a line; scatter_reduce's mean, prod (a single zero and two zeros at
@@ -238,6 +238,30 @@ def test_float_floor_divide_and_remainder():
                 else (x % y) * 2.0 + BF.remainder(x, 1.25),)
 
     check(gradients, {"x": x, "y": y, "seed": normal((3, 4), 15)}, ("x", "y"), grad_rtol=1e-6)
+
+
+def _huge_quotients():
+    """Pairs whose quotient is 2**20 .. 2**41 (both signs, magnitudes 2**-60 .. 2**100), where torch's float32
+    a - fmod(a, b) rounds: CPython's float64 algorithm differs from torch on 157 of these 4096."""
+    rng = np.random.default_rng(17)
+    a = rng.uniform(1, 2, 4096) * 2.0 ** rng.integers(-60, 100, 4096) * rng.choice([-1, 1], 4096)
+    b = a / (rng.uniform(1, 2, 4096) * 2.0 ** rng.integers(20, 40, 4096)) * rng.choice([-1, 1], 4096)
+    return a.astype(np.float32).reshape(64, 64), b.astype(np.float32).reshape(64, 64)
+
+
+def test_float_floor_divide_of_huge_quotients():
+    """torch's float32 steps (div_floor_floating) bit for bit where |a / b| >= 2**24, and over a grid of
+    magnitudes 1e-36 .. 1e36 (quotients that overflow and underflow float32 included)."""
+    a, b = _huge_quotients()
+    exponents = np.arange(-36, 37, 3, dtype=np.float64)
+    magnitudes = (np.random.default_rng(18).uniform(1, 10, exponents.size) * 10.0 ** exponents).astype(np.float32)
+    grid_a, grid_b = np.meshgrid(np.concatenate([magnitudes, -magnitudes]), np.concatenate([magnitudes[::2],
+                                                                                             -magnitudes[1::2]]))
+
+    def values(a, b, grid_a, grid_b):
+        return (a // b, _space(a).floor_divide(grid_a, grid_b), grid_b // grid_a)
+
+    check(values, {"a": a, "b": b, "grid_a": grid_a, "grid_b": grid_b}, ())
 
 
 # ------------------------------------------------------------------ errors
