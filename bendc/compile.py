@@ -408,7 +408,7 @@ def compile_step(request: Request) -> Executable:
     check_trust(request)
     name = request.fn.__name__
     profile, started = Profile(), time.perf_counter()
-    tracer = Tracer(name, request.data_parallel)
+    tracer = Tracer(name, request.data_parallel, "cuda" if request.cuda_arch is not None else request.target)
     tensors: dict[str, Tensor] = {}
     for parameter, type in request.types:
         tensors[parameter] = tracer.param(parameter, type, leaf=parameter in request.leaves)

@@ -235,6 +235,10 @@ class TensorOps:
         """A no-op: the jit target places the data."""
         return self
 
+    def cuda(self, device: Any = None, non_blocking: bool = False, memory_format: Any = None):
+        """A no-op, as cpu(): the jit target places the data."""
+        return self
+
     def detach(self):
         """The same values, requiring no gradient."""
         with self.tracer.at_user_line("detach"):

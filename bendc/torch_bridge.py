@@ -732,7 +732,7 @@ TORCH_FUNCTIONS.update({
     "torch.Tensor.floor_divide": _floor_divide, "torch.remainder": _remainder, "torch.Tensor.__mod__": _remainder,
     "torch.Tensor.remainder": _remainder, "torch.Tensor.__getitem__": _getitem, "torch.Tensor.clone": _clone,
     "torch.clone": _clone,
-    **{f"torch.Tensor.{name}": _tensor_method(name) for name in ("long", "int", "float", "cpu")},
+    **{f"torch.Tensor.{name}": _tensor_method(name) for name in ("long", "int", "float", "cpu", "cuda")},
 })
 # torch.Tensor methods reach traced tensors by name too (x.add(y), x.index_select(0, i)): bendc.trace's
 # Tensor.__getattr__ reads this for names it does not define.

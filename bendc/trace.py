@@ -62,8 +62,9 @@ class Tracer:
     """Records one traced call: the graph, gradient-requiring values, and
     the backward requests per leaf since its last zero_grad."""
 
-    def __init__(self, name: str, data_parallel: bool = False) -> None:
+    def __init__(self, name: str, data_parallel: bool = False, target: str = "cpu") -> None:
         self.graph = Graph(name)
+        self.target = target  # the jit target: where Tensor.device says the data lives
         self.data_parallel = data_parallel  # every .grad read is the gradient's mean over the ranks
         self.builder = Builder(self.graph)
         self.requires_grad: set[int] = set()
@@ -297,16 +298,18 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
 
     @property
     def device(self) -> Any:
-        """``torch.device("cpu")`` where torch is loaded, else "cpu": an object creation functions take back
-        (``torch.arange(t, device=x.device)``). bendc ignores devices inside a traced function: the jit
-        target places the data."""
+        """Where the jit target puts the data: ``torch.device("cuda", 0)`` on the cuda target, else
+        ``torch.device("cpu")`` (where torch is not loaded, "cuda:0" or "cpu"): an object creation
+        functions and ``to()`` take back (``torch.arange(t, device=x.device)``). bendc ignores devices
+        inside a traced function: the jit target places the data."""
+        cuda = self.tracer.target == "cuda"
         if "torch" in sys.modules:
-            return sys.modules["torch"].device("cpu")
-        return "cpu"
+            return sys.modules["torch"].device("cuda", 0) if cuda else sys.modules["torch"].device("cpu")
+        return "cuda:0" if cuda else "cpu"
 
     @property
     def is_cuda(self) -> bool:
-        return False
+        return self.tracer.target == "cuda"
 
     def size(self, dim: int | None = None):
         if dim is None:
