@@ -19,6 +19,7 @@ import torch
 
 import bendc
 import runtime
+from bendc import cli
 from bendc.ir.interp import interpret
 from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
@@ -140,3 +141,26 @@ def test_artifact_carries_the_constants(tmp_path: Path):
     mask_file.write_bytes(bytes(data))
     with pytest.raises(ArtifactInvalid, match="changed since it was built"):
         runtime.load(str(folder))
+
+
+MODULE = """
+import torch, bendc
+MASK = torch.tril(torch.ones(128, 128))
+EXAMPLE_SHAPES = "x=f32[2,128,128]:leaf"
+
+@bendc.jit(leaves=("x",), target="cpu")
+def step(x):
+    scores = x.masked_fill(MASK == 0, float("-inf")).softmax(-1)
+    loss = (scores * scores).sum()
+    loss.backward()
+    return loss, x.grad
+"""
+
+
+def test_bendc_compile_and_run_carry_the_constants(tmp_path: Path, capsys):
+    (tmp_path / "masked_module.py").write_text(MODULE)
+    out = tmp_path / "build"
+    assert cli.main(["compile", f"{tmp_path / 'masked_module.py'}:step", "--target", "cpu", "-o", str(out)]) == 0
+    assert "consts   constants/_tensor_constant0.npy (bool[128,128])" in capsys.readouterr().out
+    assert cli.main(["run", str(out), "--random-inputs"]) == 0
+    assert "out1   f32[2,128,128]" in capsys.readouterr().out
