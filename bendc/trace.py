@@ -124,7 +124,7 @@ class Tracer:
         captured causal mask): a parameter of the step marked ``const=<hash of its values>``, whose array
         the graph keeps (``graph.constants``) and every program passes after the caller's inputs, as
         torch.compile lifts constants. The same values twice in one trace are one parameter."""
-        array = np.ascontiguousarray(values, dtype=DTYPES[dtype])
+        array = np.array(values, dtype=DTYPES[dtype], order="C", copy=True)  # not a view of a torch tensor
         digest = hashlib.sha256(f"{dtype}{array.shape}".encode() + array.tobytes()).hexdigest()[:16]
         for id in self.graph.constant_params():
             if self.graph.node(id).attr["const"] == digest:

@@ -116,6 +116,13 @@ def test_other_values_are_another_hash():
         headers.append(step.ir("traced").splitlines()[0])
     assert headers[0] != headers[1] and headers[0] == headers[2]  # the hash of the values, not the object
 
+    # the values at trace time, as a literal's: changing the captured tensor later changes nothing
+    captured = ramp.clone()
+    step = _captured_scale(captured)
+    step(x)
+    captured.fill_(-1.0)
+    np.testing.assert_array_equal(step(x), ramp.numpy())
+
 
 def test_artifact_carries_the_constants(tmp_path: Path):
     x, w = _inputs()
