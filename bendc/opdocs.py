@@ -82,7 +82,11 @@ def render() -> str:
               "printed `%_tensor_constant0: f32[128,128] const=<hash>`, whose array the jitted function keeps",
               "and passes after the caller's inputs, as torch.compile lifts constants. The IR text names it by",
               "the hash of its values; an artifact (`bendc compile`) carries it as `constants/<name>.npy`, hashed",
-              "and signed with the other files.", ""]
+              "and signed with the other files.", "",
+              "## Devices", "",
+              "`x.device` is where the jit target puts the data: `torch.device(\"cuda\", 0)` on the cuda target,",
+              "`torch.device(\"cpu\")` elsewhere (`x.is_cuda` likewise). Creation functions (`device=`), `x.to(device)`,",
+              "`x.cuda()` and `x.cpu()` take any device and ignore it: the target places the data.", ""]
     return "\n".join(lines)
 
 

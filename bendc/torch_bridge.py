@@ -713,7 +713,8 @@ def _clone(input, memory_format=None):
 
 
 _one_hot.bendc = "`bendc.functional.one_hot` (num_classes given)"
-_floor_divide.bendc = _remainder.bendc = ("`a // b`, `a % b` (float operands: torch's floor_divide and remainder; "
+_floor_divide.bendc = _remainder.bendc = ("`a // b`, `a % b` (float operands: torch's floor_divide and remainder, "
+                                          "`//` in torch's float32 steps, bit for bit also where |a / b| >= 2**24; "
                                           "an integer tensor by a positive int)")
 _getitem.bendc = "`x[key]` (ints, slices, None, ..., lists, integer tensors, bool masks into a reduction)"
 _clone.bendc = "`Tensor.clone`"
