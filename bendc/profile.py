@@ -104,7 +104,7 @@ def profile_executable(function: str, executable: Any, inputs: Sequence[np.ndarr
     from runtime.artifact import LiftedConstants
     from runtime.cuda_graph import CubinProgram
 
-    bound = program.program if isinstance(program, LiftedConstants) else program  # the constants' wrapper
+    bound = program.bound if isinstance(program, LiftedConstants) else program  # the constants' wrapper
     if isinstance(bound, CubinProgram):  # bendc.jit(target="cuda") on cubins
         raise UnsupportedError("the cubin runtime times no single steps (one CUDA graph per call): profile "
                                "with BENDC_CUDA_RUNTIME=numba (numba's launches, timed by CUDA events)", op="profile")

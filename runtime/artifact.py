@@ -419,14 +419,14 @@ class LiftedConstants:
     STEPPED = ("run_steps", "time_steps")
 
     def __init__(self, program: Any, constants: Sequence[np.ndarray]) -> None:
-        self.program = program
+        self.bound = program  # (not ``program``: a CpuProgram's own attribute, its launch list)
         self.constants = list(constants)
 
     def run(self, inputs: Sequence[Any]) -> list:
-        return self.program.run([*inputs, *self.constants])
+        return self.bound.run([*inputs, *self.constants])
 
     def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self.program, name)
+        attribute = getattr(self.bound, name)
         if name in self.STEPPED:
             return lambda inputs, *args, **kwargs: attribute([*inputs, *self.constants], *args, **kwargs)
         return attribute
