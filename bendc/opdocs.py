@@ -85,8 +85,8 @@ def render() -> str:
               "and signed with the other files.", "",
               "## Devices", "",
               "`x.device` is where the jit target puts the data: `torch.device(\"cuda\", 0)` on the cuda target,",
-              "`torch.device(\"cpu\")` elsewhere (`x.is_cuda` likewise). Creation functions (`device=`), `x.to(device)`,",
-              "`x.cuda()` and `x.cpu()` take any device and ignore it: the target places the data.", ""]
+              "`torch.device(\"cpu\")` elsewhere (`x.is_cuda` likewise). Creation functions (`device=`),",
+              "`x.to(device)`, `x.cuda()` and `x.cpu()` take any device and ignore it: the target places the data.", ""]
     return "\n".join(lines)
 
 

@@ -351,9 +351,9 @@ for _handler, _text in ((_cat, "`bendc.functional.cat`"), (_stack, "`bendc.funct
                         (_rpow, "`a ** b`"), (_pad, "`bendc.functional.pad` (constant, reflect, replicate, circular)")):
     _handler.bendc = _text
 
-_SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "unflatten", "tril", "triu", "masked_fill", "repeat", "expand",
-                  "expand_as", "unbind", "abs", "sign", "rsqrt", "reciprocal", "float", "to", "detach", "clamp_min",
-                  "clamp_max")
+_SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "unflatten", "tril", "triu", "masked_fill", "repeat",
+                  "expand", "expand_as", "unbind", "abs", "sign", "rsqrt", "reciprocal", "float", "to", "detach",
+                  "clamp_min", "clamp_max")
 TORCH_FUNCTIONS.update({
     **{f"torch.{name}": _tensor_method(name) for name in (
         "split", "chunk", "squeeze", "flatten", "unflatten", "tril", "triu", "masked_fill", "unbind", "abs", "sign",
