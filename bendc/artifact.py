@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import io
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import numpy as np
 
 from bendc.codegen.plan import KernelPlan
 from bendc.ir.graph import Graph
+from bendc.ir.types import dtype_name
 from bendc.ops import OPS
 from bendc.ops.base import indexed_size
 from bendc.version import __version__
@@ -61,7 +63,8 @@ def template_to_json(template: Any) -> Any:
 def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict], leaves: list[str],
                    template: Any, plan: KernelPlan, stages: dict[str, str], report: str, tape: str,
                    extra: dict[str, Any] | None = None, files: dict[str, str | bytes] | None = None,
-                   replace: bool = True, key_file: str | None = None) -> None:
+                   replace: bool = True, key_file: str | None = None,
+                   constants: dict[str, np.ndarray] | None = None) -> None:
     """Write a complete artifact to ``folder`` atomically.
 
     An artifact already at ``folder`` is replaced (``replace``, as ``bendc
@@ -69,6 +72,7 @@ def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict
     cache entry, which another process may be writing or reading too) any
     valid artifact there is kept and only a damaged one is replaced (or one this user's key did
     not sign). The manifest is signed with this user's key, or the key in ``key_file``.
+    ``constants``: the lifted constants by parameter name, in parameter order (``constants/<name>.npy``).
     """
     key = user_key() if key_file is None else load_key(key_file, create=False)
     parent = os.path.dirname(os.path.abspath(folder)) or "."
@@ -95,12 +99,21 @@ def write_artifact(folder: str, *, function: str, target: str, inputs: list[dict
         put("tape.txt", tape)
         for name, data in extra_files.items():  # e.g. PTX and cubin per cuda kernel
             put(name, data)
+        constant_specs = []
+        for name, array in (constants or {}).items():  # runtime/artifact.py read_constants
+            stream = io.BytesIO()
+            np.save(stream, np.ascontiguousarray(array), allow_pickle=False)
+            put(f"constants/{name}.npy", stream.getvalue())
+            constant_specs.append({"name": name, "file": f"constants/{name}.npy", "dtype": dtype_name(array.dtype),
+                                   "shape": list(array.shape)})
         outputs = [{"dtype": plan.values[o][0], "shape": list(plan.values[o][1])} for o in plan.outputs]
         manifest = {
             "kind": KIND, "format": FORMAT_VERSION, "versions": versions(), "target": target,
             "function": function, "inputs": inputs, "leaves": leaves, "outputs": outputs,
             "template": template_to_json(template), "stages": list(stages), "files": files, **(extra or {}),
         }
+        if constant_specs:
+            manifest["constants"] = constant_specs
         manifest = json.loads(json.dumps(manifest))  # as a reader will see it (e.g. dict keys as strings)
         manifest["content_hash"] = content_hash(manifest)
         manifest["signature"] = sign(manifest["content_hash"], key)

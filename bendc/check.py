@@ -45,7 +45,7 @@ class KernelMismatchError(InternalError):
 def reference_values(graph: Graph, inputs: Sequence[np.ndarray]) -> dict[int, np.ndarray]:
     """Every node's value under the reference interpreter (none dropped)."""
     interpreter = Interpreter(graph)
-    values: dict[int, np.ndarray] = dict(zip(interpreter.params, (np.asarray(a) for a in inputs)))
+    values = interpreter.initial([np.asarray(a) for a in inputs])
     for node, reference in interpreter.steps:
         values[node.id] = np.asarray(reference([values[i] for i in node.inputs], node.attr),
                                      dtype=node.type.np_dtype)

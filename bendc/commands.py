@@ -201,6 +201,8 @@ def compile_summary(folder: str, manifest: dict, stats: dict[str, int], elapsed:
         "report.txt, tape.txt" + _binary_files(manifest),
         *([f"  feeds    " + ", ".join(f"out{index}->{name}" for name, index in manifest["feeds"].items())]
           if manifest.get("feeds") else []),
+        *([f"  consts   " + ", ".join(f"{spec['file']} ({type_text(spec)})" for spec in manifest["constants"])
+           + " (lifted: passed after the inputs)"] if manifest.get("constants") else []),
         *([f"  machine  code for {manifest['machine']['cpu']} in numba/ ({_functions(manifest)} functions)"]
           if manifest.get("machine") else []),
         f"run it with: bendc run {folder} --random-inputs",
@@ -258,7 +260,10 @@ def _random_call_inputs(function: JitFunction, executable: Any, shapes: str | di
 
     bounds = index_bounds(executable.graph)
     specs = []
+    constants = set(executable.graph.constant_params())  # the program holds their values
     for param in executable.graph.params:
+        if param in constants:
+            continue
         node = executable.graph.node(param)
         name = node.attr["name"]
         spec = {"name": name, "dtype": node.type.dtype, "shape": list(node.type.shape)}

@@ -54,7 +54,8 @@ from bendc.passes import PassContext, Pipeline
 from bendc.trace import Tensor, Tracer
 from bendc import logs, tree
 from bendc.tree import Template
-from runtime.artifact import ArtifactInvalid, ArtifactUntrusted, load_module, load_program, read_stages, read_text
+from runtime.artifact import (ArtifactInvalid, ArtifactUntrusted, load_module, load_program, read_stages, read_text,
+                              with_constants)
 from runtime.cuda import numba_cuda_installed
 from runtime.collective import CollectiveError
 from runtime.cpu import CpuProgram, KernelError, KernelFailure
@@ -214,7 +215,8 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
     precompile(plan_json, modules, {m: kernel_path(cache_dir, m) for m in modules}, profile)
     report = describe_plan(plan) + [f"memory: {d}" for d in decisions]
     final_ir = lambda: graph  # noqa: E731
-    return Built(cpu_runner(plan_json, bind_cpu(plan_json, kernels, final_ir), final_ir),
+    program = with_constants(bind_cpu(plan_json, kernels, final_ir), graph.constant_values())
+    return Built(cpu_runner(plan_json, program, final_ir),
                  {s.name: s.source for s in plan.steps}, report, plan)
 
 
@@ -267,6 +269,7 @@ def build_cuda(graph: Graph, cache_dir: str, donate: Sequence[str] = ()) -> Buil
 
     kernels = render_cuda(graph, cache_dir, donate)
     plan_json, program, notes = bind_cuda(kernels, cache_dir)
+    program = with_constants(program, graph.constant_values())
     return Built(cpu_runner(plan_json, program, lambda: graph), {s.name: s.source for s in kernels.plan.steps},
                  kernels.report + notes, kernels.plan)
 
@@ -405,7 +408,7 @@ def compile_step(request: Request) -> Executable:
     check_trust(request)
     name = request.fn.__name__
     profile, started = Profile(), time.perf_counter()
-    tracer = Tracer(name, request.data_parallel)
+    tracer = Tracer(name, request.data_parallel, "cuda" if request.cuda_arch is not None else request.target)
     tensors: dict[str, Tensor] = {}
     for parameter, type in request.types:
         tensors[parameter] = tracer.param(parameter, type, leaf=parameter in request.leaves)
@@ -441,7 +444,9 @@ def compile_step(request: Request) -> Executable:
             for stage, text in cached.stages.items():  # the dumps of a compile, from the cache entry
                 if stage != "traced":
                     dump.write(stage, text)
-            return Executable(parse_graph(cached.stages["final"]), cached.stages, cached.tape, cached.template,
+            final = parse_graph(cached.stages["final"])
+            final.constants = dict(traced.constants)  # the IR names them by hash only
+            return Executable(final, cached.stages, cached.tape, cached.template,
                               cached.report, cached.run, cached.kernels, cached.stats).guarded(tracer.module_guards)
     profile.stages["trace"] = time.perf_counter() - started
     started = time.perf_counter()
@@ -488,7 +493,9 @@ def compile_step(request: Request) -> Executable:
                               **({"parameters": request.structure} if request.structure is not None else {}),
                               **extra}, files=files,
                        replace=request.artifact is not None,  # a cache entry: keep a concurrent writer's
-                       key_file=request.sign_with)
+                       key_file=request.sign_with,
+                       constants={graph.node(p).attr["name"]: graph.constants[graph.node(p).attr["name"]]
+                                  for p in graph.constant_params()})
     stats = plan_stats(built.plan) if built.plan is not None else {}
     return Executable(graph, stages, tape, template, report, built.run, built.kernels,
                       stats).guarded(tracer.module_guards)

@@ -178,8 +178,8 @@ def _index_tensor(tracer, entry: Any, size: int, dim: int, checked: bool, loc):
             bad = entry[(entry < -size) | (entry >= size)].flat[0]
             raise ShapeError(f"index {int(bad)} is out of range for dimension {dim} of size {size}", loc=loc,
                              op="index")
-        values = tuple(int(v) % size if size else int(v) for v in entry.reshape(-1))
-        return tracer.emit("literal", (), shape=tuple(int(d) for d in entry.shape), dtype="i64", values=values)
+        wrapped = np.mod(entry.astype(np.int64), size) if size else entry.astype(np.int64)
+        return tracer.array_constant(wrapped, "i64")
     wrapped = tracer.emit("wrap_index", (entry.id,), size=size)
     if not checked:
         return wrapped

@@ -11,6 +11,7 @@ import sys
 from bendc import functional as F
 from bendc.ops import OPS
 from bendc.ops.base import METHODS, OpDef
+from bendc.ops.creation import LITERAL_LIMIT
 from bendc.torch_bridge import TORCH_FUNCTIONS, method_names, supported_names
 
 TARGETS = ("reference", "cpu", "cuda")
@@ -72,7 +73,20 @@ def render() -> str:
         status = op_status(opdef)
         lines.append(f"| `{name}` | {opdef.lowering.kind} | " + " | ".join(status[t] for t in TARGETS)
                      + f" | {'yes' if opdef.differentiable else 'no'} | {opdef.method or ''} |")
-    lines += ["", f"Tensor methods reachable from torch names: {', '.join(method_names())}.", ""]
+    lines += ["", f"Tensor methods reachable from torch names: {', '.join(method_names())}.", "",
+              "## Constants", "",
+              "A torch tensor the traced function captures (a closure variable, a module attribute that is not a",
+              "buffer) or makes with `torch.tensor([...])` is a constant of the graph, its values at trace time:",
+              f"up to {LITERAL_LIMIT} values a `literal` op (fused into the kernels that read it); more (nanoGPT's",
+              "causal mask `torch.tril(torch.ones(T, T))` made outside the step) a *lifted constant*: a `param`",
+              "printed `%_tensor_constant0: f32[128,128] const=<hash>`, whose array the jitted function keeps",
+              "and passes after the caller's inputs, as torch.compile lifts constants. The IR text names it by",
+              "the hash of its values; an artifact (`bendc compile`) carries it as `constants/<name>.npy`, hashed",
+              "and signed with the other files.", "",
+              "## Devices", "",
+              "`x.device` is where the jit target puts the data: `torch.device(\"cuda\", 0)` on the cuda target,",
+              "`torch.device(\"cpu\")` elsewhere (`x.is_cuda` likewise). Creation functions (`device=`),",
+              "`x.to(device)`, `x.cuda()` and `x.cpu()` take any device and ignore it: the target places the data.", ""]
     return "\n".join(lines)
 
 

@@ -101,9 +101,11 @@ class Profile:
 def profile_executable(function: str, executable: Any, inputs: Sequence[np.ndarray], runs: int = 10) -> Profile:
     """Profile ``runs`` calls of a compiled cpu executable on ``inputs`` (after one warm-up call)."""
     program, plan = getattr(executable.run, "program", None), getattr(executable.run, "plan", None)
+    from runtime.artifact import LiftedConstants
     from runtime.cuda_graph import CubinProgram
 
-    if isinstance(program, CubinProgram):  # bendc.jit(target="cuda") on cubins
+    bound = program.bound if isinstance(program, LiftedConstants) else program  # the constants' wrapper
+    if isinstance(bound, CubinProgram):  # bendc.jit(target="cuda") on cubins
         raise UnsupportedError("the cubin runtime times no single steps (one CUDA graph per call): profile "
                                "with BENDC_CUDA_RUNTIME=numba (numba's launches, timed by CUDA events)", op="profile")
     if program is None or not hasattr(program, "time_steps"):

@@ -8,10 +8,11 @@
   bendc/ops/conv.py) of x by the transposed conv's weight, which is exactly torch's definition of a
   transposed convolution; output_padding is the conv's extra bottom/right padding. Gradients are
   conv2d_grad_input's (a conv2d for x, a conv2d_grad_weight for the weight).
-- ``interpolate``: nearest (torch's ``floor(dst * scale)`` source index, 3-5-D) and linear / bilinear
-  (3-D / 4-D, align_corners both ways): per resized dim an ``index_select`` by constant source indices
-  (and, for linear, two of them weighted by constant lambdas, computed in float32 as torch's CPU
-  kernels compute them). Gradients are index_select's (sums into the sources).
+- ``interpolate``: nearest (torch's ``floor(dst * scale)`` source index, 3-5-D), linear / bilinear /
+  trilinear (3-D / 4-D / 5-D) and bicubic (4-D; A = -0.75, the border replicated), align_corners both
+  ways: per resized dim, the last first, an ``index_select`` by constant source indices (for linear two,
+  for bicubic four, weighted by constant weights computed in float32 as torch's CPU kernels compute
+  them); area: adaptive average pooling. Gradients are index_select's (sums into the sources).
 """
 from __future__ import annotations
 
@@ -200,7 +201,8 @@ def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
 
 
 # ------------------------------------------------------------------ interpolate
-_LINEAR_MODES = {"linear": 3, "bilinear": 4}
+_LINEAR_MODES = {"linear": 3, "bilinear": 4, "trilinear": 5}
+_CUBIC_A = np.float32(-0.75)  # torch's bicubic convolution constant
 
 
 def _scale(size: int, out: int, align_corners: bool, scale: float | None) -> np.float32:
@@ -237,6 +239,34 @@ def linear_sources(size: int, out: int, align_corners: bool, scale: float | None
     return index0, index1, (np.float32(1.0) - lambda1).astype(np.float32), lambda1
 
 
+def _cubic_near(x: np.ndarray) -> np.ndarray:
+    """torch's cubic_convolution1 (|x| <= 1), float32: ((A + 2) * x - (A + 3)) * x * x + 1."""
+    return ((_CUBIC_A + np.float32(2)) * x - (_CUBIC_A + np.float32(3))) * x * x + np.float32(1)
+
+
+def _cubic_far(x: np.ndarray) -> np.ndarray:
+    """torch's cubic_convolution2 (1 < |x| < 2), float32: ((A * x - 5A) * x + 8A) * x - 4A."""
+    a = _CUBIC_A
+    return ((a * x - np.float32(5) * a) * x + np.float32(8) * a) * x - np.float32(4) * a
+
+
+def cubic_sources(size: int, out: int, align_corners: bool, scale: float | None):
+    """torch's bicubic taps (HelperInterpCubic, float32): per output index the source indices
+    input_index - 1 .. input_index + 2, clamped to [0, size) (the border replicated), and their
+    weights for t = real - input_index (get_cubic_upsample_coefficients, A = -0.75). The source
+    position is not clamped at 0 as linear's is; input_index and t are guarded as torch guards them
+    (index at most size - 1, t in [0, 1])."""
+    factor = _scale(size, out, align_corners, scale)
+    dst = np.arange(out, dtype=np.float32)
+    real = factor * dst if align_corners else factor * (dst + np.float32(0.5)) - np.float32(0.5)
+    index = np.minimum(np.floor(real).astype(np.int64), size - 1)
+    t = np.clip(real - index.astype(np.float32), np.float32(0.0), np.float32(1.0)).astype(np.float32)
+    rest = (np.float32(1.0) - t).astype(np.float32)
+    weights = [_cubic_far(t + np.float32(1.0)), _cubic_near(t), _cubic_near(rest), _cubic_far(rest + np.float32(1.0))]
+    taps = [np.clip(index - 1 + j, 0, size - 1) for j in range(4)]
+    return taps, [w.astype(np.float32) for w in weights]
+
+
 def _output_sizes(x: Tensor, size: Any, scale_factor: Any, recompute: Any, op: str, loc):
     spatial = x.shape[2:]
     dims = len(spatial)
@@ -259,51 +289,82 @@ def _output_sizes(x: Tensor, size: Any, scale_factor: Any, recompute: Any, op: s
 
 
 def _indices(tracer, values: np.ndarray) -> Tensor:
-    return tracer.emit("literal", (), shape=(len(values),), dtype="i64", values=tuple(int(v) for v in values))
+    return tracer.array_constant(np.asarray(values, np.int64), "i64")
 
 
 def _weights(tracer, values: np.ndarray, axis: int, ndim: int) -> Tensor:
-    weights = tracer.emit("literal", (), shape=(len(values),), dtype="f32",
-                          values=tuple(float(v) for v in values))
+    weights = tracer.array_constant(np.asarray(values, np.float32), "f32")
     return weights.reshape((1,) * axis + (len(values),) + (1,) * (ndim - axis - 1))
+
+
+def _weighted_taps(tracer, x: Tensor, axis: int, taps, weights) -> Tensor:
+    """sum_j weights[j] * x[taps[j]] along ``axis``, added left to right as torch's kernels add them."""
+    out = None
+    for index, weight in zip(taps, weights):
+        term = _weights(tracer, weight, axis, x.ndim) * index_select(x, axis, _indices(tracer, index))
+        out = term if out is None else out + term
+    return out
+
+
+def _area(x: Tensor, sizes: tuple[int, ...]) -> Tensor:
+    """mode="area": torch's adaptive_avg_pool1d/2d/3d to ``sizes`` (adaptive_avg_pool2d of the input with a
+    unit height for 1-D, as torch computes it; for 3-D, over (H, W) and then over D, the box means
+    nested)."""
+    from bendc.functional import adaptive_avg_pool2d
+
+    n, c = x.shape[:2]
+    if x.ndim == 3:
+        return adaptive_avg_pool2d(x.unsqueeze(2), (1, sizes[0])).reshape(n, c, sizes[0])
+    if x.ndim == 4:
+        return adaptive_avg_pool2d(x, sizes)
+    depth, height, width = x.shape[2:]
+    planes = adaptive_avg_pool2d(x.reshape(n, c * depth, height, width), sizes[1:])
+    lines = planes.reshape(n, c, depth, sizes[1] * sizes[2])
+    return adaptive_avg_pool2d(lines, (sizes[0], sizes[1] * sizes[2])).reshape(n, c, *sizes)
+
+
+_MODES = "nearest, linear, bilinear, trilinear, bicubic, area"
 
 
 def interpolate(input: Tensor, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
                 antialias: bool = False) -> Tensor:
-    """torch's interpolate, modes nearest (3-5-D) and linear / bilinear (3-D / 4-D), size= or
-    scale_factor= (the scale given is the one used, unless recompute_scale_factor)."""
+    """torch's interpolate: modes nearest (3-5-D), linear / bilinear / trilinear (3-D / 4-D / 5-D) and
+    bicubic (4-D), align_corners both ways, and area (3-5-D: adaptive average pooling), by size= or
+    scale_factor= (the scale given is the one used, unless recompute_scale_factor). The interpolating
+    modes go one spatial dim at a time, the last first, each output the taps' weighted sum as torch's
+    CPU kernels nest them (inner sums along the last dim)."""
     op = "interpolate"
     tracer = _tracer(op, input)
     with tracer.at_user_line(op) as builder:
         x = tracer.value(_tensor(input, op), op)
         if antialias:
             raise UnsupportedError("interpolate(antialias=True) is not supported", loc=builder.loc, op=op)
-        if mode != "nearest" and mode not in _LINEAR_MODES:
-            raise UnsupportedError(f"interpolate mode {mode!r} is not supported (nearest, linear, bilinear)",
-                                   loc=builder.loc, op=op)
-        if mode == "nearest":
-            if align_corners is not None:
-                raise ShapeError("align_corners only applies to linear modes (torch refuses it for nearest)",
-                                 loc=builder.loc, op=op)
-            if x.ndim not in (3, 4, 5):
-                raise ShapeError(f"nearest interpolate needs a 3-D, 4-D or 5-D input (N, C, *), got {x.type}",
-                                 loc=builder.loc, op=op)
-        elif x.ndim != _LINEAR_MODES[mode]:
-            raise ShapeError(f"{mode} interpolate needs a {_LINEAR_MODES[mode]}-D input, got {x.type}",
+        ranks = {"nearest": (3, 4, 5), "area": (3, 4, 5), "bicubic": (4,),
+                 **{name: (rank,) for name, rank in _LINEAR_MODES.items()}}
+        if mode not in ranks:
+            raise UnsupportedError(f"interpolate mode {mode!r} is not supported ({_MODES})", loc=builder.loc, op=op)
+        if mode in ("nearest", "area") and align_corners is not None:
+            raise ShapeError(f"align_corners only applies to the interpolating modes (torch refuses it for {mode})",
+                             loc=builder.loc, op=op)
+        if x.ndim not in ranks[mode]:
+            wanted = " or ".join(f"{rank}-D" for rank in ranks[mode])
+            raise ShapeError(f"{mode} interpolate needs a {wanted} input (N, C, *), got {x.type}",
                              loc=builder.loc, op=op)
         sizes, scales = _output_sizes(x, size, scale_factor, recompute_scale_factor, op, builder.loc)
+        if mode == "area":
+            return _area(x, sizes)
         out = x
-        for offset, (n, m, scale) in enumerate(zip(x.shape[2:], sizes, scales)):
-            axis = 2 + offset
+        for offset in reversed(range(x.ndim - 2)):  # the last dim first: torch's inner sums
+            axis, n, m, scale = 2 + offset, x.shape[2 + offset], sizes[offset], scales[offset]
             if mode == "nearest":
                 if m != n:
                     out = index_select(out, axis, _indices(tracer, nearest_sources(n, m, scale)))
-                continue
-            index0, index1, lambda0, lambda1 = linear_sources(n, m, bool(align_corners), scale)
-            low = index_select(out, axis, _indices(tracer, index0))
-            high = index_select(out, axis, _indices(tracer, index1))
-            out = (_weights(tracer, lambda0, axis, out.ndim) * low) + (_weights(tracer, lambda1, axis, out.ndim) * high)
+            elif mode == "bicubic":
+                out = _weighted_taps(tracer, out, axis, *cubic_sources(n, m, bool(align_corners), scale))
+            else:
+                index0, index1, lambda0, lambda1 = linear_sources(n, m, bool(align_corners), scale)
+                out = _weighted_taps(tracer, out, axis, (index0, index1), (lambda0, lambda1))
         return out
 
 

@@ -10,7 +10,8 @@ and torch names with PyTorch's signatures and semantics.
 - ``sort(dim, descending, stable)``, ``argsort``, ``topk(k, dim, largest, sorted)``: the argsort op
   (bendc/ops/sort.py; always stable: ties keep their order of position, NaN is the largest) and a
   gather of x at its indices, so gradients scatter to the indices. topk takes the first k of that
-  order (sorted=False gives them sorted too, which torch allows).
+  order (sorted=False gives them sorted too, which torch allows). Float32, int64 and int32 tensors
+  (an integer sort has no gradient; its values keep the dtype).
 - ``scatter(dim, index, src | value, reduce=)``, ``scatter_add``, ``scatter_reduce(dim, index, src, reduce,
   include_self=)``: the scatter_reduce op (bendc/ops/scatter.py), src sliced to the index's shape as
   torch reads it.
@@ -97,7 +98,9 @@ class SortScatterMethods:
 
     # ------------------------------------------------------------- sort, argsort, topk
     def _argsort(self, dim: Any, descending: Any, op: str, loc):
-        _require_float(self, op, loc)
+        if not (self.type.is_float or self.type.is_index):
+            raise UnsupportedError(f"{op} of {self.type}: bendc sorts float32, int64 and int32 tensors (call "
+                                   ".long() or .float() first)", loc=loc, op=op)
         descending = _static_bool(descending, "descending", op, loc)
         axis = _dim(dim, self.ndim, op, loc)
         x = self.reshape(1) if self.ndim == 0 else self
@@ -213,3 +216,6 @@ class SortScatterMethods:
 TENSOR_METHODS = ("prod", "cumprod", "flip", "sort", "argsort", "topk", "scatter", "scatter_add", "scatter_reduce",
                   "floor_divide", "remainder")
 FUNCTIONS = {name: _function(name) for name in TENSOR_METHODS}
+for _name in ("sort", "argsort", "topk"):  # docs/ops.md says what they sort and in which order
+    FUNCTIONS[_name].bendc = (f"`Tensor.{_name}` (float32, int64, int32; always stable: ties keep their order of "
+                              "position, NaN largest)")

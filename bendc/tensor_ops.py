@@ -18,6 +18,7 @@ import numpy as np
 
 from bendc.errors import ShapeError, UnsupportedError, user_location
 from bendc.ops.base import f32_value
+from bendc.ir.types import DTYPES
 
 _COMPARISONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _FLOAT_NAMES = ("float32", "float")
@@ -234,6 +235,10 @@ class TensorOps:
         """A no-op: the jit target places the data."""
         return self
 
+    def cuda(self, device: Any = None, non_blocking: bool = False, memory_format: Any = None):
+        """A no-op, as cpu(): the jit target places the data."""
+        return self
+
     def detach(self):
         """The same values, requiring no gradient."""
         with self.tracer.at_user_line("detach"):
@@ -325,6 +330,27 @@ class TensorOps:
                                  loc=builder.loc, op="flatten")
             merged = int(math.prod(self.shape[start:end + 1]))
             return self.reshape(self.shape[:start] + (merged,) + self.shape[end + 1:])
+
+    def unflatten(self, dim: int, sizes: Any):
+        """torch's unflatten (nn.Unflatten's forward): dim ``dim`` split into ``sizes``, a non-empty tuple
+        or list of ints whose product is its size (one -1 is inferred)."""
+        with self.tracer.at_user_line("unflatten") as builder:
+            if self.ndim == 0:
+                raise ShapeError("unflatten of a 0-d tensor", loc=builder.loc, op="unflatten")
+            axis = _dim(dim, self.ndim, "unflatten", builder.loc)
+            if not isinstance(sizes, (tuple, list)) or not sizes or any(
+                    isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in sizes):
+                raise ShapeError(f"unflatten: sizes {sizes!r} must be a non-empty tuple or list of ints (named "
+                                 "dimensions are not supported)", loc=builder.loc, op="unflatten")
+            sizes = tuple(int(s) for s in sizes)
+            size = self.shape[axis]
+            known = int(math.prod(s for s in sizes if s != -1))
+            if sizes.count(-1) > 1 or any(s < -1 for s in sizes) or (
+                    -1 in sizes and (known == 0 or size % known)) or (-1 not in sizes and known != size):
+                raise ShapeError(f"unflatten: sizes {sizes} do not split dim {dim} of size {size} of {self.type}",
+                                 loc=builder.loc, op="unflatten")
+            sizes = tuple(size // known if s == -1 else s for s in sizes)
+            return self.reshape(self.shape[:axis] + sizes + self.shape[axis + 1:])
 
     def squeeze(self, dim: Any = None):
         """Size-1 dims removed: all of them, or those of ``dim`` (an int or a tuple) that are size 1."""
@@ -823,8 +849,9 @@ def _flatten_data(data: Any, op: str, loc) -> tuple[tuple[int, ...], list]:
 
 
 def tensor(data: Any, **kwargs: Any):
-    """torch.tensor / torch.as_tensor of numbers or nested lists: a constant (a ``literal`` of at most
-    4096 values; one float is a ``const``); dtype from the values (bool, int64, float32) unless given."""
+    """torch.tensor / torch.as_tensor of numbers or nested lists: a constant (a ``literal`` of up to 4096
+    values, else a lifted constant; one float is a ``const``); dtype from the values (bool, int64, float32)
+    unless given."""
     tracer = _creation_tracer("tensor")
     with tracer.at_user_line("tensor") as builder:
         dtype = _creation_options("tensor", kwargs, builder.loc)
@@ -840,12 +867,13 @@ def tensor(data: Any, **kwargs: Any):
         if dtype == "f32":
             if not shape:
                 return tracer.const(float(values[0]))
-            converted = tuple(f32_value(float(v)) for v in values)
+            converted = [f32_value(float(v)) for v in values]
         elif dtype == "bool":
-            converted = tuple(bool(v) for v in values)
+            converted = [bool(v) for v in values]
         else:
-            converted = tuple(int(v) for v in values)  # a float value truncated toward zero, as PyTorch's
-        return tracer.emit("literal", (), shape=shape, dtype=dtype, values=converted)
+            converted = [int(v) for v in values]  # a float value truncated toward zero, as PyTorch's
+        # a literal, or past LITERAL_LIMIT values a lifted constant (bendc/trace.py)
+        return tracer.array_constant(np.array(converted, dtype=DTYPES[dtype]).reshape(shape), dtype)
 
 
 def one_hot(input: Any, num_classes: int = -1):

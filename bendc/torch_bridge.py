@@ -351,12 +351,12 @@ for _handler, _text in ((_cat, "`bendc.functional.cat`"), (_stack, "`bendc.funct
                         (_rpow, "`a ** b`"), (_pad, "`bendc.functional.pad` (constant, reflect, replicate, circular)")):
     _handler.bendc = _text
 
-_SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "tril", "triu", "masked_fill", "repeat", "expand",
-                  "expand_as", "unbind", "abs", "sign", "rsqrt", "reciprocal", "float", "to", "detach", "clamp_min",
-                  "clamp_max")
+_SHAPE_METHODS = ("split", "chunk", "squeeze", "flatten", "unflatten", "tril", "triu", "masked_fill", "repeat",
+                  "expand", "expand_as", "unbind", "abs", "sign", "rsqrt", "reciprocal", "float", "to", "detach",
+                  "clamp_min", "clamp_max")
 TORCH_FUNCTIONS.update({
     **{f"torch.{name}": _tensor_method(name) for name in (
-        "split", "chunk", "squeeze", "flatten", "tril", "triu", "masked_fill", "unbind", "abs", "sign",
+        "split", "chunk", "squeeze", "flatten", "unflatten", "tril", "triu", "masked_fill", "unbind", "abs", "sign",
         "rsqrt", "reciprocal", "clamp_min", "clamp_max", "detach")},
     **{f"torch.Tensor.{name}": _tensor_method(name) for name in _SHAPE_METHODS + ("where", "clip", "pow")},
     **{f"torch.{name}": _comparison(op) for name, op in (
@@ -400,12 +400,27 @@ _RESAMPLING_NOTES = {
     "batch_norm": " (training updates the running statistics given in place)",
     "conv_transpose1d": " (conv2d's input gradient, `conv2d_grad_input`)",
     "conv_transpose2d": " (conv2d's input gradient, `conv2d_grad_input`)",
-    "interpolate": " (nearest, linear, bilinear; align_corners both ways)",
+    "interpolate": " (nearest, linear, bilinear, trilinear, bicubic: align_corners both ways; area)",
     "upsample": " (as interpolate)",
 }
 
 
+def _aten_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled):
+    """torch.batch_norm, aten's argument order (weight and bias before the running statistics, every
+    argument given) onto F.batch_norm; cudnn_enabled chooses a torch backend and means nothing here."""
+    from bendc import resample
+
+    if not isinstance(cudnn_enabled, (bool, int)):
+        raise UnsupportedError(f"torch.batch_norm: cudnn_enabled={cudnn_enabled!r} must be a bool",
+                               loc=user_location(), op="batch_norm")
+    return resample.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+_aten_batch_norm.bendc = ("`bendc.functional.batch_norm` (torch's order: input, weight, bias, running_mean, "
+                          "running_var, training, momentum, eps, cudnn_enabled)")
+
 TORCH_FUNCTIONS.update({
+    "torch.batch_norm": _aten_batch_norm,
     **{f"torch.nn.functional.{name}": _resampling(name)
        for name in ("batch_norm", "conv_transpose1d", "conv_transpose2d", "interpolate", "upsample")},
     **{f"torch.{name}": _resampling(name) for name in ("conv_transpose1d", "conv_transpose2d")},
@@ -698,7 +713,8 @@ def _clone(input, memory_format=None):
 
 
 _one_hot.bendc = "`bendc.functional.one_hot` (num_classes given)"
-_floor_divide.bendc = _remainder.bendc = ("`a // b`, `a % b` (float operands: torch's floor_divide and remainder; "
+_floor_divide.bendc = _remainder.bendc = ("`a // b`, `a % b` (float operands: torch's floor_divide and remainder, "
+                                          "`//` in torch's float32 steps, bit for bit also where |a / b| >= 2**24; "
                                           "an integer tensor by a positive int)")
 _getitem.bendc = "`x[key]` (ints, slices, None, ..., lists, integer tensors, bool masks into a reduction)"
 _clone.bendc = "`Tensor.clone`"
@@ -717,7 +733,7 @@ TORCH_FUNCTIONS.update({
     "torch.Tensor.floor_divide": _floor_divide, "torch.remainder": _remainder, "torch.Tensor.__mod__": _remainder,
     "torch.Tensor.remainder": _remainder, "torch.Tensor.__getitem__": _getitem, "torch.Tensor.clone": _clone,
     "torch.clone": _clone,
-    **{f"torch.Tensor.{name}": _tensor_method(name) for name in ("long", "int", "float", "cpu")},
+    **{f"torch.Tensor.{name}": _tensor_method(name) for name in ("long", "int", "float", "cpu", "cuda")},
 })
 # torch.Tensor methods reach traced tensors by name too (x.add(y), x.index_select(0, i)): bendc.trace's
 # Tensor.__getattr__ reads this for names it does not define.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import numbers
 import sys
 from typing import Any, Iterator, Sequence
@@ -22,7 +23,7 @@ from bendc.builder import Builder
 from bendc.errors import GradientError, ShapeError, UnsupportedAttributeError, UnsupportedError, user_location
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
-from bendc.ir.types import TensorType
+from bendc.ir.types import DTYPES, TensorType
 from bendc.ops.base import f32_value
 from bendc.ops import OPS
 from bendc.ops.base import METHODS
@@ -61,8 +62,9 @@ class Tracer:
     """Records one traced call: the graph, gradient-requiring values, and
     the backward requests per leaf since its last zero_grad."""
 
-    def __init__(self, name: str, data_parallel: bool = False) -> None:
+    def __init__(self, name: str, data_parallel: bool = False, target: str = "cpu") -> None:
         self.graph = Graph(name)
+        self.target = target  # the jit target: where Tensor.device says the data lives
         self.data_parallel = data_parallel  # every .grad read is the gradient's mean over the ranks
         self.builder = Builder(self.graph)
         self.requires_grad: set[int] = set()
@@ -98,6 +100,45 @@ class Tracer:
             self.leaves.add(node.id)
             self.requires_grad.add(node.id)
             self.slots[node.id] = []
+        return Tensor(self, node.id)
+
+    def array_constant(self, values: np.ndarray, dtype: str) -> "Tensor":
+        """A constant of the graph holding ``values`` (any shape) as ``dtype``: a ``literal`` of up to
+        LITERAL_LIMIT values (fused into the kernels that read it), else a lifted constant."""
+        from bendc.ops.creation import LITERAL_LIMIT
+
+        values = np.asarray(values)
+        if values.size > LITERAL_LIMIT:
+            return self.lifted_constant(values, dtype)
+        flat = values.reshape(-1)
+        if dtype == "f32":
+            converted = tuple(f32_value(float(v)) for v in flat.astype(np.float32))
+        elif dtype == "bool":
+            converted = tuple(bool(v) for v in flat)
+        else:
+            converted = tuple(int(v) for v in flat)
+        return self.emit("literal", (), shape=tuple(int(d) for d in values.shape), dtype=dtype, values=converted)
+
+    def lifted_constant(self, values: np.ndarray, dtype: str) -> "Tensor":
+        """A constant too large to write into the IR (a ``literal`` holds at most LITERAL_LIMIT values: a
+        captured causal mask): a parameter of the step marked ``const=<hash of its values>``, whose array
+        the graph keeps (``graph.constants``) and every program passes after the caller's inputs, as
+        torch.compile lifts constants. The same values twice in one trace are one parameter."""
+        array = np.array(values, dtype=DTYPES[dtype], order="C", copy=True)  # not a view of a torch tensor
+        digest = hashlib.sha256(f"{dtype}{array.shape}".encode() + array.tobytes()).hexdigest()[:16]
+        for id in self.graph.constant_params():
+            if self.graph.node(id).attr["const"] == digest:
+                return Tensor(self, id)
+        taken = {self.graph.node(p).attr["name"] for p in self.graph.params}
+        number = len(self.graph.constant_params())
+        while f"_tensor_constant{number}" in taken:
+            number += 1
+        name = f"_tensor_constant{number}"
+        type = TensorType(dtype, tuple(int(d) for d in array.shape))
+        node = self.graph.add("param", (), {"name": name, "leaf": False, "dtype": dtype, "shape": type.shape,
+                                            "const": digest}, type)
+        array.setflags(write=False)  # shared by every call of the program
+        self.graph.constants[name] = array
         return Tensor(self, node.id)
 
     @contextlib.contextmanager
@@ -257,16 +298,18 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
 
     @property
     def device(self) -> Any:
-        """``torch.device("cpu")`` where torch is loaded, else "cpu": an object creation functions take back
-        (``torch.arange(t, device=x.device)``). bendc ignores devices inside a traced function: the jit
-        target places the data."""
+        """Where the jit target puts the data: ``torch.device("cuda", 0)`` on the cuda target, else
+        ``torch.device("cpu")`` (where torch is not loaded, "cuda:0" or "cpu"): an object creation
+        functions and ``to()`` take back (``torch.arange(t, device=x.device)``). bendc ignores devices
+        inside a traced function: the jit target places the data."""
+        cuda = self.tracer.target == "cuda"
         if "torch" in sys.modules:
-            return sys.modules["torch"].device("cpu")
-        return "cpu"
+            return sys.modules["torch"].device("cuda", 0) if cuda else sys.modules["torch"].device("cpu")
+        return "cuda:0" if cuda else "cpu"
 
     @property
     def is_cuda(self) -> bool:
-        return False
+        return self.tracer.target == "cuda"
 
     def size(self, dim: int | None = None):
         if dim is None:
@@ -577,37 +620,29 @@ def unrepeatable(name: str) -> bool:
 
 def torch_constant(tracer: "Tracer", operand: Any, op: str) -> "Tensor":
     """A torch tensor the traced function captured (a closure variable, a module attribute that is not a
-    buffer: a causal mask made in __init__) as a constant of the graph: a ``literal`` of its values at
-    trace time (float tensors as float32; one made during the trace from such tensors by a torch function,
-    ``self.mask[:, :, :T, :T] == 0``, too). Refused, naming the line: a tensor a random torch function made
-    during the trace (torch.randn: one draw would be frozen; the line that made it is named), more values
-    than a literal holds, dtypes bendc lacks."""
-    from bendc.ops.creation import LITERAL_LIMIT
-
+    buffer: a causal mask made in __init__) as a constant of the graph, its values at trace time (float
+    tensors as float32; one made during the trace from such tensors by a torch function,
+    ``self.mask[:, :, :T, :T] == 0``, too): a ``literal`` of up to LITERAL_LIMIT values, else a lifted
+    constant (Tracer.lifted_constant). Refused, naming the line: a tensor a random torch function made
+    during the trace (torch.randn: one draw would be frozen; the line that made it is named), dtypes
+    bendc lacks."""
     origin = TORCH_ORIGINS.get(id(operand))
     if origin is not None and not unrepeatable(origin[1]):
         origin = None  # made from captured tensors by a deterministic torch function (a slice of a mask)
     dtype = _CONSTANT_DTYPES.get(str(operand.dtype).removeprefix("torch."))
-    count = int(np.prod(tuple(operand.shape), dtype=np.int64))
-    if origin is not None or dtype is None or count > LITERAL_LIMIT:
+    if origin is not None or dtype is None:
         why = (f"; it was made by {origin[1]} at {origin[0]}, which bendc does not trace" if origin is not None
-               else f": its dtype {str(operand.dtype).removeprefix('torch.')} is not one bendc has" if dtype is None
-               else f" (captured by the traced function): {count} values are over the {LITERAL_LIMIT} bendc folds "
-                    "into the graph as a constant")
+               else f": its dtype {str(operand.dtype).removeprefix('torch.')} is not one bendc has")
         raise UnsupportedError(
             f"a torch tensor of shape {list(operand.shape)} is not supported as an operand of {op}{why}. Make it "
             "inside the function with a function bendc traces (torch.arange, zeros, ones, full, eye, linspace, "
             "tensor, *_like), register it as a buffer and pass it in bendc.functional_call's dict, or pass it as "
             "an array parameter of the jitted function", loc=user_location(), op=op)
-    values = operand.detach().cpu().reshape(-1).numpy()
+    values = operand.detach().cpu()
     if dtype == "f32":
-        converted = tuple(f32_value(float(v)) for v in values.astype(np.float32))
-    elif dtype == "bool":
-        converted = tuple(bool(v) for v in values)
-    else:
-        converted = tuple(int(v) for v in values)
+        values = values.float()
     with tracer.at_user_line(op):
-        return tracer.emit("literal", (), shape=tuple(int(d) for d in operand.shape), dtype=dtype, values=converted)
+        return tracer.array_constant(values.numpy(), dtype)
 
 
 def type_name(value: Any) -> str:

@@ -20,7 +20,9 @@ symbol, cubin, arguments and parameters, and each source step's constant
 (``value``), so that runtime/cuda_graph.py runs the cubins without numba. Format 5
 added ``signature``: an HMAC of the content hash under the builder's key
 (runtime/trust.py), outside the content hash; loading refuses an unsigned or
-foreign-signed artifact unless told to trust it (``trust=True``: hashes only).
+foreign-signed artifact unless told to trust it (``trust=True``: hashes only). Format 6
+added ``constants``: the lifted constants (large tensors the traced function captured), each a
+``constants/<name>.npy`` file hashed like the rest, passed after the caller's inputs.
 
 An artifact is code (kernel modules the runtime imports, numba cache files numba
 unpickles): nothing in it is imported or unpickled before its hashes and
@@ -37,7 +39,7 @@ import json
 import os
 import pickle
 import sys
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 try:
     import fcntl
@@ -57,13 +59,14 @@ from runtime.machine import (MACHINE_FOLDER, ArtifactCacheLocator, describe_mach
 from runtime.trust import (SIGNATURE_SUFFIX, InsecurePath, file_mac, file_mac_matches, load_key, private_cache,
                            signature_problem)
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # What each format added: the refusal of an older artifact says what it lacks.
 FORMAT_CHANGES = {
     2: "content hashes and index bounds",
     3: "the cpu kernels' machine code",
     4: "the cuda launches' entry symbols and parameter layouts and the constants' values, for the cubin runtime",
     5: "a signature",
+    6: "the lifted constants (constants/*.npy)",
 }
 KIND = "bendc-artifact"
 MANIFEST = "manifest.json"
@@ -408,6 +411,52 @@ def read_plan(folder: str, manifest: dict) -> dict:
     return plan
 
 
+class LiftedConstants:
+    """A bound program whose last parameters are lifted constants (large tensors the traced function
+    captured: a causal mask), held here and passed after the caller's inputs: ``run(inputs)``,
+    ``run_steps`` and ``time_steps`` take the inputs alone. Everything else is the program's."""
+
+    STEPPED = ("run_steps", "time_steps")
+
+    def __init__(self, program: Any, constants: Sequence[np.ndarray]) -> None:
+        self.bound = program  # (not ``program``: a CpuProgram's own attribute, its launch list)
+        self.constants = list(constants)
+
+    def run(self, inputs: Sequence[Any]) -> list:
+        return self.bound.run([*inputs, *self.constants])
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.bound, name)
+        if name in self.STEPPED:
+            return lambda inputs, *args, **kwargs: attribute([*inputs, *self.constants], *args, **kwargs)
+        return attribute
+
+
+def with_constants(program: Any, constants: Sequence[np.ndarray]) -> Any:
+    """``program`` passing ``constants`` after the caller's inputs (itself where there are none)."""
+    return LiftedConstants(program, constants) if constants else program
+
+
+def read_constants(folder: str, manifest: dict) -> list[np.ndarray]:
+    """The lifted constants of a verified artifact (its ``constants/*.npy`` files, hashed like the
+    others), in parameter order, each checked against the dtype and shape the manifest records."""
+    arrays = []
+    for spec in manifest.get("constants", []):
+        name = spec.get("file", "")
+        if name not in manifest["files"]:
+            raise ArtifactInvalid(f"{folder}: the constant {spec.get('name')!r} is not a listed file")
+        try:
+            array = np.load(os.path.join(folder, name), allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise ArtifactInvalid(f"{folder}: {name} is not a numpy array ({error})") from None
+        if array.dtype != DTYPES.get(spec.get("dtype")) or list(array.shape) != list(spec.get("shape", ())):
+            raise ArtifactInvalid(f"{folder}: {name} holds {array.dtype}{list(array.shape)}, the manifest "
+                                  f"records {spec.get('dtype')}{spec.get('shape')}")
+        array.setflags(write=False)
+        arrays.append(array)
+    return arrays
+
+
 def load_program(folder: str, kernel_dir: str | None = None, cuda_runtime: str | None = None,
                  outputs: str = "copy", trust: bool = False) -> tuple[dict, dict, CpuProgram]:
     """(manifest, plan, bound program) of a verified artifact.
@@ -420,8 +469,10 @@ def load_program(folder: str, kernel_dir: str | None = None, cuda_runtime: str |
     hashes are checked all the same).
     """
     manifest = read_manifest(folder, trust)
+    constants = read_constants(folder, manifest)
     if manifest["target"] == "cuda":
-        return manifest, *_load_cuda_program(folder, manifest, cuda_runtime, outputs)
+        plan, program = _load_cuda_program(folder, manifest, cuda_runtime, outputs)
+        return manifest, plan, with_constants(program, constants)
     if manifest["target"] != "cpu":
         raise ArtifactInvalid(f"{folder} was built for target {manifest['target']!r}; this runtime runs cpu")
     plan = read_plan(folder, manifest)
@@ -440,7 +491,7 @@ def load_program(folder: str, kernel_dir: str | None = None, cuda_runtime: str |
         kernels[step["name"]] = modules[step["module"]].kernel
     program = CpuProgram(plan, kernels)
     program.modules = list(modules.values())
-    return manifest, plan, program
+    return manifest, plan, with_constants(program, constants)
 
 
 def machine_code_home(folder: str, manifest: dict) -> tuple[str, bool, dict[str, str] | None] | None:

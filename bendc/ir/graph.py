@@ -63,6 +63,10 @@ class Graph:
         self._nx = nx.DiGraph()
         self.params: list[int] = []
         self.outputs: list[int] = []
+        # The values of the lifted constants (parameters with a ``const`` attribute: a large tensor the
+        # traced function captured), by parameter name. The IR text names them by content hash only;
+        # programs hold the arrays and pass them after the caller's inputs (runtime/artifact.py).
+        self.constants: dict[str, Any] = {}
         self._next_id = 0
         self._order: list[int] | None = None  # order(), kept until an edge or node changes
 
@@ -180,9 +184,23 @@ class Graph:
         other._nx = self._nx.copy()
         other.params = list(self.params)
         other.outputs = list(self.outputs)
+        other.constants = dict(self.constants)
         other._next_id = self._next_id
         other._order = self._order
         return other
+
+    def constant_params(self) -> list[int]:
+        """The lifted constants' parameters, in order: always the last parameters."""
+        return [p for p in self.params if "const" in self.node(p).attr]
+
+    def constant_values(self) -> list[Any]:
+        """The lifted constants' arrays in parameter order (a program passes them after the inputs)."""
+        missing = [self.node(p).attr["name"] for p in self.constant_params()
+                   if self.node(p).attr["name"] not in self.constants]
+        if missing:
+            raise ValueError(f"the graph {self.name} lacks the values of its lifted constants {missing} (IR text "
+                             "names them by hash only: parsed IR needs them from the trace or the artifact)")
+        return [self.constants[self.node(p).attr["name"]] for p in self.constant_params()]
 
     @property
     def next_id(self) -> int:

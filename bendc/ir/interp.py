@@ -18,7 +18,9 @@ class Interpreter:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.steps = [(node, OPS[node.op].reference) for node in graph.nodes() if node.op != "param"]
-        self.params = list(graph.params)
+        constants = set(graph.constant_params())
+        self.params = [p for p in graph.params if p not in constants]  # the caller's inputs
+        self.constants = dict(zip(graph.constant_params(), graph.constant_values())) if constants else {}
         # A value can be dropped after its last use (keeps peak memory down).
         last_use: dict[int, int] = {}
         for position, (node, _) in enumerate(self.steps):
@@ -30,8 +32,14 @@ class Interpreter:
             for position, (node, _) in enumerate(self.steps)
         ]
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def initial(self, inputs: Sequence[np.ndarray]) -> dict[int, np.ndarray]:
+        """The parameters' values: the caller's inputs, in order, and the lifted constants."""
         values: dict[int, np.ndarray] = dict(zip(self.params, inputs))
+        values.update(self.constants)
+        return values
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        values = self.initial(inputs)
         for (node, reference), dead in zip(self.steps, self.release):
             try:
                 result = reference([values[i] for i in node.inputs], node.attr)
@@ -46,5 +54,5 @@ class Interpreter:
 
 
 def interpret(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Run ``graph`` on ``inputs`` (one array per parameter, in order)."""
+    """Run ``graph`` on ``inputs`` (one array per parameter, in order; the lifted constants are the graph's)."""
     return Interpreter(graph).run(inputs)

@@ -1,6 +1,7 @@
 """Parse IR text back into a Graph: print -> parse -> print is the identity."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -149,7 +150,10 @@ def parse_graph(text: str) -> Graph:
     for number, stripped in lines:
         try:
             if graph is None:
-                graph = _parse_header(stripped, number, names)
+                # parameters take the smallest ids the body leaves free: below their users' ids (a
+                # lifted constant is made mid-trace), so the body prints back in the same order
+                body = {int(m.group(1)) for _, line in lines if (m := re.match(r"%(\d+) = ", line))}
+                graph = _parse_header(stripped, number, names, body)
                 continue
             if stripped == "}":
                 break
@@ -167,19 +171,22 @@ def parse_graph(text: str) -> Graph:
     return graph
 
 
-def _parse_header(stripped: str, number: int, names: dict[str, int]) -> Graph:
+def _parse_header(stripped: str, number: int, names: dict[str, int], body: set[int]) -> Graph:
     header = _HEADER.match(stripped)
     if not header:
         raise ParseError(f"line {number}: bad function header {stripped!r}")
     graph = Graph(header.group(1))
+    free = (id for id in itertools.count() if id not in body)
     for param in _split_top(header.group(2)):
-        match = re.fullmatch(r"%(\w+): (\S+)( leaf)?", param)
+        match = re.fullmatch(r"%(\w+): (\S+)( leaf| const=([0-9a-f]+))?", param)
         if not match:
             raise ParseError(f"line {number}: bad parameter {param!r}")
         type = TensorType.parse(match.group(2))
         name = match.group(1)
-        node = graph.add("param", (), {"name": name, "leaf": bool(match.group(3)),
-                                       "dtype": type.dtype, "shape": type.shape}, type)
+        attrs = {"name": name, "leaf": match.group(3) == " leaf", "dtype": type.dtype, "shape": type.shape}
+        if match.group(4) is not None:  # a lifted constant, named by the hash of its values
+            attrs["const"] = match.group(4)
+        node = graph.add("param", (), attrs, type, id=next(free))
         names[name] = node.id
     return graph
 

@@ -91,6 +91,8 @@ def format_graph(graph: Graph) -> str:
     for id in graph.params:
         node = graph.node(id)
         leaf = " leaf" if node.attr["leaf"] else ""
+        if "const" in node.attr:  # a lifted constant: its values live outside the text, named by hash
+            leaf = f" const={node.attr['const']}"
         params.append(f"%{node.attr['name']}: {node.type}{leaf}")
     result_types = ", ".join(str(graph.node(o).type) for o in graph.outputs)
     lines = [f"func @{graph.name}({', '.join(params)}) -> ({result_types}) {{"]

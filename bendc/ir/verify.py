@@ -40,3 +40,6 @@ def verify(graph: Graph, stage: str = "?", *, allow_placeholders: bool = True) -
     for param in graph.params:
         if graph.node(param).op != "param":
             raise InternalError(f"after stage {stage!r}: %{param} listed as a parameter")
+    constants = graph.constant_params()
+    if constants != graph.params[len(graph.params) - len(constants):]:
+        raise InternalError(f"after stage {stage!r}: the lifted constants {constants} are not the last parameters")

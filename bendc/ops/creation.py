@@ -14,7 +14,8 @@ import numpy as np
 from bendc.ir.types import DTYPES, TensorType
 from bendc.ops.base import InferError, Lowering, define_op
 
-# The most elements a literal may hold: its values are written into the IR and the kernel source.
+# The most elements a literal may hold: its values are written into the IR and the kernel source. Larger
+# constants are lifted: parameters whose values the program holds (bendc/trace.py Tracer.lifted_constant).
 LITERAL_LIMIT = 4096
 _NUMERIC = ("f32", "i64", "i32")
 
@@ -131,5 +132,6 @@ define_op(
     no_vjp="a constant has no gradient",
     attr_names=("dtype", "shape", "values"),
     doc="`%1 = literal[dtype=\"f32\", shape=(2,), values=(0.5,2.0)] : f32[2]`: the values listed, row-major "
-        "(torch.tensor([...]) inside a traced function; at most 4096 of them).",
+        "(torch.tensor([...]) inside a traced function, a small captured torch tensor; at most 4096 of them: "
+        "more are a lifted constant, a `param` with a `const` attribute).",
 )

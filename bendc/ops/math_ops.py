@@ -415,17 +415,31 @@ define_op(
 
 
 # ------------------------------------------------------------------ floor_divide, remainder (float32)
-# torch's float kernels are CPython's float floor division and modulo (div_floor_floating; remainder:
-# fmod(a, b), plus b where it is nonzero and its sign differs from b's). numba's float ``//`` and ``%``
-# are CPython's algorithms, computed in float64 from the float32 operands: fmod is exact, and every
-# further + - / rounds to float64 and then to float32, which is the float32 rounding (53 >= 2 * 24 + 2
-# bits), so the results are torch's bit for bit where the quotient a / b is below 2**24 (beyond it,
-# torch's float32 a - fmod(a, b) rounds and bendc's float64 one may not). Where ``%`` gives a zero, torch
-# keeps fmod's zero (the sign of a), CPython takes the sign of b; a zero divisor gives torch's a / b for
-# ``//`` and NaN for ``%``. torch's vectorized remainder is NaN where a / b overflows float32
+# floor_divide is torch's float32 algorithm step by step (div_floor_floating_vec), in the helper
+# bendc_floor_divide (bendc/kernels/templates/floordiv.py) on both targets and _floor_divide32 below in
+# the reference: bit for bit, also where |a / b| >= 2**24 (torch's float32 a - fmod(a, b) rounds there).
+# remainder is torch's too (fmod(a, b), plus b where it is nonzero and its sign differs from b's):
+# numba's float ``%`` is CPython's algorithm in float64 from the float32 operands, fmod is exact and
+# the one further add rounds to float64 and then to float32, which is the float32 rounding (53 >= 2 * 24
+# + 2 bits). Where ``%`` gives a zero, torch keeps fmod's zero (the sign of a), CPython takes the sign
+# of b; a zero divisor gives NaN. torch's vectorized remainder is NaN where a / b overflows float32
 # (1e30 % 1e-30); bendc gives the exact remainder there.
 def _scalar_floor_divide(a: str, b: str) -> str:
-    return f"({a} / {b} if {b} == {_c(0.0)} else np.float32({a} // {b}))"
+    return f"bendc_floor_divide(np.float32({a}), np.float32({b}))"
+
+
+def _floor_divide32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """bendc_floor_divide over arrays (float32 a, b of one shape), each step rounded to float32."""
+    with np.errstate(all="ignore"):
+        quotient = _f32(a / b)
+        mod = _f32(np.fmod(a, b))
+        floor = np.where(np.isinf(quotient) & ~np.isinf(a), a, _f32(a - mod))
+        div = _f32(floor / b)
+        div = np.where((mod != 0) & ((b < 0) != (mod < 0)), _f32(div - np.float32(1.0)), div)
+        floored = _f32(np.floor(div))
+        floored = np.where(_f32(div - floored) > np.float32(0.5), _f32(floored + np.float32(1.0)), floored)
+        floored = np.where(div == 0, np.copysign(np.float32(0.0), quotient), floored)
+        return _f32(np.where(b == 0, quotient, floored))
 
 
 def _scalar_remainder(a: str, b: str) -> str:
@@ -435,8 +449,7 @@ def _scalar_remainder(a: str, b: str) -> str:
 
 def _reference_floor_divide(values, attrs):
     a, b = np.broadcast_arrays(_f32(values[0]), _f32(values[1]))
-    with np.errstate(all="ignore"):
-        return _f32(np.where(b == 0, a / b, np.floor_divide(a.astype(np.float64), b.astype(np.float64))))
+    return _floor_divide32(a, b)
 
 
 def _reference_remainder(values, attrs):
@@ -465,8 +478,9 @@ def vjp_floor_divide(b, node, grad, needs):
 
 define_op(name="floor_divide", arity=2, infer=_infer_float("floor_divide"), reference=_reference_floor_divide,
           lowering=Lowering("elementwise", scalar=_scalar_floor_divide), vjp=vjp_floor_divide,
-          doc="`%2 = floor_divide %0, %1`: float a // b, the quotient rounded down (torch.floor_divide, "
-              "CPython's algorithm; a / b where b is 0); a backward through it is refused, as torch refuses it.")
+          doc="`%2 = floor_divide %0, %1`: float a // b, the quotient rounded down (torch.floor_divide: its "
+              "float32 steps, bit for bit also where |a / b| >= 2**24; a / b where b is 0); a backward through "
+              "it is refused, as torch refuses it.")
 define_op(name="remainder", arity=2, infer=_infer_float("remainder"), reference=_reference_remainder,
           lowering=Lowering("elementwise", scalar=_scalar_remainder), vjp=vjp_remainder,
           doc="`%2 = remainder %0, %1`: float a % b with the sign of b (torch.remainder: fmod(a, b), plus b "

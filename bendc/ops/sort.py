@@ -5,7 +5,8 @@ the upstream gradient scattered to the indices, as torch's sort and topk backwar
 Order (torch's ``stable=True``): ascending puts NaN last, descending puts NaN first (a NaN is larger
 than every number); -0.0 and +0.0 are equal; equal elements (NaNs among themselves included) keep
 their order of position in both directions, so ``descending=True`` is not the reverse of the
-ascending order where values tie.
+ascending order where values tie. Integer tensors (int64, int32) sort by the same rule: their ties,
+the usual case, keep their order of position (torch's stable=False and topk leave that order open).
 
 Lowering: a row op. CPU: numpy's stable argsort (a merge sort) of each line; descending sorts the
 reversed line ascending and reverses the result (ties keep their order of position). cuda: one
@@ -20,12 +21,13 @@ import numpy as np
 from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.access import dense
-from bendc.ops.base import InferError, Lowering, define_op, require_float
+from bendc.ops.base import InferError, Lowering, define_op
 
 
 def _infer_argsort(types, attrs):
     (x,) = types
-    require_float(types, "argsort")
+    if not (x.is_float or x.is_index):
+        raise InferError(f"argsort sorts float32, int64 or int32 values, got {x}", unsupported=True)
     dim = attrs["dim"]
     if x.ndim == 0 or not isinstance(dim, int) or not 0 <= dim < x.ndim:
         raise InferError(f"argsort dim {dim} is out of range for {x}")
@@ -95,5 +97,5 @@ define_op(
     no_vjp="an index result has no gradient (sort's values are a gather at these indices)",
     attr_names=("dim", "descending"),
     doc="`%1 = argsort[dim=1, descending=False] %0 : i64[4,8]`: torch.argsort(x, dim, descending, "
-        "stable=True) (NaN largest; ties keep their order of position).",
+        "stable=True) of float32, int64 or int32 values (NaN largest; ties keep their order of position).",
 )

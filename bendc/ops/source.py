@@ -25,7 +25,11 @@ define_op(
     lowering=Lowering("source"),
     no_vjp="a parameter is a leaf or a constant; autodiff stops here",
     attr_names=("dtype", "leaf", "name", "shape"),
-    doc="A function parameter; printed in the header as `%x: f32[32,64] leaf`.",
+    doc="A function parameter; printed in the header as `%x: f32[32,64] leaf`. A lifted constant (a torch "
+        "tensor of more values than a `literal` holds, captured by the traced function or made by torch.tensor) "
+        "is a parameter with a `const` attribute, the hash of its values, printed `%_tensor_constant0: "
+        "f32[128,128] const=3f2a...`: the graph and every program hold its array and pass it after the caller's "
+        "inputs (in an artifact, `constants/<name>.npy`).",
 )
 
 

@@ -195,8 +195,9 @@ def test_an_older_format_is_refused_saying_what_it_lacks(artifact: Path, tmp_pat
     manifest["content_hash"] = content_hash(manifest)
     manifest["signature"] = trust.sign(manifest["content_hash"], trust.load_key())
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactInvalid, match=r"format 3; this runtime reads format 5 \(it lacks the cuda launches' "
-                                              r"entry symbols .*; a signature\): rebuild"):
+    with pytest.raises(ArtifactInvalid, match=r"format 3; this runtime reads format 6 \(it lacks the cuda launches' "
+                                              r"entry symbols .*; a signature; the lifted constants "
+                                              r"\(constants/\*\.npy\)\): rebuild"):
         read_manifest(str(copy))
 
 

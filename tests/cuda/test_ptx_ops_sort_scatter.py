@@ -1,7 +1,7 @@
 """The cuda kernels of issue 22's sorts and scatters compiled for sm_90 without a GPU (NVVM to PTX,
 nvJitLink to cubin, as tests/cuda/test_ptx.py): no spills, and float32 throughout for the argsort
 rank kernel, the index-ordered scatter_reduce kernel and the flips and gathers around them. (cumprod
-runs a float64 product and float // and % compute in float64 by design: bendc/ops/scan.py,
+runs a float64 product and float % computes in float64 by design: bendc/ops/scan.py,
 bendc/ops/math_ops.py; the simulator test checks their values.)
 
 Needs numba-cuda and a process without the CUDA simulator."""

@@ -1,4 +1,5 @@
-"""Issue 22's batch_norm, transposed convolutions, interpolation and pad modes on the cuda target under
+"""Issue 22's batch_norm (torch.batch_norm's order too), transposed convolutions, interpolation (bicubic,
+trilinear and area too), unflatten and pad modes on the cuda target under
 numba's CUDA simulator, against the reference interpreter (tiny shapes: a simulated thread costs
 ~170 us). Runs in its own process (tests/cuda/run_simulator.sh); skipped elsewhere.
 
@@ -41,6 +42,20 @@ def resampled_and_normalized(x, w, g, rm, rv):
     return loss, normed, mean, var, x.grad, w.grad, g.grad
 
 
+def more_modes(x, x5, g, b):
+    """bicubic both ways, trilinear, area, torch.batch_norm (aten's order) and unflatten, with gradients."""
+    import torch
+
+    bicubic = F.interpolate(x, size=(3, 4), mode="bicubic") + F.interpolate(x, size=(3, 4), mode="bicubic",
+                                                                          align_corners=True)
+    tri = F.interpolate(x5, size=(2, 2, 3), mode="trilinear")
+    area = F.interpolate(x, size=(1, 2), mode="area")
+    normed = torch.batch_norm(x, g, b, None, None, True, 0.1, 1e-5, False).unflatten(1, (1, 2))
+    loss = (bicubic * bicubic).sum() + (tri * tri).sum() + (area * area).sum() + (normed * normed[..., :1]).sum()
+    loss.backward()
+    return loss, bicubic, tri, area, normed, x.grad, x5.grad, g.grad
+
+
 def _normal(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
 
@@ -50,6 +65,8 @@ PROGRAMS = [
     Program("resampled_and_normalized", resampled_and_normalized, ("x", "w", "g"), lambda rng: (
         _normal(rng, 1, 2, 2, 3), _normal(rng, 2, 2, 3, 3), _normal(rng, 2),
         _normal(rng, 2), (rng.random(2) + 0.5).astype(np.float32)), frozenset()),
+    Program("more_modes", more_modes, ("x", "x5", "g"), lambda rng: (
+        _normal(rng, 1, 2, 2, 3), _normal(rng, 1, 1, 2, 2, 2), _normal(rng, 2), _normal(rng, 2)), frozenset()),
 ]
 
 

@@ -4,7 +4,8 @@ its own process (tests/cuda/run_simulator.sh); skipped elsewhere.
 
 The cumprod scan, the argsort rank kernel (ties and a NaN, both directions), the index-ordered
 scatter_reduce kernel (every reduce, include_self both ways), gather's gradient (scatter_add, repeated
-indices, index order) and the // and % scalars are compared bit for bit with the reference; the gradients within the conftest tolerances. No zero divisor or
+indices, index order), integer sorts, and the // (quotients past 2**24 too) and % scalars are compared bit
+for bit with the reference; the gradients within the conftest tolerances. No zero divisor or
 infinity reaches // and %: the simulator evaluates them with Python's float operators, which raise
 there (compiled code gives torch's inf and NaN)."""
 from __future__ import annotations
@@ -34,7 +35,9 @@ def sorts_and_products(x, w, n):
         + (a.cumprod(1) * x).sum()
     loss.backward()
     nan_order = F.argsort(x * n, dim=1, descending=True), (x * n).argsort(dim=0)
-    return order, values, a.argsort(dim=1), a.cumprod(1), nan_order[0], nan_order[1], loss, w.grad
+    whole = (x * 2.0).long()  # an integer sort: ties in their order of position
+    return (order, values, a.argsort(dim=1), a.cumprod(1), nan_order[0], nan_order[1], loss, w.grad,
+            whole.sort(dim=1, descending=True, stable=True)[1], whole.int().sort(dim=0)[0])
 
 
 def scatters_and_modulo(x, src, index, a, b):
@@ -44,7 +47,8 @@ def scatters_and_modulo(x, src, index, a, b):
             blocks.append(x.scatter_reduce(0, index, src, reduce, include_self=include_self))
     spread = F.cat(blocks, 1)
     (spread * spread).sum().backward()
-    return spread, F.stack([a // b, a % b, a % -0.75]), x.grad, src.grad
+    huge = (a * 1e20) // (b * 3e-10)  # quotients past 2**24: torch's float32 steps
+    return spread, F.stack([a // b, a % b, a % -0.75, huge]), x.grad, src.grad
 
 
 def gather_gradients(x, index_rows, index_columns, g_rows, g_columns):
@@ -87,7 +91,7 @@ def _scatter_inputs(rng):
 
 PROGRAMS = [
     Program("sorts_and_products", sorts_and_products, ("w",), _sort_inputs, frozenset({"row"}),
-            bitwise=(0, 1, 2, 3, 4, 5)),
+            bitwise=(0, 1, 2, 3, 4, 5, 8, 9)),
     Program("scatters_and_modulo", scatters_and_modulo, ("x", "src"), _scatter_inputs, frozenset({"scatter"}),
             bitwise=(0, 1)),
     Program("gather_gradients", gather_gradients, ("x",), _gather_inputs, frozenset({"scatter"}), bitwise=(0,)),

@@ -188,3 +188,19 @@ def test_refusals_name_the_line_and_the_reason():
 
     with pytest.raises(bendc.GradientError, match="leaf"):
         leaf(np.ones(3, np.float32))
+
+
+def test_device_is_the_targets_and_cuda_devices_are_taken_back():
+    """x.device is torch.device("cpu") on the reference target (the cuda target's torch.device("cuda", 0):
+    tests/cuda/test_sim_lifted_constants.py); a cuda device given to a creation function or to() and
+    x.cuda() are accepted anywhere: the target places the data."""
+    seen = []
+
+    def step(x):
+        seen.append((x.device, x.is_cuda))
+        cuda = torch.device("cuda", 0)
+        return torch.arange(x.shape[0], device=cuda) * 1.0 + x.cuda() + torch.ones(x.shape, device="cuda:0").to(cuda)
+
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(bendc.jit(step, target="reference")(x), np.arange(3) + x + 1)
+    assert seen == [(torch.device("cpu"), False)]

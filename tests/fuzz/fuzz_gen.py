@@ -937,16 +937,21 @@ class Builder:
     def creation(self) -> bool:
         """Tensors made inside the step (issue 22), each rounding as torch's does: F.arange under
         integer arithmetic (int_add, int_sub, int_mul, int_floordiv, int_remainder) scaling x,
-        a torch.tensor literal, F.full and F.ones_like, and integer index tensors made from an
-        arange (.long() of a float: to_int; negative entries: wrap_index). Index entries are
+        a torch.tensor literal (and one of more values than a literal holds: a lifted constant parameter),
+        F.full and F.ones_like, and integer index tensors made from an arange (.long() of a float: to_int; negative entries: wrap_index). Index entries are
         distinct, so the backward's scatter adds each gradient once, as torch's does."""
         draw = self.draw
         x = self.pick(lambda v: len(v.shape) > 0 and v.shape[-1] > 0)
         if x is None:
             return False
         n = x.shape[-1]
-        style = draw(st.sampled_from(["arange", "literal", "full", "index"]))
-        if style == "arange":
+        style = draw(st.sampled_from(["arange", "literal", "full", "index", "lifted"]))
+        if style == "lifted":  # over the 4096 values a literal holds: a lifted constant parameter
+            values = draw(st.lists(st.sampled_from([-2.0, -1.5, -0.5, 0.25, 1.0, 2.0]), min_size=n, max_size=n))
+            rows = 4096 // n + 1
+            self.emit(f"{x.name} * F.tensor([{values!r}] * {rows})[{rows - 1}]", x.shape, x.bound * 2, (x,),
+                      "creation")
+        elif style == "arange":
             scale, shift, modulus = draw(st.integers(1, 3)), draw(st.integers(0, 4)), draw(st.integers(2, 4))
             expr = f"{x.name} * ((F.arange({n}) * {scale} + {shift}) // 2 % {modulus} - 1)"
             self.emit(expr, x.shape, x.bound * max(1, modulus - 2), (x,), "creation")
@@ -1522,14 +1527,14 @@ class Builder:
         return True
 
     def shape(self) -> bool:
-        """cat, stack, split, chunk, squeeze, flatten, expand, repeat, pad and tril/triu."""
+        """cat, stack, split, chunk, squeeze, flatten, unflatten, expand, repeat, pad and tril/triu."""
         draw = self.draw
         x = self.pick(lambda v: len(v.shape) > 0 and math.isfinite(v.bound))
         if x is None:
             return False
         rank = len(x.shape)
         form = draw(st.sampled_from(["cat", "stack", "split", "chunk", "squeeze", "flatten", "expand", "repeat",
-                                     "pad", "tril"]))
+                                     "pad", "tril", "unflatten"]))
         dim = draw(st.integers(-rank, rank - 1))
         axis = dim % rank
         grad_exact = True
@@ -1576,6 +1581,19 @@ class Builder:
             arg = "" if draw(st.booleans()) else str(dim)
             shape = [d for a, d in enumerate(x.shape) if not (d == 1 and (arg == "" or a == axis))]
             expr, bound = f"{x.name}.squeeze({arg})", x.bound
+        elif form == "unflatten":  # x.unflatten / torch.unflatten (nn.Unflatten's forward), one size maybe -1
+            if rank >= MAX_RANK:
+                return False
+            size = x.shape[axis]
+            first = draw(st.sampled_from([d for d in range(1, size + 1) if size % d == 0] or [1]))
+            if size == 0:
+                return False
+            sizes = [first, size // first]
+            spelled = [draw(st.sampled_from([s, -1])) if k == 1 else s for k, s in enumerate(sizes)]
+            shape = list(x.shape[:axis]) + sizes + list(x.shape[axis + 1:])
+            expr = (f"{x.name}.unflatten({dim}, {tuple(spelled)!r})" if draw(st.booleans())
+                    else f"torch.unflatten({x.name}, {dim}, {spelled!r})")
+            bound = x.bound
         elif form == "flatten":
             start = draw(st.integers(0, rank - 1))
             end = draw(st.integers(start, rank - 1))
@@ -1987,12 +2005,14 @@ for _name in ("pad", "interpolate", "conv_transpose1d", "conv_transpose2d", "bat
 
 def _resample_family(self: Builder) -> bool:
     """issue 22's part B (bendc/resample.py, bendc/tensor_ops.py pad): F.pad reflect / replicate / circular,
-    F.interpolate nearest (size= or scale_factor=, exact) and bilinear (align_corners both ways),
+    F.interpolate nearest (size= or scale_factor=, exact), bilinear and bicubic (align_corners both ways),
+    trilinear (over x.unsqueeze(2), summed back) and area,
     F.conv_transpose2d / 1d (stride, padding, output_padding, dilation, groups, bias) and training-mode
     F.batch_norm (training on batch statistics, training updating running statistics, evaluation)."""
     draw = self.draw
-    form = draw(st.sampled_from(["pad", "nearest", "bilinear", "conv_transpose", "batch_norm"]))
-    rank = 4 if form == "bilinear" else draw(st.sampled_from((4, 3)))
+    form = draw(st.sampled_from(["pad", "nearest", "bilinear", "conv_transpose", "batch_norm", "bicubic", "trilinear",
+                                 "area"]))
+    rank = 4 if form in ("bilinear", "bicubic", "trilinear") else draw(st.sampled_from((4, 3)))
     x = _image_operand(self, rank, lambda v: math.isfinite(v.bound))
     spatial = x.shape[2:]
     if form == "pad":
@@ -2004,7 +2024,19 @@ def _resample_family(self: Builder) -> bool:
         self.emit(f"F.pad({x.name}, {amounts!r}, mode={mode!r})", shape, x.bound, (x,), "resample", exact=True,
                   grad_exact=False)
         return True
-    if form in ("nearest", "bilinear"):
+    if form == "trilinear":  # over x.unsqueeze(2), 5-D, summed back to 4-D (values stay within MAX_RANK)
+        depth = draw(st.integers(1, 3))
+        sizes = (depth,) + tuple(draw(st.integers(1, 2 * n + 1)) for n in spatial)
+        corners = draw(st.booleans())
+        self.emit(f"F.interpolate({x.name}.unsqueeze(2), size={sizes!r}, mode='trilinear', align_corners={corners})"
+                  ".sum(2)", x.shape[:2] + sizes[1:], x.bound * depth, (x,), "resample", exact=False)
+        return True
+    if form == "area":  # adaptive average pooling to the size drawn
+        sizes = tuple(draw(st.integers(1, n)) for n in spatial)
+        self.emit(f"F.interpolate({x.name}, size={sizes!r}, mode='area')", x.shape[:2] + sizes, x.bound, (x,),
+                  "resample", exact=False)
+        return True
+    if form in ("nearest", "bilinear", "bicubic"):
         if draw(st.booleans()):
             sizes = tuple(draw(st.integers(1, 2 * n + 1)) for n in spatial)
             how = f"size={sizes!r}"
@@ -2017,10 +2049,11 @@ def _resample_family(self: Builder) -> bool:
         if form == "nearest":
             self.emit(f"F.interpolate({x.name}, {how})", x.shape[:2] + sizes, x.bound, (x,), "resample", exact=True,
                       grad_exact=False)
-        else:
+        else:  # bicubic overshoots: its weights' absolute values add to at most 1.5625 per dim
             corners = draw(st.booleans())
-            self.emit(f"F.interpolate({x.name}, {how}, mode='bilinear', align_corners={corners})",
-                      x.shape[:2] + sizes, x.bound, (x,), "resample", exact=False)
+            bound = x.bound * (1.5625 ** 2 if form == "bicubic" else 1.0)
+            self.emit(f"F.interpolate({x.name}, {how}, mode={form!r}, align_corners={corners})",
+                      x.shape[:2] + sizes, bound, (x,), "resample", exact=False)
         return True
     channels = x.shape[1]
     if form == "batch_norm":
@@ -2076,9 +2109,10 @@ def _batch_norm_form(self: Builder, x: Value) -> bool:
         bound = (x.bound + mean.bound) / math.sqrt(0.5) * scale + (b.bound if b else 0.0)
     else:
         bound = math.sqrt(count) * scale + (b.bound if b else 0.0)
-    self.emit(f"F.batch_norm({x.name}, {stats}, {w.name if w else None}, {b.name if b else None}, "
-              f"{mode != 'eval'}, {momentum}, {eps})", x.shape, bound, tuple(o for o in (x, w, b) if o),
-              "resample", exact=False)
+    affine = f"{w.name if w else None}, {b.name if b else None}"
+    expr = (f"F.batch_norm({x.name}, {stats}, {affine}, {mode != 'eval'}, {momentum}, {eps})" if draw(st.booleans())
+            else f"torch.batch_norm({x.name}, {affine}, {stats}, {mode != 'eval'}, {momentum}, {eps}, False)")  # aten's order
+    self.emit(expr, x.shape, bound, tuple(o for o in (x, w, b) if o), "resample", exact=False)
     if mode == "running":  # the updated statistics: momentum-weighted means of old and batch values
         mean.bound = max(mean.bound, x.bound)
         var.bound = max(var.bound, x.bound ** 2 * count / (count - 1))
@@ -2128,6 +2162,15 @@ def _sort_scatter_family(self: Builder) -> bool:
         expr = f"{x.name}.flip({tuple(dims)!r})" if draw(st.booleans()) else f"torch.flip({x.name}, {dims!r})"
         self.emit(expr, x.shape, x.bound, (x,), "sort_scatter", exact=True)
         return True
+    if form == "sort" and draw(st.integers(0, 2)) == 0:  # an integer sort (ties everywhere), torch's stable order
+        descending = draw(st.booleans())
+        if draw(st.booleans()):
+            expr = f"{x.name}.long().sort(dim={dim}, descending={descending}, stable=True).values.float()"
+            self.emit(expr, x.shape, x.bound, (), "sort_scatter", exact=True)
+        else:
+            order = f"torch.argsort({x.name}.long(), dim={dim}, descending={descending}, stable=True)"
+            self.emit(f"{x.name} * {order}.float()", x.shape, x.bound * size, (x,), "sort_scatter", exact=False)
+        return True
     if form == "sort":
         descending = draw(st.booleans())
         expr = (f"{x.name}.sort(dim={dim}, descending={descending}, stable=True).values" if draw(st.booleans())
@@ -2145,6 +2188,10 @@ def _sort_scatter_family(self: Builder) -> bool:
         self.emit(f"{x.name} * {order}.float()", x.shape, x.bound * size, (x,), "sort_scatter", exact=False,
                   torch_expr=f"{x.name} * {order}.to({x.name}.dtype)")
         return True
+    if form == "modulo" and draw(st.integers(0, 3)) == 0:  # quotients past 2**24 (torch's float32 steps), scaled back
+        c = draw(st.sampled_from([3e-08, -7e-09]))
+        self.emit(f"({x.name} // {c!r} * {c!r}).detach()", x.shape, x.bound + 1.0, (), "sort_scatter", exact=True)
+        return True
     if form == "modulo":
         c = draw(st.sampled_from([0.75, -1.5, 2.0]))
         expr = draw(st.sampled_from([f"{x.name} % {c!r}", f"torch.remainder({x.name}, {c!r})",
@@ -2155,7 +2202,7 @@ def _sort_scatter_family(self: Builder) -> bool:
     # scatter: self is x, the index a constant of the shape of src (at most x's shape outside dim)
     src = self.pick(lambda v: len(v.shape) == rank and math.isfinite(v.bound)
                     and all(n <= m for a, (n, m) in enumerate(zip(v.shape, x.shape)) if a != dim % rank))
-    if src is None or _numel(src.shape) > 4096:  # the index is a torch.tensor([...]) literal: at most 4096 values
+    if src is None or _numel(src.shape) > 4096:  # the index is drawn value by value: keep it small
         return False
     index = np.asarray(draw(st.lists(st.integers(0, size - 1), min_size=_numel(src.shape),
                                      max_size=_numel(src.shape)))).reshape(src.shape).tolist()

@@ -31,8 +31,9 @@ D, I, S = "direct", "indirect", "source"
 
 OP_TABLE: dict[str, OpEntry] = {
     # ---------------------------------------------------------------- sources
-    "param": OpEntry(S, "every array parameter of the jitted function", "torch.tensor(..., requires_grad=leaf)",
-                     ()),
+    "param": OpEntry(S, "every array parameter of the jitted function; a lifted constant (F.tensor of more than "
+                        "4096 values, a large captured torch tensor)", "torch.tensor(..., requires_grad=leaf)",
+                     ("creation",)),
     "const": OpEntry(S, "Python scalars in arithmetic (2.0 * x, x / 3, x * math.inf), constants of VJP rules",
                      "Python scalars", ("arith_scalar", "nonfinite")),
     "grad": OpEntry(D, "leaf.grad after a backward() (placeholder resolved by autodiff); zero_grad empties it",
@@ -89,7 +90,8 @@ OP_TABLE: dict[str, OpEntry] = {
                                "autograd of group_norm", ("norm", "group_norm_family")),
     # ---------------------------------------------------------------- layout
     "reshape": OpEntry(D, "x.reshape(shape) / x.view (-1 allowed; same shape is an identity), x.unsqueeze(d), "
-                          "1-D matmul operands", "same", ("layout", "matmul")),
+                          "x.unflatten(dim, sizes) / torch.unflatten (nn.Unflatten), 1-D matmul operands", "same",
+                       ("layout", "matmul", "shape")),
     "permute": OpEntry(D, "x.permute(*dims), x.transpose(d0, d1), x.T (2-D); F.linear's w.T", "same",
                        ("layout", "matmul")),
     "index": OpEntry(D, "x[key]: ints, slices with steps, negative indices, ellipsis, full slices", "same",

@@ -4,9 +4,10 @@ tests/parity_harness.py). Few compiles: each test traces one program holding sev
 
 Tolerances, stated per test:
 - bit for bit: cumprod (float64 running products in both), flip, sort/argsort/topk values and
-  indices (ties keep their order of position, NaN largest: torch's stable=True), scatter / scatter_add /
+  indices (ties keep their order of position, NaN largest: torch's stable=True; of integer tensors
+  too, whose topk and stable=False sort give torch's values and the stable indices), scatter / scatter_add /
   scatter_reduce values (index order from self, as torch's CPU loops), floor_divide and remainder
-  values (specials included);
+  values (specials included; floor_divide also where |a / b| >= 2**24);
 - within 4 ulp: prod's value (bendc rounds the float64 product once, torch rounds as it goes);
 - gradients within rtol 1e-5 (divisions and sums in other orders than torch's): prod and cumprod with
   no, one and several zeros in a line; scatter_reduce's mean, prod (a single zero and two zeros at
@@ -122,6 +123,55 @@ def test_flip_sort_argsort_topk_with_ties_and_nans():
     check(program, {"x": x, "y": y, "seed": normal((4, 35), 6)}, ("x",))
 
 
+def _integer_lines():
+    """int64 lines full of ties, with the extremes; int32 ones with int32's."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(-3, 3, (3, 37)).astype(np.int64)
+    x[0, :4] = [2 ** 62, -2 ** 62, np.iinfo(np.int64).max, np.iinfo(np.int64).min]
+    y = rng.integers(-2, 2, (4, 5, 6)).astype(np.int32)
+    y[0, 0, :2] = [np.iinfo(np.int32).max, np.iinfo(np.int32).min]
+    return x, y
+
+
+def test_integer_sorts_in_torchs_stable_order():
+    """int64 and int32 sort / argsort with stable=True: torch's values and indices exactly, ties in
+    their order of position in both directions; the values keep their dtype."""
+    x, y = _integer_lines()
+
+    def program(x, y):
+        space = _space(x)
+        v, i = x.sort(dim=-1, descending=True, stable=True)
+        vy, iy = space.sort(y, dim=0, stable=True)
+        return (v, i, vy, iy, space.argsort(y, dim=1, descending=True, stable=True), x.argsort(dim=0, stable=True))
+
+    check(program, {"x": x, "y": y}, ())
+    got = _run(program, {"x": x, "y": y}, ())
+    assert [g.dtype for g in got[:4]] == [np.int64, np.int64, np.int32, np.int64]
+
+
+def test_integer_topk_and_unstable_sort_give_torchs_values():
+    """topk and sort with stable=False leave the order of ties open in torch (its indices are its own):
+    bendc's values are torch's, its indices the stable ones (torch's stable=True order)."""
+    x, y = _integer_lines()
+
+    def program(x, y):
+        space = _space(x)
+        t, ti = x.topk(5, dim=1)
+        u, ui = space.topk(y, 3, dim=-1, largest=False)
+        s, si = y.sort(dim=2, descending=True)
+        return t, ti, u, ui, s, si
+
+    got = _run(program, {"x": x, "y": y}, ())
+    want = [w.numpy() for w in program(torch.tensor(x), torch.tensor(y))]
+    for position in (0, 2, 4):
+        np.testing.assert_array_equal(got[position], want[position])
+    stable = [torch.tensor(x).sort(dim=1, descending=True, stable=True).indices[:, :5],
+              torch.tensor(y).sort(dim=-1, stable=True).indices[..., :3],
+              torch.tensor(y).sort(dim=2, descending=True, stable=True).indices]
+    for position, order in zip((1, 3, 5), stable):
+        np.testing.assert_array_equal(got[position], order.numpy())
+
+
 # ------------------------------------------------------------------ scatter, scatter_add, scatter_reduce
 def test_scatter_family_values_and_gradients():
     """Repeated indices combine in index order from self (bit for bit); amax/amin share the gradient
@@ -190,6 +240,30 @@ def test_float_floor_divide_and_remainder():
     check(gradients, {"x": x, "y": y, "seed": normal((3, 4), 15)}, ("x", "y"), grad_rtol=1e-6)
 
 
+def _huge_quotients():
+    """Pairs whose quotient is 2**20 .. 2**41 (both signs, magnitudes 2**-60 .. 2**100), where torch's float32
+    a - fmod(a, b) rounds: CPython's float64 algorithm differs from torch on 157 of these 4096."""
+    rng = np.random.default_rng(17)
+    a = rng.uniform(1, 2, 4096) * 2.0 ** rng.integers(-60, 100, 4096) * rng.choice([-1, 1], 4096)
+    b = a / (rng.uniform(1, 2, 4096) * 2.0 ** rng.integers(20, 40, 4096)) * rng.choice([-1, 1], 4096)
+    return a.astype(np.float32).reshape(64, 64), b.astype(np.float32).reshape(64, 64)
+
+
+def test_float_floor_divide_of_huge_quotients():
+    """torch's float32 steps (div_floor_floating) bit for bit where |a / b| >= 2**24, and over a grid of
+    magnitudes 1e-36 .. 1e36 (quotients that overflow and underflow float32 included)."""
+    a, b = _huge_quotients()
+    exponents = np.arange(-36, 37, 3, dtype=np.float64)
+    magnitudes = (np.random.default_rng(18).uniform(1, 10, exponents.size) * 10.0 ** exponents).astype(np.float32)
+    grid_a, grid_b = np.meshgrid(np.concatenate([magnitudes, -magnitudes]), np.concatenate([magnitudes[::2],
+                                                                                             -magnitudes[1::2]]))
+
+    def values(a, b, grid_a, grid_b):
+        return (a // b, _space(a).floor_divide(grid_a, grid_b), grid_b // grid_a)
+
+    check(values, {"a": a, "b": b, "grid_a": grid_a, "grid_b": grid_b}, ())
+
+
 # ------------------------------------------------------------------ errors
 def test_errors_name_the_line_the_op_and_the_shapes():
     def bad_topk(x):
@@ -211,3 +285,6 @@ def test_errors_name_the_line_the_op_and_the_shapes():
         bendc.jit(bad_scatter, target="reference")(x, np.zeros((2, 4), np.int64))
     with pytest.raises(bendc.BendcError, match="floor_divide"):
         bendc.jit(floor_divide_backward, leaves=("x",), target="reference")(x)
+    with pytest.raises(bendc.BendcError, match=r"sort of bool\[2,4\]: bendc sorts float32, int64 and int32") as error:
+        bendc.jit(lambda x: (x > 0).sort()[1], target="reference")(x)
+    assert "test_ops_sort_scatter.py" in str(error.value)

@@ -2,7 +2,8 @@
 
 ``cpu_math.py`` holds the CPU kernels' float32 transcendentals (bendc/kernels/cpu_kit.py copies them).
 Other helpers are functions that scalar renderers call by name on both targets (``philox.py``:
-counter-based random words): ``helper_functions`` gives the source a generated module needs.
+counter-based random words; ``floordiv.py``: torch's float32 floor division): ``helper_functions``
+gives the source a generated module needs.
 """
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ _TEMPLATE_DECORATOR = '@njit(cache=True, error_model="numpy", no_cfunc_wrapper=T
 _CPU_DECORATOR = '@njit(cache=True, error_model="numpy", no_cpython_wrapper=True, no_cfunc_wrapper=True)'
 _CUDA_DECORATOR = '@cuda.jit(device=True, inline="always")'  # inlined: PTX builds need no device link
 
+# Spellings a cuda copy changes: numba's CPU target types np.fmod of scalars and not math.fmod, numba.cuda
+# the other way round.
+CUDA_SPELLINGS = {"np.fmod(": "math.fmod("}
+
 # helper function name -> the template file that defines it
-HELPERS: dict[str, str] = {"bendc_philox": "philox.py"}
+HELPERS: dict[str, str] = {"bendc_philox": "philox.py", "bendc_floor_divide": "floordiv.py"}
 
 
 @lru_cache(maxsize=None)
@@ -45,4 +50,8 @@ def helper_functions(body: str, target: str) -> str:
 def copied(text: str, target: str) -> str:
     """Template functions as a generated module holds them: decorated for ``target`` ("cpu" or "cuda")."""
     assert _TEMPLATE_DECORATOR in text, "a template function without the template decorator"
-    return text.replace(_TEMPLATE_DECORATOR, _CPU_DECORATOR if target == "cpu" else _CUDA_DECORATOR)
+    if target == "cpu":
+        return text.replace(_TEMPLATE_DECORATOR, _CPU_DECORATOR)
+    for cpu_spelling, cuda_spelling in CUDA_SPELLINGS.items():
+        text = text.replace(cpu_spelling, cuda_spelling)
+    return text.replace(_TEMPLATE_DECORATOR, _CUDA_DECORATOR)
