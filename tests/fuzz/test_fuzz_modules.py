@@ -356,8 +356,13 @@ def run_program(program_seed: int, target: str) -> None:
             if np.allclose(got, want, rtol=2e-3, atol=2e-5):
                 continue
             exact = exact if exact is not None else _torch_float64_grads(model, x, seed_value)
-            np.testing.assert_allclose(got, exact[name], rtol=2e-3, atol=2e-5,
-                                       err_msg=f"{where}\ngradient of {name} (torch float32: {want})")
+            # An ill-conditioned gradient (a norm over two nearly equal values) is as far from float64
+            # in torch's own float32 as it is in ours: allow four times torch's float32 error.
+            error, allowed = np.abs(got - exact[name]), np.maximum(
+                2e-3 * np.abs(exact[name]) + 2e-5, 4 * np.abs(want - exact[name]))
+            assert (error <= allowed).all(), (
+                f"{where}\ngradient of {name}: bendc {got}, torch float32 {want}, torch float64 {exact[name]}; "
+                f"|bendc - float64| {error} over {allowed} (2e-3 relative + 2e-5, or 4x torch float32's error)")
 
 
 BATCH_NORM_CASES = {"BatchNorm1d", "BatchNorm2d", "train", "eval", "momentum=None", "momentum=float", "affine=True",
