@@ -59,19 +59,23 @@ class CompiledKernel:
 
 # Per-SM limits of the architectures whose occupancy the report gives (CUDA's occupancy calculator
 # for compute capability 9.0: H100, H200): threads, warps, blocks, 32-bit registers (allocated per
-# warp in units of 256), shared memory (bytes; 1 KiB reserved per block, allocated in 128 bytes).
+# warp in units of 256), shared memory (bytes; 228 KiB per SM, at most 227 KiB per block, 1 KiB
+# reserved per block, allocated in 128 bytes).
 SM_LIMITS = {"sm_90": {"warps": 64, "blocks": 32, "registers": 65536, "register_unit": 256,
-                       "shared": 233472, "shared_reserved": 1024, "shared_unit": 128}}
+                       "shared": 233472, "shared_per_block": 232448, "shared_reserved": 1024, "shared_unit": 128}}
 
 
 def occupancy(registers: int, shared_bytes: int, threads: int, arch: str = "sm_90") -> dict[str, Any] | None:
     """Blocks of ``threads`` resident per SM for a kernel of ``registers`` per thread and
     ``shared_bytes`` of static shared memory, the occupancy (resident warps over the SM's) and
     which limit binds: the fewest blocks that warps, registers, shared memory and the block limit
-    allow. None for an architecture SM_LIMITS does not list."""
+    allow (no block: more shared memory than a block may have). None for an architecture SM_LIMITS
+    does not list."""
     limits = SM_LIMITS.get(arch)
     if limits is None or threads <= 0:
         return None
+    if shared_bytes > limits["shared_per_block"]:
+        return {"blocks": 0, "percent": 0, "limit": "shared memory per block"}
     warps = -(-threads // 32)
     unit = limits["register_unit"]
     per_warp = -(-max(registers, 1) * 32 // unit) * unit

@@ -72,6 +72,7 @@ class Kernels:
     launches: list[Launch]
     check: str = ""  # the error message of an index check ({index} is the bad index)
     prelude: str = ""  # module-level constants (source steps)
+    scratch: int = 0  # float32 cells of a scratch array the kernels take after the outputs (CudaNode.scratch)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,11 @@ class CudaNode:
     arguments: str
     checked_arguments: str
     lengths: tuple[int, ...] = ()        # the elements of each operand's argument (its root's flat array)
+    # The argument list with a float32 scratch array after the outputs, and its name, for kernels that
+    # return ``Kernels(scratch=cells)``: the memory plan gives the step that many cells of a temporary
+    # buffer, live during the step only (bendc/codegen/cuda.py render_step). No index check with it.
+    scratch_arguments: str = ""
+    scratch: str = ""
 
     @property
     def attrs(self) -> dict:

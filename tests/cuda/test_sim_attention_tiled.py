@@ -157,6 +157,31 @@ def test_no_float_atomics_and_a_rerun_is_bitwise_identical(cache_dir, monkeypatc
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.parametrize("min_blocks, parts", [(0, 1), (24, 3), (10**6, 8)], ids=["whole", "3 parts", "8 parts"])
+def test_key_grads_in_parts_matches_torch_and_reruns_bitwise(min_blocks, parts, cache_dir, monkeypatch) -> None:
+    """key_grads' walk over (query head, query tile) whole or split in parts (1 x 2 kv heads x 4 key
+    tiles = 8 blocks; 3 parts: uneven shares of a walk of 2 heads x 1 to 4 query tiles; 8 parts: some
+    empty), the parts added in order by key_grads_sum: the same gradients as torch and the same bits
+    on a rerun."""
+    small_tiles(monkeypatch, (4, 4), 8)
+    monkeypatch.setattr(cuda_tiled, "MIN_BLOCKS", min_blocks)
+    arrays = make_inputs((1, 4, 2, 13, 4, 3), seed=11)
+    step, got = run_cuda(arrays, True, cache_dir)
+    report = step.report()
+    launch = re.search(r"launch: attention_tiled_grad\d+: (.*)", report).group(1)
+    kernels = re.findall(r"(\w+)\[grid=\((\d+), 1, 1\)", launch)
+    if parts == 1:
+        assert [k for k, _ in kernels] == ["key_grads", "query_grads"] and kernels[0][1] == "8", launch
+    else:
+        assert [k for k, _ in kernels] == ["key_grads", "key_grads_sum", "query_grads"], launch
+        sources = "\n".join(step.kernels().values())
+        assert kernels[0][1] == str(8 * parts) and f"in {parts} parts of each tile's walk" in sources, launch
+    for index, want in enumerate(torch_values(arrays, True)):
+        assert_relative(got[index], want, f"{parts} parts: output {index}")
+    again = [host(value) for value in step(*arrays)]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, again))
+
+
 PACKED = ("func @f(%q: f32[1,2,7,4], %k: f32[1,1,7,4], %v: f32[1,1,7,3], %g: f32[1,2,7,3]) "
           "-> (f32[1,2,10,3], f32[1,4,7,4]) {\n"
           "  %4 = attention_tiled[causal=True, scale=0.5] %q, %k, %v : f32[1,2,10,3]\n"
