@@ -115,8 +115,9 @@ def render_step(step: Step, graph: Graph, access: dict[int, Access], options: Cu
     header = HEADER.format(name=step.name, summary=kernels.summary, nodes=listing, launches=launches,
                            jit=JIT_DEFINITION, signature=_signature(step, graph, bool(kernels.check), plan))
     source = header + kernels.prelude + kernels.source
-    if options.fastmath:
-        source = source.replace(KERNEL_DECORATOR + "\n", FASTMATH_DECORATOR + "\n")
+    if options.fastmath:  # (bounded kernels: kit.bounded_decorator)
+        source = source.replace(KERNEL_DECORATOR + "\n", FASTMATH_DECORATOR + "\n").replace(
+            "functools.partial(jit, launch_bounds=", "functools.partial(jit, fastmath=True, launch_bounds=")
     step.source = source
     step.launches = [asdict(launch) for launch in kernels.launches]
     step.check = kernels.check

@@ -175,8 +175,16 @@ def cubin_file(step: str, kernel: str, arch: str) -> str:
     return f"cubin/{step}.{kernel}.{arch}.cubin"
 
 
+def jit_options(dispatcher: Any) -> dict[str, Any]:
+    """The options a generated kernel's decorator gave numba-cuda that change its machine code
+    (fastmath, launch bounds: kernels/cuda_kit.py bounded_decorator), for :func:`compile_kernel` to
+    compile it as numba's JIT would."""
+    options = getattr(dispatcher, "targetoptions", {})
+    return {"fastmath": bool(options.get("fastmath")), "launch_bounds": options.get("launch_bounds")}
+
+
 def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", fastmath: bool = False,
-                   step: str = "", kernel: str = "") -> CompiledKernel:
+                   launch_bounds: Any = None, step: str = "", kernel: str = "") -> CompiledKernel:
     """NVVM -> PTX -> cubin for one Python kernel function and its numba signature. Any failure,
     an older cuda.core without a Linker included (ImportError), is a CompileError naming the kernel
     (bendc.jit then falls back to numba's JIT)."""
@@ -190,7 +198,8 @@ def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", f
     try:
         from cuda.core import Linker, LinkerOptions, ObjectCode
 
-        ptx, _ = cuda.compile_ptx(function, signature, cc=compute_capability(arch), fastmath=fastmath)
+        ptx, _ = cuda.compile_ptx(function, signature, cc=compute_capability(arch), fastmath=fastmath,
+                                  launch_bounds=launch_bounds)
         linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, verbose=True))
         cubin = linker.link("cubin")
     except Exception as error:
@@ -222,8 +231,7 @@ def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
             kernel = cache.load(step, launch["kernel"]) if cache is not None else None
             if kernel is None:
                 dispatcher = getattr(module, launch["kernel"])
-                fastmath = bool(getattr(dispatcher, "targetoptions", {}).get("fastmath"))
-                kernel = compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, fastmath=fastmath,
+                kernel = compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, **jit_options(dispatcher),
                                         step=step.name, kernel=launch["kernel"])
                 if cache is not None:
                     cache.store(step, kernel)

@@ -255,9 +255,18 @@ def grid_stride_loop(cells: int | str, body: list[str], variable: str = "cell") 
             + ["    " + line for line in body] + [f"    {variable} += stride"])
 
 
-def kernel_source(name: str, arguments: str, body: list[str], doc: str = "") -> str:
+def bounded_decorator(threads: int, blocks: int) -> str:
+    """A kernel decorator with launch bounds: at most ``threads`` a block and at least ``blocks``
+    resident per SM, so NVVM and ptxas keep the kernel within 65536 / (threads x blocks)
+    registers a thread (numba-cuda's ``launch_bounds``; the simulator takes none). The
+    ahead-of-time build reads them back from the dispatcher (codegen/ptx.py jit_options)."""
+    return (f"@(jit if numba.config.ENABLE_CUDASIM else functools.partial(jit, launch_bounds=({threads}, {blocks})))")
+
+
+def kernel_source(name: str, arguments: str, body: list[str], doc: str = "",
+                  decorator: str = KERNEL_DECORATOR) -> str:
     """The source of one ``@cuda.jit`` kernel ``name(arguments)`` with ``body`` (kernel-level lines)."""
-    lines = ["", "", KERNEL_DECORATOR, f"def {name}({arguments}):"]
+    lines = ["", "", decorator, f"def {name}({arguments}):"]
     if doc:
         lines.append(f'    """{doc}"""')
     lines.extend("    " + line if line else "" for line in body)

@@ -26,7 +26,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     pytest.skip("PTX needs the real numba.cuda: run without NUMBA_ENABLE_CUDASIM", allow_module_level=True)
 
 from bendc.codegen.ptx import occupancy  # noqa: E402
-from bendc.ops.attention.cuda_tiled import THREADS, backward_tiles, forward_tiles  # noqa: E402
+from bendc.ops.attention.cuda_tiled import RESIDENT, THREADS, backward_tiles, forward_tiles  # noqa: E402
 from cuda_programs import Program, tiled_attention_program  # noqa: E402
 from test_ptx import check_cubins  # noqa: E402
 from test_sass import sass_ops  # noqa: E402
@@ -51,7 +51,7 @@ MAX_KERNEL_LINES = 200  # a kernel's source here (the unrolled tiles: 417, 355 a
 def kernel_source(module: str, kernel: str) -> str:
     """One kernel function's lines of a generated module."""
     start = module.index(f"\ndef {kernel}(")
-    end = module.find("\n@jit", start)
+    end = module.find("\n@", start)
     return module[start:end if end >= 0 else len(module)]
 
 
@@ -82,13 +82,18 @@ def test_tiled_kernels_compile_without_spills(program: Program, cache_dir: str, 
         sass = sass_ops(kernel.cubin, tmp_path)
         if launch["kernel"] != "key_grads_sum":
             assert tuple(launch["block"]) == (THREADS, 1, 1), (name, launch)
+            # launch bounds (THREADS, RESIDENT): at most 128 registers, RESIDENT blocks per SM, and no spills
+            decorator = step.source[:step.source.index(f"\ndef {launch['kernel']}(")].rsplit("\n", 1)[-1]
+            assert f"launch_bounds=({THREADS}, {RESIDENT})" in decorator, (name, decorator)
+            assert occupancy(kernel.registers, kernel.shared_bytes, THREADS)["blocks"] >= RESIDENT, name
             products = sum(int(rows) * int(cols) for rows, cols, _ in PRODUCT.findall(source))
             multiplies = len(re.findall(r"\bmul\.rn\.f32\b", kernel.ptx))
             assert products > 0 and multiplies >= products, f"{name}: {products} multiply-adds, {multiplies} mul.rn.f32"
             assert sass["FMUL"] >= multiplies, f"{name}: {multiplies} mul.rn.f32 in PTX, SASS {sass}"
         else:
             assert "cuda.atomic" not in source and "atom." not in kernel.ptx, name
-        resident = occupancy(kernel.registers, kernel.shared_bytes, kernel.threads or THREADS)
+        block = launch["block"][0] * launch["block"][1] * launch["block"][2]
+        resident = occupancy(kernel.registers, kernel.shared_bytes, block)
         print(f"\n  {name}: {kernel.registers} registers, {kernel.spill_stores + kernel.spill_loads} spill bytes, "
               f"{launch['shared_bytes']} bytes static shared ({kernel.shared_bytes} in the cubin), grid "
               f"{tuple(launch['grid'])}, block {tuple(launch['block'])}, {resident['blocks']} blocks per SM "

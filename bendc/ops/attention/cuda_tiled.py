@@ -51,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bendc.errors import UnsupportedError
+from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 
 THREADS = 128  # threads per block (4 warps)
@@ -64,6 +65,10 @@ MAX_ACCUMULATORS = 64  # float32 values a thread keeps live in registers (accumu
 SMS = 132
 MIN_BLOCKS = 2 * SMS
 MAX_PARTS = 8
+# Blocks of THREADS each of the three kernels asks to keep resident per SM (launch bounds: at most
+# 65536 / (128 x 4) = 128 registers a thread; without them ptxas gave the split key_grads 159 and
+# so 3 blocks). The PTX tests check that no kernel spills under the bound.
+RESIDENT = 4
 
 
 def _odd(n: int) -> int:
@@ -285,7 +290,13 @@ def _zero_tail(threads: int, rows: int, first: str, count: int, row_base: str, u
             "np.float32(0.0)", f"    e += {threads}"]
 
 
-def _work(count: int, decode: list[str], body: list[str]) -> list[str]:
+def _batches(op, batch: int) -> int | str:
+    """The batch size as the kernel reads it: the packed output's length over its elements per batch
+    entry (kit.length_of), so one source serves every batch size."""
+    return op.count(batch, numel(op.shape) // batch)
+
+
+def _work(count: int | str, decode: list[str], body: list[str]) -> list[str]:
     return (["work = cuda.blockIdx.x", f"while work < {count}:"] + _indent(decode + body)
             + ["    cuda.syncthreads()  # shared memory is reused by the block's next item",
                "    work += cuda.gridDim.x"])
@@ -372,9 +383,10 @@ def cuda_tiled(op):
                  f"        out0[(bh * {rows} + {t}) * {width} + {t} + e] = np.float32(0.0)", f"        e += {threads}"]
     kernel_body = (_shared(arrays) + [s.declare("sc"), o.declare("o")] + _operands(s, o)
                    + ["t = cuda.threadIdx.x"] + s.constants() + o.constants()
-                   + _work(batch * heads * nq, decode, body))
+                   + _work(f"{_batches(op, batch)} * {heads * nq}", decode, body))
     source = kit.kernel_source("kernel", op.arguments, kernel_body,
-                               f"attention_tiled: a block per (batch, head, {bq} queries), {bk} keys a step.")
+                               f"attention_tiled: a block per (batch, head, {bq} queries), {bk} keys a step.",
+                               kit.bounded_decorator(threads, RESIDENT))
     launch = _launch(op, "kernel", batch * heads * nq, threads, tiles.shared_bytes[0])
     skipped = ", causal blocks above the diagonal skipped" if causal else ""
     return kit.Kernels(f"attention_tiled: {batch * heads} heads x {nq} query tiles, a block each; "
@@ -431,12 +443,17 @@ def cuda_tiled_grad(op):
     parts = key_grads_parts(pairs * nk, group * nq)
     arguments = op.scratch_arguments if parts > 1 else op.arguments
     dk_base, dv_base = f"(b * {packed} + {heads} + hk) * {t}", f"(b * {packed} + {heads + kv_heads} + hk) * {t}"
-    decode = ([f"part = work % {parts}", f"pair = work // {parts}"] if parts > 1 else ["pair = work"])
+    # the batch from the output's length and, split, the parts from the scratch array's: one source
+    # for every batch size that splits (and one for every size that does not)
+    counts = [f"pairs = {_batches(op, batch)} * {kv_heads}  # (batch, key/value head) pairs"]
+    if parts > 1:
+        counts.append(f"parts = {op.scratch}.shape[0] // (pairs * {t * (depth + width)})")
+    decode = (["part = work % parts", "pair = work // parts"] if parts > 1 else ["pair = work"])
     decode += [f"bkv = pair // {nk}", f"kb = pair - bkv * {nk}  # causal: the longest key columns first",
                f"b = bkv // {kv_heads}", f"hk = bkv - b * {kv_heads}", f"k0 = kb * {bk}",
                f"span = {nq} - {first_tile}  # the query tiles that reach the key tile, per head",
                f"steps = {group} * span  # the walk: the group's heads in order, each over its query tiles"]
-    decode += ([f"lo = part * steps // {parts}", f"hi = (part + 1) * steps // {parts}  # this part's share"]
+    decode += (["lo = part * steps // parts", "hi = (part + 1) * steps // parts  # this part's share"]
                if parts > 1 else ["lo = 0", "hi = steps"])
     query_tile = (["cuda.syncthreads()  # K and V are in; the previous query tile's readers are done"]
                   + _load("q_tile", arrays["q_tile"], "q0", t, depth, q_read, threads)
@@ -468,18 +485,19 @@ def cuda_tiled_grad(op):
         partial = f"{op.scratch}[(base + {{row}}) * {depth + width} + "
         body += (["# this part's dK and dV of the tile's keys, into its rows of the scratch array (the",
                   "# indices from work again: fewer values live over the walk, fewer registers)",
-                  f"base = ((work % {parts}) * {pairs} + work // {parts * nk}) * {t}"]
+                  f"base = ((work % parts) * pairs + work // (parts * {nk})) * {t}"]
                  + dk.write("dk", "k0", t, depth, partial + "{col}]")
                  + dv.write("dv", "k0", t, width, partial + f"{depth} + {{col}}]"))
     key_body = (_shared(arrays) + [st.declare("p"), st.declare("d"), dk.declare("dk"), dv.declare("dv")]
                 + _operands(st, dk, dv) + ["t = cuda.threadIdx.x"] + st.constants() + dk.constants() + dv.constants()
-                + _work(pairs * nk * parts, decode, body))
-    split = f" and a part of {parts} of its walk" if parts > 1 else ""
+                + counts + _work(f"pairs * {nk}" + (" * parts" if parts > 1 else ""), decode, body))
+    split = " and a part of its walk" if parts > 1 else ""
     source = kit.kernel_source("key_grads", arguments, key_body,
-                               f"attention_tiled_grad: dK and dV, a block per (batch, key/value head, {bk} keys{split}).")
+                               f"attention_tiled_grad: dK and dV, a block per (batch, key/value head, {bk} keys{split}).",
+                               kit.bounded_decorator(threads, RESIDENT))
     launches = [_launch(op, "key_grads", pairs * nk * parts, threads, tiles.shared_bytes[0])]
     if parts > 1:
-        sum_source, sum_launch = _key_grads_sum(op, parts, pairs, t, depth, width, heads, kv_heads)
+        sum_source, sum_launch = _key_grads_sum(op, batch, t, depth, width, heads, kv_heads)
         source += sum_source
         launches.append(sum_launch)
 
@@ -511,9 +529,10 @@ def cuda_tiled_grad(op):
             + _zero_tail(threads, bq, "q0", t, dq_base, depth, columns))
     query_body = (_shared(arrays) + [sq.declare("p"), sq.declare("d"), dq.declare("dq")] + _operands(sq, dq)
                   + ["t = cuda.threadIdx.x"] + sq.constants() + dq.constants()
-                  + _work(batch * heads * nq, decode, body))
+                  + _work(f"{_batches(op, batch)} * {heads * nq}", decode, body))
     source += kit.kernel_source("query_grads", arguments, query_body,
-                                f"attention_tiled_grad: dQ, a block per (batch, head, {bq} queries).")
+                                f"attention_tiled_grad: dQ, a block per (batch, head, {bq} queries).",
+                                kit.bounded_decorator(threads, RESIDENT))
     launches.append(_launch(op, "query_grads", batch * heads * nq, threads, tiles.shared_bytes[1]))
     walk = (f" in {parts} parts of each tile's walk (added in a fixed order by key_grads_sum)" if parts > 1 else "")
     return kit.Kernels(f"attention_tiled_grad: dK and dV over {batch * kv_heads} key/value heads x {nk} key "
@@ -532,20 +551,24 @@ def key_grads_parts(blocks: int, walk: int) -> int:
     return max(1, min(kit.ceil_div(MIN_BLOCKS, blocks), walk, MAX_PARTS))
 
 
-def _key_grads_sum(op, parts: int, pairs: int, t: int, depth: int, width: int, heads: int,
+def _key_grads_sum(op, batch: int, t: int, depth: int, width: int, heads: int,
                    kv_heads: int) -> tuple[str, kit.Launch]:
     """A kernel adding key_grads' parts of each dK and dV cell in order of parts (the same bits
-    every run) into the packed output, +0.0 in the spare columns: a thread per output cell."""
+    every run) into the packed output, +0.0 in the spare columns: a thread per output cell (the
+    batch and the parts read from the output's and the scratch array's lengths)."""
     packed, columns, row = heads + 2 * kv_heads, max(depth, width), depth + width
-    cells = pairs * t * 2 * columns
+    pairs = batch * kv_heads
+    counts = [f"pairs = {_batches(op, batch)} * {kv_heads}",
+              f"parts = {op.scratch}.shape[0] // (pairs * {t * row})"]
     body = [f"c = cell % {columns}", f"rest = cell // {columns}", "which = rest % 2  # 0: dK, 1: dV",
             "rest = rest // 2", f"i = rest % {t}", f"bkv = rest // {t}", f"b = bkv // {kv_heads}",
             f"hk = bkv - b * {kv_heads}", "x = np.float32(0.0)",
             f"if (which == 0 and c < {depth}) or (which == 1 and c < {width}):",
             f"    at = (bkv * {t} + i) * {row} + which * {depth} + c",
-            f"    for part in range({parts}):",
-            f"        x = x + {op.scratch}[at + part * {pairs * t * row}]",
+            "    for part in range(parts):",
+            f"        x = x + {op.scratch}[at + part * pairs * {t * row}]",
             f"out0[((b * {packed} + {heads} + which * {kv_heads} + hk) * {t} + i) * {columns} + c] = x"]
-    source = kit.kernel_source("key_grads_sum", op.scratch_arguments, kit.grid_stride_loop(cells, body),
-                               f"attention_tiled_grad: dK and dV, key_grads' {parts} parts added in order.")
-    return source, kit.grid_stride_launch("key_grads_sum", cells)
+    source = kit.kernel_source("key_grads_sum", op.scratch_arguments,
+                               counts + kit.grid_stride_loop(f"pairs * {t * 2 * columns}", body),
+                               "attention_tiled_grad: dK and dV, key_grads' parts added in order.")
+    return source, kit.grid_stride_launch("key_grads_sum", pairs * t * 2 * columns)
