@@ -540,7 +540,7 @@ def _per_element(op: kit.CudaNode, split: list[str], body: list[str], what: str)
     element of the output, written to ``out0[cell]``."""
     body = kit.used(split, body) + body
     cells = numel(op.shape)
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(cells), body),  # length_of
                                f"{op.node.op}: {what}.")
     return kit.Kernels(f"{op.node.op} into [{','.join(map(str, op.shape))}], {what}", source,
                        [kit.grid_stride_launch("kernel", cells)])

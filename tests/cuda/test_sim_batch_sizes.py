@@ -46,3 +46,26 @@ def test_a_new_batch_size_runs_the_same_kernels_and_matches_the_reference(tmp_pa
 def _launches(source: str) -> str:
     """The launch configurations a kernel module's header lists."""
     return source.split("Launches:", 1)[1].split('"""', 1)[0]
+
+
+@pytest.mark.parametrize("name", ["row_ops", "image_ops"])
+def test_the_row_and_image_kernels_at_a_new_batch_size_match_the_reference(name, tmp_path, monkeypatch) -> None:
+    """rope, scans, extrema, logsumexp (row_ops); group_norm, the pools and their gradients (image_ops):
+    batch 5 runs batch 3's modules and matches the reference."""
+    import batch_size_programs as programs
+
+    monkeypatch.setattr(cuda_kit, "MAX_BLOCK", cuda_kit.WARP)
+    function, leaves, spec, make = {
+        "row_ops": (programs.row_ops, programs.ROW_LEAVES, programs.row_spec, programs.row_inputs),
+        "image_ops": (programs.image_ops, programs.IMAGE_LEAVES, programs.image_spec, programs.image_inputs)}[name]
+    graph = bendc.jit(function, leaves=leaves, target="reference").lower(spec(3)).graph
+    plan_3 = render_cuda(graph, str(tmp_path)).plan
+    step = bendc.jit(function, leaves=leaves, target="cuda", cache_dir=str(tmp_path))
+    got = step(*make(5))
+    want = bendc.jit(function, leaves=leaves, target="reference")(*make(5))
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        assert_close(host(mine), theirs, f"{name} batch 5 output {index}")
+    sources = step.kernels()
+    kernels_3 = {s.name: s for s in plan_3.steps if s.launches}
+    changed = sorted(name for name, s in kernels_3.items() if module_name(sources[name]) != s.module)
+    assert kernels_3 and changed == [], f"kernels batch 5 compiles again: {changed}"
