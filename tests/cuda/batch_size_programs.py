@@ -49,7 +49,7 @@ def spec(batch: int) -> str:
 
 
 # ------------------------------------------------------------------ the row and image ops (item 7's rest)
-ROW_LEAVES, IMAGE_LEAVES = ("x",), ("img",)
+ROW_LEAVES, IMAGE_LEAVES, CONV_LEAVES = ("x",), ("img",), ("img", "w")
 
 
 def row_ops(x, cos, sin, g):
@@ -70,12 +70,26 @@ def image_ops(img, g):
     return loss, img.grad
 
 
+def conv_ops(img, w):
+    """A grouped conv2d of stride 2 (dx in two phases per axis) and its gradients."""
+    y = F.conv2d(img, w, stride=2, padding=1, groups=2)
+    (y * y).sum().backward()
+    return y, img.grad, w.grad
+
+
 def row_spec(batch: int) -> str:
     return f"x=f32[{batch},2,4,6]:leaf cos=f32[4,3] sin=f32[4,3] g=f32[{batch},2,4,6]"
 
 
 def image_spec(batch: int) -> str:
     return f"img=f32[{batch},4,6,6]:leaf g=f32[{batch},4,6,6]"
+
+
+def conv_spec(batch: int) -> str:
+    """16 x 16 images: from batch 4 on the weight gradient's reduction (batch x 64 positions) has the
+    16 tiles of 16 that give its block all its slices (conv_cuda.grad_weight_kernels), as training
+    batches do; below that the slice count, a constant of the source, follows the batch."""
+    return f"img=f32[{batch},4,16,16]:leaf w=f32[4,2,3,3]:leaf"
 
 
 def row_inputs(batch: int, seed: int = 0) -> tuple:
