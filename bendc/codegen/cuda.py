@@ -107,13 +107,17 @@ def render_step(step: Step, graph: Graph, access: dict[int, Access], options: Cu
         kernels = OPS[nodes[0].op].lowering.cuda(collective_step(plan, step, graph))
     else:
         kernels = _render_kind(step, graph, access)
+    if kernels.scratch:
+        assert plan is not None and not kernels.check, step.name
+        _add_scratch(plan, graph, step, kernels.scratch)
     listing = "\n".join("    " + format_node(graph, n) for n in nodes)
     launches = "\n".join("    " + launch.describe() for launch in kernels.launches) or "    none"
     header = HEADER.format(name=step.name, summary=kernels.summary, nodes=listing, launches=launches,
-                           jit=JIT_DEFINITION, signature=_signature(step, graph, bool(kernels.check)))
+                           jit=JIT_DEFINITION, signature=_signature(step, graph, bool(kernels.check), plan))
     source = header + kernels.prelude + kernels.source
-    if options.fastmath:
-        source = source.replace(KERNEL_DECORATOR + "\n", FASTMATH_DECORATOR + "\n")
+    if options.fastmath:  # (bounded kernels: kit.bounded_decorator)
+        source = source.replace(KERNEL_DECORATOR + "\n", FASTMATH_DECORATOR + "\n").replace(
+            "functools.partial(jit, launch_bounds=", "functools.partial(jit, fastmath=True, launch_bounds=")
     step.source = source
     step.launches = [asdict(launch) for launch in kernels.launches]
     step.check = kernels.check
@@ -142,7 +146,17 @@ def cuda_node(step: Step, graph: Graph, access: dict[int, Access], node: Node) -
     return CudaNode(node, tuple(graph.node(i).type.shape for i in node.inputs),
                     tuple(names[i] for i in node.inputs), tuple(access[i] for i in node.inputs),
                     _arguments(step), _arguments(step, checked=True),
-                    tuple(graph.node(access[i].root).type.numel for i in node.inputs))
+                    tuple(graph.node(access[i].root).type.numel for i in node.inputs),
+                    argument_list(len(step.inputs), len(step.outputs) + 1), f"out{len(step.outputs)}")
+
+
+def _add_scratch(plan: KernelPlan, graph: Graph, step: Step, cells: int) -> None:
+    """A float32 value of ``cells`` that only ``step`` writes and reads (its kernels' scratch array,
+    the argument after its outputs): a plan value with an id past the graph's and the plan's, which
+    the memory plan places in a temporary buffer free again after the step."""
+    value = max([graph.next_id - 1, *plan.values]) + 1
+    plan.values[value] = ("f32", (cells,))
+    step.outputs.append(value)
 
 
 def describe_launches(plan: KernelPlan) -> list[str]:
@@ -172,9 +186,13 @@ def _launch_tuple(launch: dict) -> dict:
 
 
 # ------------------------------------------------------------------ shared pieces
-def _signature(step: Step, graph: Graph, checked: bool) -> str:
-    """The numba signature of the step's kernels: one flat contiguous array per argument."""
-    types = [f"{NUMBA_NAMES[graph.node(v).type.dtype]}[::1]" for v in step.inputs + step.outputs]
+def _signature(step: Step, graph: Graph, checked: bool, plan: KernelPlan | None = None) -> str:
+    """The numba signature of the step's kernels: one flat contiguous array per argument (a scratch
+    array is a plan value, not a graph node)."""
+    def dtype(value: int) -> str:
+        return plan.values[value][0] if plan is not None and value in plan.values else graph.node(value).type.dtype
+
+    types = [f"{NUMBA_NAMES[dtype(v)]}[::1]" for v in step.inputs + step.outputs]
     if checked:
         types.append("int64[::1]")
     return f"void({', '.join(types)})"

@@ -59,19 +59,23 @@ class CompiledKernel:
 
 # Per-SM limits of the architectures whose occupancy the report gives (CUDA's occupancy calculator
 # for compute capability 9.0: H100, H200): threads, warps, blocks, 32-bit registers (allocated per
-# warp in units of 256), shared memory (bytes; 1 KiB reserved per block, allocated in 128 bytes).
+# warp in units of 256), shared memory (bytes; 228 KiB per SM, at most 227 KiB per block, 1 KiB
+# reserved per block, allocated in 128 bytes).
 SM_LIMITS = {"sm_90": {"warps": 64, "blocks": 32, "registers": 65536, "register_unit": 256,
-                       "shared": 233472, "shared_reserved": 1024, "shared_unit": 128}}
+                       "shared": 233472, "shared_per_block": 232448, "shared_reserved": 1024, "shared_unit": 128}}
 
 
 def occupancy(registers: int, shared_bytes: int, threads: int, arch: str = "sm_90") -> dict[str, Any] | None:
     """Blocks of ``threads`` resident per SM for a kernel of ``registers`` per thread and
     ``shared_bytes`` of static shared memory, the occupancy (resident warps over the SM's) and
     which limit binds: the fewest blocks that warps, registers, shared memory and the block limit
-    allow. None for an architecture SM_LIMITS does not list."""
+    allow (no block: more shared memory than a block may have). None for an architecture SM_LIMITS
+    does not list."""
     limits = SM_LIMITS.get(arch)
     if limits is None or threads <= 0:
         return None
+    if shared_bytes > limits["shared_per_block"]:
+        return {"blocks": 0, "percent": 0, "limit": "shared memory per block"}
     warps = -(-threads // 32)
     unit = limits["register_unit"]
     per_warp = -(-max(registers, 1) * 32 // unit) * unit
@@ -171,8 +175,16 @@ def cubin_file(step: str, kernel: str, arch: str) -> str:
     return f"cubin/{step}.{kernel}.{arch}.cubin"
 
 
+def jit_options(dispatcher: Any) -> dict[str, Any]:
+    """The options a generated kernel's decorator gave numba-cuda that change its machine code
+    (fastmath, launch bounds: kernels/cuda_kit.py bounded_decorator), for :func:`compile_kernel` to
+    compile it as numba's JIT would."""
+    options = getattr(dispatcher, "targetoptions", {})
+    return {"fastmath": bool(options.get("fastmath")), "launch_bounds": options.get("launch_bounds")}
+
+
 def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", fastmath: bool = False,
-                   step: str = "", kernel: str = "") -> CompiledKernel:
+                   launch_bounds: Any = None, step: str = "", kernel: str = "") -> CompiledKernel:
     """NVVM -> PTX -> cubin for one Python kernel function and its numba signature. Any failure,
     an older cuda.core without a Linker included (ImportError), is a CompileError naming the kernel
     (bendc.jit then falls back to numba's JIT)."""
@@ -186,7 +198,8 @@ def compile_kernel(function: Callable, signature: str, *, arch: str = "sm_90", f
     try:
         from cuda.core import Linker, LinkerOptions, ObjectCode
 
-        ptx, _ = cuda.compile_ptx(function, signature, cc=compute_capability(arch), fastmath=fastmath)
+        ptx, _ = cuda.compile_ptx(function, signature, cc=compute_capability(arch), fastmath=fastmath,
+                                  launch_bounds=launch_bounds)
         linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, verbose=True))
         cubin = linker.link("cubin")
     except Exception as error:
@@ -218,8 +231,7 @@ def compile_plan(plan: KernelPlan, modules: dict[str, Any], arch: str = "sm_90",
             kernel = cache.load(step, launch["kernel"]) if cache is not None else None
             if kernel is None:
                 dispatcher = getattr(module, launch["kernel"])
-                fastmath = bool(getattr(dispatcher, "targetoptions", {}).get("fastmath"))
-                kernel = compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, fastmath=fastmath,
+                kernel = compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=arch, **jit_options(dispatcher),
                                         step=step.name, kernel=launch["kernel"])
                 if cache is not None:
                     cache.store(step, kernel)

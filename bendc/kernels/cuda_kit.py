@@ -72,6 +72,7 @@ class Kernels:
     launches: list[Launch]
     check: str = ""  # the error message of an index check ({index} is the bad index)
     prelude: str = ""  # module-level constants (source steps)
+    scratch: int = 0  # float32 cells of a scratch array the kernels take after the outputs (CudaNode.scratch)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,11 @@ class CudaNode:
     arguments: str
     checked_arguments: str
     lengths: tuple[int, ...] = ()        # the elements of each operand's argument (its root's flat array)
+    # The argument list with a float32 scratch array after the outputs, and its name, for kernels that
+    # return ``Kernels(scratch=cells)``: the memory plan gives the step that many cells of a temporary
+    # buffer, live during the step only (bendc/codegen/cuda.py render_step). No index check with it.
+    scratch_arguments: str = ""
+    scratch: str = ""
 
     @property
     def attrs(self) -> dict:
@@ -249,9 +255,18 @@ def grid_stride_loop(cells: int | str, body: list[str], variable: str = "cell") 
             + ["    " + line for line in body] + [f"    {variable} += stride"])
 
 
-def kernel_source(name: str, arguments: str, body: list[str], doc: str = "") -> str:
+def bounded_decorator(threads: int, blocks: int) -> str:
+    """A kernel decorator with launch bounds: at most ``threads`` a block and at least ``blocks``
+    resident per SM, so NVVM and ptxas keep the kernel within 65536 / (threads x blocks)
+    registers a thread (numba-cuda's ``launch_bounds``; the simulator takes none). The
+    ahead-of-time build reads them back from the dispatcher (codegen/ptx.py jit_options)."""
+    return (f"@(jit if numba.config.ENABLE_CUDASIM else functools.partial(jit, launch_bounds=({threads}, {blocks})))")
+
+
+def kernel_source(name: str, arguments: str, body: list[str], doc: str = "",
+                  decorator: str = KERNEL_DECORATOR) -> str:
     """The source of one ``@cuda.jit`` kernel ``name(arguments)`` with ``body`` (kernel-level lines)."""
-    lines = ["", "", KERNEL_DECORATOR, f"def {name}({arguments}):"]
+    lines = ["", "", decorator, f"def {name}({arguments}):"]
     if doc:
         lines.append(f'    """{doc}"""')
     lines.extend("    " + line if line else "" for line in body)

@@ -489,7 +489,8 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
     bias = f" + {op.read(2, ['o'])}" if len(op.shapes) == 3 else ""
     head = ["tile_a = cuda.shared.array((TILE, PADDED), numba.float32)",
             "tile_b = cuda.shared.array((TILE, PADDED), numba.float32)",
-            "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", "column = cuda.blockIdx.x * TILE + tx"]
+            "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", "column = cuda.blockIdx.x * TILE + tx",
+            f"columns = {op.count(columns, s['O'])}  # N*HO*WO, from the output's length (kit.length_of)"]
     per_tile = ["row = row_tile * TILE + ty",
             "acc = np.float32(0.0)",
             f"for tile in range({kit.ceil_div(k_size, tile)}):",
@@ -506,7 +507,7 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
             "    # the column tile: x under tap k for output position `column` (0 in the padding)",
             "    k = tile * TILE + ty",
             "    value = np.float32(0.0)",
-            f"    if column < {columns} and k < {k_size}:",
+            f"    if column < columns and k < {k_size}:",
             f"        n = column // {positions}",
             f"        q = column % {positions}",
             f"        ih = q // {s['WO']} * {s['SH']} - {s['TOP']} + k % {taps} // {s['KW']} * {s['DH']}",
@@ -519,7 +520,7 @@ def _cuda_conv2d(op: kit.CudaNode) -> kit.Kernels:
             "    for kk in range(TILE):",
             "        acc += tile_a[ty, kk] * tile_b[kk, tx]",
             "    cuda.syncthreads()",
-            f"if row < {m} and column < {columns}:",
+            f"if row < {m} and column < columns:",
             f"    o = g * {m} + row",
             f"    n = column // {positions}",
             f"    out0[(n * {s['O']} + o) * {positions} + column % {positions}] = acc{bias}"]
@@ -540,7 +541,7 @@ def _per_element(op: kit.CudaNode, split: list[str], body: list[str], what: str)
     element of the output, written to ``out0[cell]``."""
     body = kit.used(split, body) + body
     cells = numel(op.shape)
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(cells), body),  # length_of
                                f"{op.node.op}: {what}.")
     return kit.Kernels(f"{op.node.op} into [{','.join(map(str, op.shape))}], {what}", source,
                        [kit.grid_stride_launch("kernel", cells)])

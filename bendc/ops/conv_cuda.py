@@ -78,7 +78,9 @@ def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, 
     positions = ph["count"] * pw["count"]
     ih = f"{ph['first']} + qh * {s['SH']}" if ph["count"] > 1 else str(ph["first"])
     iw = f"{pw['first']} + qw * {s['SW']}" if pw["count"] > 1 else str(pw["first"])
+    samples = op.count(s["N"], s["C"] * s["H"] * s["W"])  # from dx's length (kit.length_of)
     head = ["tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", f"column = cuda.blockIdx.x * {tile} + tx",
+            f"columns = {samples} * {ph['count'] * pw['count']}",
             "# the column's input position: sample n, the phase's qh-th row and qw-th column",
             f"n = column // {positions}", f"qh = column % {positions} // {pw['count']}",
             f"qw = column % {pw['count']}"]
@@ -100,7 +102,7 @@ def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, 
                    f"    for r in range(ty, {tile}, {rows}):",
                    f"        k = tile * {tile} + r",
                    "        value = np.float32(0.0)",
-                   f"        if column < {columns} and k < {k_size}:"]
+                   f"        if column < columns and k < {k_size}:"]
                 + ["            " + line for line in tap]
                 + [f"            oh = qh{_offset(ph['base'])} - th * {ph['delta']}",
                    f"            ow = qw{_offset(pw['base'])} - tw * {pw['delta']}",
@@ -111,7 +113,7 @@ def _grad_input_phase(op: kit.CudaNode, s: dict, name: str, ph: dict, pw: dict, 
                    f"    for kk in range({tile}):",
                    "        acc += tile_a[ty, kk] * tile_b[kk, tx]",
                    "    cuda.syncthreads()"])
-    tail = [f"if row < {cg} and column < {columns}:",
+    tail = [f"if row < {cg} and column < columns:",
             f"    ih = {ih}", f"    iw = {iw}",
             f"    out0[((n * {s['C']} + g * {cg} + row) * {s['H']} + ih) * {s['W']} + iw] = acc"]
     # columns on grid.x; channel tiles on y and groups on z, each block looping past 65535 of them
@@ -159,15 +161,18 @@ def grad_weight_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
     body = [f"tile_a = cuda.shared.array(({slices}, {rows}, {padded}), numba.float32)",
             f"tile_b = cuda.shared.array(({slices}, {tile}, {padded}), numba.float32)",
             "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", "tz = cuda.threadIdx.z",
-            f"column = cuda.blockIdx.x * {tile} + tx"]
+            f"column = cuda.blockIdx.x * {tile} + tx",
+            "# the reduction's N*HO*WO positions, N from x's length (kit.length_of), and the block's steps",
+            f"reduction = {op.count(s['N'], s['C'] * s['H'] * s['W'])} * {positions}",
+            f"steps = ((reduction + {tile - 1}) // {tile} + {slices - 1}) // {slices}"]
     per_tile = [f"row = row_tile * {rows} + ty",
             f"o = g * {og} + row",
             "acc = np.float32(0.0)",
-            f"for step in range({kit.ceil_div(tiles, slices)}):",
+            "for step in range(steps):",
             f"    tile = step * {slices} + tz",
             "    # g: rows of output channels, columns of reduction positions (n, oh, ow)",
             f"    p = tile * {tile} + tx",
-            f"    if row < {og} and p < {reduction}:",
+            f"    if row < {og} and p < reduction:",
             f"        n = p // {positions}", f"        oh = p % {positions} // {s['WO']}", f"        ow = p % {s['WO']}",
             f"        tile_a[tz, ty, tx] = {op.read(1, ['n', 'o', 'oh', 'ow'])}",
             "    else:", "        tile_a[tz, ty, tx] = np.float32(0.0)",
@@ -179,7 +184,7 @@ def grad_weight_kernels(op: kit.CudaNode, s: dict, tile: int) -> kit.Kernels:
             f"        p = tile * {tile} + r",
             f"        k = cuda.blockIdx.x * {tile} + q",
             "        value = np.float32(0.0)",
-            f"        if k < {k_size} and p < {reduction}:",
+            f"        if k < {k_size} and p < reduction:",
             f"            n = p // {positions}",
             f"            ih = p % {positions} // {s['WO']} * {s['SH']}{_offset(-s['TOP'])} + k % {taps} // {s['KW']} * {s['DH']}",
             f"            iw = p % {s['WO']} * {s['SW']}{_offset(-s['LEFT'])} + k % {s['KW']} * {s['DW']}",

@@ -265,7 +265,7 @@ def _block_per_output(op, what: str, block: int, outputs: int, types: tuple[str,
     BLOCK elements, ``partial`` and ``wide``, of the numba ``types``; ``inner`` is one output's body."""
     body = ([f"partial = cuda.shared.array({block}, numba.{types[0]})",
              f"wide = cuda.shared.array({block}, numba.{types[1]})", "t = cuda.threadIdx.x",
-             "o = cuda.blockIdx.x", f"while o < {outputs}:"] + ["    " + line for line in inner]
+             "o = cuda.blockIdx.x", f"while o < {op.count(outputs)}:"] + ["    " + line for line in inner]
             + ["    o += cuda.gridDim.x"])
     source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body, doc)
     launch = kit.block_per_row_launch("kernel", outputs, block, 12 * block)
@@ -289,7 +289,7 @@ def _cuda_extremum(largest: bool, want_index: bool):
                     + ["    " + line for line in reduced_split]
                     + [f"    v = {read}", f"    if {better} or v != v:", "        best = v", "        at = q",
                        f"out0[o] = {result}"])
-            source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
+            source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(outputs), body, "o"),
                                        "One thread per output element, scanning its line in order.")
             return kit.Kernels(f"{what}: a thread per output element", source,
                                [kit.grid_stride_launch("kernel", outputs)])
@@ -454,7 +454,7 @@ def _cuda_logsumexp(op):
                 + ["total = np.float64(0.0)", f"for q in range({reduced}):"]
                 + ["    " + line for line in reduced_split]
                 + [f"    total += np.float64(math.exp({read} - m))", "out0[o] = math.log(np.float32(total)) + m"])
-        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(outputs, body, "o"),
+        source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(outputs), body, "o"),
                                    "One thread per output element: its line's maximum, then the sum of exponentials.")
         return kit.Kernels(f"{what}: a thread per output element", source,
                            [kit.grid_stride_launch("kernel", outputs)])

@@ -430,7 +430,7 @@ def _cuda_stats_lines(split: list[str], x: str, length: int, eps: float, column:
             + [f"rstd = 1.0 / math.sqrt(partial[0] / {length} + {eps!r})", "cuda.syncthreads()"])
 
 
-def _rows_loop(rows: int, body: list[str], what: str) -> list[str]:
+def _rows_loop(rows: int | str, body: list[str], what: str) -> list[str]:
     return ([f"partial = cuda.shared.array(BLOCK, numba.float64)  # {what}", "t = cuda.threadIdx.x",
              "row = cuda.blockIdx.x", f"while row < {rows}:"]
             + ["    " + line for line in body] + ["    row += cuda.gridDim.x"])
@@ -452,7 +452,7 @@ def _cuda_group_norm(op: kit.CudaNode) -> kit.Kernels:
                                              f"out0[row * {length} + c] = np.float32((np.float64({x}) - mean) * "
                                              f"{scale}{shift})"]))
     source = f"\nBLOCK = {block}\n" + kit.kernel_source(
-        "kernel", op.arguments, _rows_loop(rows, body, "the block's partial sums"),
+        "kernel", op.arguments, _rows_loop(op.count(rows, length), body, "the block's partial sums"),  # length_of
         "One block per (sample, group) row: mean and rstd in float64, then the normalized, scaled row.")
     return kit.Kernels(f"group_norm of {rows} rows of {length} (float64 trees)", source,
                        [kit.block_per_row_launch("kernel", rows, block, 8 * block)])
@@ -477,8 +477,11 @@ def _cuda_group_norm_grad(op: kit.CudaNode) -> kit.Kernels:
     rows, per_group, spatial, length = _geometry(shape, groups)
     batch, channels = shape[0], shape[1]
     weight = (lambda channel: f"np.float64({op.read(2, [channel])})") if attrs["weight"] else (lambda _: "1.0")
-    # one block size for both kernels: the dx rows' L elements, the affine kernel's samples
-    block = kit.tree_block(max(length, batch))
+    # one block size for both kernels: the dx rows' L elements, and MAX_BLOCK where the affine kernel
+    # sums over the samples (kit.sum_block: the batch is read from x's length, so one source serves
+    # every batch size)
+    block = kit.sum_block(length, attrs["grad_affine"])
+    samples = op.count(batch, channels * spatial)  # kit.length_of: x (in0), or out0 without dx
     source, launches = f"\nBLOCK = {block}\n", []
     x_split, x = _row_read(op, 0, "row", "c", "x")
     if attrs["grad_input"]:
@@ -493,12 +496,13 @@ def _cuda_group_norm_grad(op: kit.CudaNode) -> kit.Kernels:
                     f"channel = row % {groups} * {per_group} + c // {spatial}",
                     f"c1 = rstd * {weight('channel')}",
                     f"out0[row * {length} + c] = np.float32(c1 * np.float64({g}) + bc * np.float64({x}) + cc)"]))
-        body = ["second = cuda.shared.array(BLOCK, numba.float64)"] + _rows_loop(rows, body, "the block's partial sums")
+        body = (["second = cuda.shared.array(BLOCK, numba.float64)"]
+                + _rows_loop(op.count(rows, length), body, "the block's partial sums"))
         source += kit.kernel_source(
             "kernel", op.arguments, body, "One block per (sample, group) row: dx by PyTorch's formula, in float64.")
         launches.append(kit.block_per_row_launch("kernel", rows, block, 16 * block))
     if attrs["grad_affine"]:
-        offset = numel(shape) if attrs["grad_input"] else 0
+        offset = f"samples * {channels * spatial}" if attrs["grad_input"] else "0"  # after dx
         # each thread: its samples' rows, sequential float64 sums (the row's statistics and the
         # channel's ds, db), the terms summed in its own sample order, then a tree over threads
         r_split, rx = _row_read(op, 0, "r", "k", "x")
@@ -517,13 +521,13 @@ def _cuda_group_norm_grad(op: kit.CudaNode) -> kit.Kernels:
                       + ["wsum += (ds - db * mean) * rstd", "bsum += db"])
         body = (["partial = cuda.shared.array(BLOCK, numba.float64)",
                  "second = cuda.shared.array(BLOCK, numba.float64)", "t = cuda.threadIdx.x",
-                 "channel = cuda.blockIdx.x", f"while channel < {channels}:",
+                 f"samples = {samples}", "channel = cuda.blockIdx.x", f"while channel < {channels}:",
                  "    wsum = np.float64(0.0)", "    bsum = np.float64(0.0)"]
-                + ["    " + line for line in _strided("n", batch, per_sample)]
+                + ["    " + line for line in _strided("n", "samples", per_sample)]
                 + ["    partial[t] = wsum", "    second[t] = bsum"]
                 + ["    " + line for line in kit.tree_lines("sum", ("partial", "second"))]
                 + ["    if t == 0:", f"        out0[{offset} + channel] = np.float32(partial[0])",
-                   f"        out0[{offset + channels} + channel] = np.float32(second[0])",
+                   f"        out0[{offset} + {channels} + channel] = np.float32(second[0])",
                    "    cuda.syncthreads()  # the shared arrays are reused by the block's next channel",
                    "    channel += cuda.gridDim.x"])
         source += kit.kernel_source("affine", op.arguments, body, "One block per channel: dweight and dbias, "

@@ -378,7 +378,7 @@ def _cuda_rope(op):
     body = kit.used(split, body) + body
     cells = op.node.type.numel
     direction = "inverse rotation" if op.attrs["inverse"] else "rotation"
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(cells, body),
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(cells), body),  # length_of
                               f"rope ({direction}): one output element per thread, reading its partner.")
     return kit.Kernels(f"rope {direction} of [{','.join(map(str, shape))}] by ({shape[-2]}, {half}) tables",
                       source, [kit.grid_stride_launch("kernel", cells)])

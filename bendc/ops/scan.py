@@ -149,7 +149,7 @@ def _cuda_source(op, name, start, update):
     loop = [f"total = np.float64({start})", f"for c in {order}:", "    " + update.format(value=op.read(0, index)),
             f"    out0[{dense(node.id, shape).flat(index)}] = np.float32(total)"]
     body = kit.used(split, loop) + loop
-    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(lines, body, "line"),
+    source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(op.count(lines, size), body, "line"),
                                f"One thread per line: a float64 running {name} along dim.")
     direction = "reversed " if op.attrs["reverse"] else ""
     return kit.Kernels(f"{direction}{name} over dim {dim}: {lines} lines of {size}", source,

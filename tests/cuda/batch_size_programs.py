@@ -46,3 +46,58 @@ def small_spec(batch: int) -> str:
 def spec(batch: int) -> str:
     return (f"x=f32[{batch},{FEATURES}] t=i64[{batch}] w1=f32[{HIDDEN},{FEATURES}]:leaf b1=f32[{HIDDEN}]:leaf "
             f"w2=f32[{CLASSES},{HIDDEN}]:leaf g=f32[{HIDDEN}]:leaf be=f32[{HIDDEN}]:leaf")
+
+
+# ------------------------------------------------------------------ the row and image ops (item 7's rest)
+ROW_LEAVES, IMAGE_LEAVES, CONV_LEAVES = ("x",), ("img",), ("img", "w")
+
+
+def row_ops(x, cos, sin, g):
+    """rope, both scans, the extrema (values, indices), logsumexp, all over the last axis, and their VJPs."""
+    y = F.rope(x, cos, sin) * g + x.cumsum(3) + x.cumprod(3) * 0.5
+    m = x.amax(3) + x.amin(3) + x.logsumexp(3) + x.argmax(3).float() + x.max(3)[0]
+    loss = (y * y).sum() + (m * m).sum()
+    loss.backward()
+    return loss, x.grad
+
+
+def image_ops(img, g):
+    """group_norm, the max, average and adaptive pools, and their gradients."""
+    n = F.group_norm(img, 2)
+    p = (F.max_pool2d(img, 2) * F.avg_pool2d(img, 2)).sum() + (F.adaptive_avg_pool2d(img, 3) ** 2).sum()
+    loss = (n * g).sum() + p
+    loss.backward()
+    return loss, img.grad
+
+
+def conv_ops(img, w):
+    """A grouped conv2d of stride 2 (dx in two phases per axis) and its gradients."""
+    y = F.conv2d(img, w, stride=2, padding=1, groups=2)
+    (y * y).sum().backward()
+    return y, img.grad, w.grad
+
+
+def row_spec(batch: int) -> str:
+    return f"x=f32[{batch},2,4,6]:leaf cos=f32[4,3] sin=f32[4,3] g=f32[{batch},2,4,6]"
+
+
+def image_spec(batch: int) -> str:
+    return f"img=f32[{batch},4,6,6]:leaf g=f32[{batch},4,6,6]"
+
+
+def conv_spec(batch: int) -> str:
+    """16 x 16 images: from batch 4 on the weight gradient's reduction (batch x 64 positions) has the
+    16 tiles of 16 that give its block all its slices (conv_cuda.grad_weight_kernels), as training
+    batches do; below that the slice count, a constant of the source, follows the batch."""
+    return f"img=f32[{batch},4,16,16]:leaf w=f32[4,2,3,3]:leaf"
+
+
+def row_inputs(batch: int, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(shape).astype(np.float32) * scale
+                 for shape, scale in (((batch, 2, 4, 6), 0.5), ((4, 3), 1.0), ((4, 3), 1.0), ((batch, 2, 4, 6), 1.0)))
+
+
+def image_inputs(batch: int, seed: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((batch, 4, 6, 6)).astype(np.float32) for _ in range(2))

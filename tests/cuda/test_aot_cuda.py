@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,11 @@ def test_every_launch_has_ptx_and_cubin(artifact: Path) -> None:
         assert cubin.is_file() and cubin.read_bytes()[:4] == b"\x7fELF"
     report = (artifact / "report.txt").read_text()
     assert report.count("compiled: ") == len(launches)
+    # each kernel's residency on sm_90 (bendc.codegen.ptx.occupancy): blocks per SM, occupancy, the binding limit
+    resident = re.findall(r"^(?:\[cuda\] )?compiled: .*, (\d+) blocks of (\d+) threads per SM \((\d+)% occupancy, limited by "
+                          r"(warps|registers|shared memory|blocks per SM)\); ", report, re.M)
+    assert len(resident) == len(launches), report
+    assert all(0 < int(blocks) <= 32 and 0 < int(percent) <= 100 for blocks, _, percent, _ in resident)
     assert " 0 bytes spill stores" in report
 
 

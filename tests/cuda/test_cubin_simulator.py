@@ -293,6 +293,32 @@ def test_packed_launches_run_like_the_cpu_build(built, mode: str) -> None:
     assert program.launches == sum(len(s["launches"]) for s in plan["steps"] if not s["hoisted"])
 
 
+def test_a_step_with_a_scratch_array_runs_like_the_cpu_build(tmp_path) -> None:
+    """The tiled attention backward's key_grads splits its walk in parts written to a scratch array
+    (Kernels.scratch: a plan value after the step's outputs, in a planned buffer, garbage until
+    key_grads writes it) that key_grads_sum adds in order: its launches' packed words carry the
+    array, and the step built as cubins (shrunken tiles: small_tiled_attention.py) runs like the
+    cpu build, as a graph and eagerly."""
+    shapes = "q=f32[1,2,9,4]:leaf k=f32[1,1,9,4]:leaf v=f32[1,1,9,3]:leaf g=f32[1,2,9,3]"
+    build("cuda", tmp_path / "cuda", "tests/cuda/small_tiled_attention.py:step", shapes)
+    build("cpu", tmp_path / "cpu", "tests/cuda/small_tiled_attention.py:step", shapes)
+    manifest = read_manifest(str(tmp_path / "cuda"))
+    plan = read_plan(str(tmp_path / "cuda"), manifest)
+    (grad,) = [s for s in plan["steps"] if [l["kernel"] for l in s["launches"]][:2] == ["key_grads", "key_grads_sum"]]
+    scratch = grad["outputs"][-1]
+    assert str(scratch) in plan["storage"] and scratch not in plan["outputs"]
+    assert all(len(l["arguments"]) == len(grad["inputs"]) + len(grad["outputs"]) for l in grad["launches"])
+    inputs = random_inputs(manifest, 0)
+    want = runtime.load(str(tmp_path / "cpu")).run_flat(list(inputs))
+    for mode in ("graph", "eager"):
+        device = SimulatedDevice.for_artifact(tmp_path / "cuda", plan)
+        got = CubinProgram(plan, device, mode=mode).run(inputs)
+        assert f"{grad['name']}.key_grads_sum" in device.launched
+        for index, (mine, theirs) in enumerate(zip(got, want)):
+            host, scale = mine.copy_to_host(), max(float(np.max(np.abs(theirs))), 0.1)
+            assert float(np.max(np.abs(host - theirs))) <= 2e-5 * scale, f"{mode} out{index}"
+
+
 def test_output_contracts_and_device_inputs(built) -> None:
     folder, plan, inputs, want = built
     device = SimulatedDevice.for_artifact(folder, plan)

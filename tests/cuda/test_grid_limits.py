@@ -15,6 +15,7 @@ import pytest
 import bendc
 import bendc.functional as F
 from bendc.codegen.cuda import render_cuda_plan
+from bendc.codegen.memory import plan_memory
 from bendc.codegen.plan import build_plan
 from bendc.ops import OPS
 from bendc.passes import default_passes
@@ -142,3 +143,34 @@ def test_the_large_dimensions_are_on_grid_x_or_looped(launches) -> None:
     grouped = [l for where, ops, l in launches if ops & {"conv2d_grad_input", "conv2d_grad_weight"}
                and where.startswith("images")]
     assert any(tuple(l["grid"])[2] == 65535 for l in grouped), by_step
+
+
+def gqa_attention(q, k, v, g):
+    """bench/run.py's attention workload: causal grouped-query attention, forward and backward."""
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    o.backward(g)
+    return o, q.grad, k.grad, v.grad
+
+
+BENCH_ATTENTION = "q=f32[4,8,512,64]:leaf k=f32[4,2,512,64]:leaf v=f32[4,2,512,64]:leaf g=f32[4,8,512,64]"
+SMS = 132  # streaming multiprocessors of an H100 or H200 (SXM), sm_90
+
+
+def test_key_grads_splits_its_walk_to_fill_the_gpu_at_the_bench_shape() -> None:
+    """B=4, H=8, Hkv=2, T=512, D=64 (bench/run.py's attention): a block per (batch, kv head, key tile)
+    is 4 x 2 x 16 = 128 blocks for 132 SMs; split in parts of each tile's walk over 4 heads x up to
+    16 query tiles it is at least two blocks per SM, and a small kernel adds the parts (in order,
+    from a scratch array the memory plan places in a temporary buffer: no atomics)."""
+    graph, plan = rendered(gqa_attention, BENCH_ATTENTION, with_schedule("attention_schedule_tiled"))
+    (step,) = [s for s in plan.steps if "attention_tiled_grad" in {graph.node(i).op for i in s.nodes}]
+    launches = {launch["kernel"]: launch for launch in step.launches}
+    assert list(launches) == ["key_grads", "key_grads_sum", "query_grads"], step.launches
+    assert launches["key_grads"]["grid"][0] >= 2 * SMS, launches["key_grads"]
+    assert launches["key_grads"]["grid"][0] % 128 == 0  # every (batch, kv head, key tile) in the same number of parts
+    parts = launches["key_grads"]["grid"][0] // 128
+    scratch = step.outputs[-1]
+    assert scratch >= graph.next_id and plan.values[scratch] == ("f32", (parts * 4 * 2 * 512 * (64 + 64),))
+    assert step.source.count("float32[::1]") == 5 + 1 + 1  # q, k, v, the saved output, g; the packed grads; scratch
+    assert "cuda.atomic" not in step.source and "key_grads_sum(in0, in1, in2, in3, in4, out0, out1)" in step.source
+    plan_memory(plan)
+    assert scratch in plan.storage and scratch not in plan.outputs

@@ -24,7 +24,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
 
 from bendc.codegen.cuda import CudaOptions, render_cuda_plan  # noqa: E402
 from bendc.codegen.plan import build_plan  # noqa: E402
-from bendc.codegen.ptx import CompiledKernel, compile_kernel, compile_plan, parse_resources  # noqa: E402
+from bendc.codegen.ptx import CompiledKernel, compile_kernel, compile_plan, jit_options, parse_resources  # noqa: E402
 from bendc.compile import render_cuda  # noqa: E402
 from cuda_programs import Program, all_programs, jitted, plan_kinds, spec_of  # noqa: E402
 from runtime.artifact import load_module  # noqa: E402
@@ -78,8 +78,9 @@ def compile_all(kernels) -> list[CompiledKernel]:
         for launch in step.launches:
             key = (step.module, launch["kernel"])
             if key not in _COMPILED:
-                function = getattr(module, launch["kernel"]).py_func
-                _COMPILED[key] = compile_kernel(function, module.SIGNATURE, arch=ARCH, step=step.name,
+                dispatcher = getattr(module, launch["kernel"])
+                _COMPILED[key] = compile_kernel(dispatcher.py_func, module.SIGNATURE, arch=ARCH,
+                                                **jit_options(dispatcher), step=step.name,
                                                 kernel=launch["kernel"])
             compiled.append(_COMPILED[key])
     return compiled

@@ -40,3 +40,33 @@ def test_a_new_batch_size_compiles_no_cubin(tmp_path) -> None:
     grids = [[launch["grid"] + launch["block"] for step in plan.steps for launch in step.launches]
              for plan in (plan_3, plan_5)]
     assert grids[0] != grids[1], "the launches are sized from each batch's shapes"
+
+
+@pytest.mark.parametrize("name", ["row_ops", "image_ops", "conv_ops"])
+def test_the_row_and_image_kernels_render_the_same_modules_at_a_new_batch_size(name, tmp_path) -> None:
+    """rope, the scans, the extrema and logsumexp (row_ops), group_norm, the pools and their gradients
+    (image_ops), conv2d (grouped, stride 2: dx in phases) and its gradients (conv_ops) read the batch
+    from their arrays' lengths: batch 5 renders batch 3's modules (named by their structural hash,
+    the cubin cache's key), only the launches differ."""
+    import batch_size_programs as programs
+    from runtime.artifact import module_name
+
+    step, leaves, spec = {"row_ops": (programs.row_ops, programs.ROW_LEAVES, programs.row_spec),
+                          "image_ops": (programs.image_ops, programs.IMAGE_LEAVES, programs.image_spec),
+                          "conv_ops": (programs.conv_ops, programs.CONV_LEAVES, programs.conv_spec)}[name]
+    rendered = []
+    for batch in ((4, 6) if name == "conv_ops" else (3, 5)):  # (conv_spec: all slices from batch 4 on)
+        graph = bendc.jit(step, leaves=leaves, target="reference").lower(spec(batch)).graph
+        plan = render_cuda(graph, str(tmp_path)).plan
+        rendered.append({s.name: (s.op, module_name(s.source), [l["grid"] for l in s.launches])
+                         for s in plan.steps if s.launches})
+    small, large = rendered
+    assert small.keys() == large.keys()
+    ops = {op for op, _, _ in small.values()}
+    wanted = {"row_ops": {"rope", "cumsum", "cumprod", "amax", "amin", "logsumexp", "argmax"},
+              "image_ops": {"group_norm", "group_norm_grad", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"},
+              "conv_ops": {"conv2d", "conv2d_grad_input", "conv2d_grad_weight"}}[name]
+    assert wanted <= ops, ops
+    changed = sorted(f"{step} ({small[step][0]})" for step in small if small[step][1] != large[step][1])
+    assert changed == [], f"new modules at batch {batch}: {changed}"
+    assert any(small[step][2] != large[step][2] for step in small)  # grids sized from each batch

@@ -35,6 +35,7 @@ import bendc.ops.attention.cuda_tiled as cuda_tiled  # noqa: E402
 from bendc.compile import build  # noqa: E402
 from bendc.ir.parser import parse_graph  # noqa: E402
 from bendc.passes import default_passes  # noqa: E402
+from runtime.artifact import module_name  # noqa: E402
 from test_simulator import host  # noqa: E402  (also makes the simulator's shared arrays thread safe)
 
 TILED = tuple("attention_schedule_tiled" if p == "attention_schedule" else p for p in default_passes())
@@ -155,6 +156,57 @@ def test_no_float_atomics_and_a_rerun_is_bitwise_identical(cache_dir, monkeypatc
     assert "def key_grads(" in sources and "def query_grads(" in sources and "cuda.atomic" not in sources
     for a, b in zip(first, second):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("min_blocks, parts", [(0, 1), (24, 3), (10**6, 8)], ids=["whole", "3 parts", "8 parts"])
+def test_key_grads_in_parts_matches_torch_and_reruns_bitwise(min_blocks, parts, cache_dir, monkeypatch) -> None:
+    """key_grads' walk over (query head, query tile) whole or split in parts (1 x 2 kv heads x 4 key
+    tiles = 8 blocks; 3 parts: uneven shares of a walk of 2 heads x 1 to 4 query tiles; 8 parts: some
+    empty), the parts added in order by key_grads_sum: the same gradients as torch and the same bits
+    on a rerun."""
+    small_tiles(monkeypatch, (4, 4), 8)
+    monkeypatch.setattr(cuda_tiled, "MIN_BLOCKS", min_blocks)
+    arrays = make_inputs((1, 4, 2, 13, 4, 3), seed=11)
+    step, got = run_cuda(arrays, True, cache_dir)
+    report = step.report()
+    launch = re.search(r"launch: attention_tiled_grad\d+: (.*)", report).group(1)
+    kernels = re.findall(r"(\w+)\[grid=\((\d+), 1, 1\)", launch)
+    if parts == 1:
+        assert [k for k, _ in kernels] == ["key_grads", "query_grads"] and kernels[0][1] == "8", launch
+    else:
+        assert [k for k, _ in kernels] == ["key_grads", "key_grads_sum", "query_grads"], launch
+        sources = "\n".join(step.kernels().values())
+        assert kernels[0][1] == str(8 * parts) and f"in {parts} parts of each tile's walk" in sources, launch
+    for index, want in enumerate(torch_values(arrays, True)):
+        assert_relative(got[index], want, f"{parts} parts: output {index}")
+    again = [host(value) for value in step(*arrays)]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, again))
+
+
+@pytest.mark.parametrize("schedule", ["tiled", "triangular", "dense"])
+def test_a_new_batch_size_runs_the_same_attention_modules(schedule, tmp_path, monkeypatch) -> None:
+    """Issue 25 item 7: the attention kernels read the batch from their output's length (and the tiled
+    key_grads its parts from the scratch array's), so batch 2 runs batch 1's modules, named by the
+    same structural hash (the cubin cache's key), with grids sized from its own shapes (key_grads:
+    1 kv head x 4 key tiles x 4 parts at batch 1, x 2 parts at batch 2) and matches torch."""
+    small_tiles(monkeypatch, (4, 4), 8)
+    monkeypatch.setattr(cuda_tiled, "MIN_BLOCKS", 16)
+    passes = tuple(f"attention_schedule_{schedule}" if p == "attention_schedule" else p for p in default_passes())
+    step = bendc.jit(attention_step(True), leaves=LEAVES, target="cuda", cache_dir=str(tmp_path), passes=passes)
+    modules, grids = [], []
+    for batch in (1, 2):
+        arrays = make_inputs((batch, 2, 1, 13, 4, 3), seed=batch)
+        got = [host(value) for value in step(*arrays)]
+        for index, want in enumerate(torch_values(arrays, True)):
+            assert_relative(got[index], want, f"{schedule} batch {batch} output {index}")
+        attention = {name: source for name, source in step.kernels().items() if "attention" in name}
+        assert attention, step.kernels().keys()
+        modules.append({name: module_name(source) for name, source in attention.items()})
+        grids.append(re.findall(r"launch: (attention\w+): (.*)", step.report()))
+    assert modules[0] == modules[1], "batch 2 renders new attention modules"
+    assert grids[0] != grids[1], grids
+    if schedule == "tiled":
+        assert "key_grads[grid=(16, 1, 1)" in str(grids[0]) and "key_grads[grid=(16, 1, 1)" in str(grids[1])
 
 
 PACKED = ("func @f(%q: f32[1,2,7,4], %k: f32[1,1,7,4], %v: f32[1,1,7,3], %g: f32[1,2,7,3]) "

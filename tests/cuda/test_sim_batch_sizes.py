@@ -25,17 +25,22 @@ from runtime.artifact import module_name  # noqa: E402
 from test_simulator import host  # noqa: E402  (also makes the simulator's shared arrays thread safe)
 
 
+def run_batch_5_after_batch_3(function, leaves, spec, make, folder) -> tuple[dict, dict]:
+    """Batch 3's plan rendered, then batch 5 run on cuda (the same kernel folder) and checked against
+    the reference: (batch 3's steps with launches by name, batch 5's kernel sources by step name)."""
+    graph = bendc.jit(function, leaves=leaves, target="reference").lower(spec(3)).graph
+    plan_3 = render_cuda(graph, str(folder)).plan
+    step = bendc.jit(function, leaves=leaves, target="cuda", cache_dir=str(folder))
+    got = step(*make(5))
+    want = bendc.jit(function, leaves=leaves, target="reference")(*make(5))
+    for index, (mine, theirs) in enumerate(zip(got, want)):
+        assert_close(host(mine), theirs, f"{function.__name__} batch 5 output {index}")
+    return {s.name: s for s in plan_3.steps if s.launches}, step.kernels()
+
+
 def test_a_new_batch_size_runs_the_same_kernels_and_matches_the_reference(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(cuda_kit, "MAX_BLOCK", cuda_kit.WARP)
-    graph = bendc.jit(batch_step, leaves=LEAVES, target="reference").lower(spec(3)).graph
-    plan_3 = render_cuda(graph, str(tmp_path)).plan
-    step = bendc.jit(batch_step, leaves=LEAVES, target="cuda", cache_dir=str(tmp_path))
-    got = step(*inputs(5))
-    want = bendc.jit(batch_step, leaves=LEAVES, target="reference")(*inputs(5))
-    for index, (mine, theirs) in enumerate(zip(got, want)):
-        assert_close(host(mine), theirs, f"batch 5 output {index}")
-    sources = step.kernels()
-    kernels_3 = {s.name: s for s in plan_3.steps if "\n@jit" in s.source}
+    kernels_3, sources = run_batch_5_after_batch_3(batch_step, LEAVES, spec, inputs, tmp_path)
     assert len(kernels_3) >= 15 and set(kernels_3) == {name for name in sources if "\n@jit" in sources[name]}
     changed = sorted(name for name, s in kernels_3.items() if module_name(sources[name]) != s.module)
     assert changed == [], f"kernels batch 5 compiles again: {changed}"
@@ -46,3 +51,18 @@ def test_a_new_batch_size_runs_the_same_kernels_and_matches_the_reference(tmp_pa
 def _launches(source: str) -> str:
     """The launch configurations a kernel module's header lists."""
     return source.split("Launches:", 1)[1].split('"""', 1)[0]
+
+
+@pytest.mark.parametrize("name", ["row_ops", "image_ops"])
+def test_the_row_and_image_kernels_at_a_new_batch_size_match_the_reference(name, tmp_path, monkeypatch) -> None:
+    """rope, scans, extrema, logsumexp (row_ops); group_norm, the pools and their gradients (image_ops):
+    batch 5 runs batch 3's modules and matches the reference."""
+    import batch_size_programs as programs
+
+    monkeypatch.setattr(cuda_kit, "MAX_BLOCK", cuda_kit.WARP)
+    function, leaves, spec, make = {
+        "row_ops": (programs.row_ops, programs.ROW_LEAVES, programs.row_spec, programs.row_inputs),
+        "image_ops": (programs.image_ops, programs.IMAGE_LEAVES, programs.image_spec, programs.image_inputs)}[name]
+    kernels_3, sources = run_batch_5_after_batch_3(function, leaves, spec, make, tmp_path)
+    changed = sorted(name for name, s in kernels_3.items() if module_name(sources[name]) != s.module)
+    assert kernels_3 and changed == [], f"kernels batch 5 compiles again: {changed}"

@@ -77,6 +77,8 @@ def test_occupancy_for_sm_90_from_registers_shared_memory_and_threads() -> None:
     assert occupancy(32, 0, 256) == {"blocks": 8, "percent": 100, "limit": "warps"}
     assert occupancy(16, 0, 32) == {"blocks": 32, "percent": 50, "limit": "blocks per SM"}
     assert occupancy(32, 100 * 1024, 128)["limit"] == "shared memory"
+    assert occupancy(32, 227 * 1024, 128) == {"blocks": 1, "percent": 6, "limit": "shared memory"}
+    assert occupancy(32, 227 * 1024 + 4, 128) == {"blocks": 0, "percent": 0, "limit": "shared memory per block"}
     assert occupancy(32, 0, 128, "sm_80") is None
     kernel = CompiledKernel("s", "k", "sm_90", "", b"", 96, 0, 0, 35 * 1024, "", 0.1, threads=128)
     assert "35840 bytes shared memory, 5 blocks of 128 threads per SM (31% occupancy, limited by registers)" \

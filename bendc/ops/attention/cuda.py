@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from bendc.errors import UnsupportedError
+from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 from bendc.ops.attention.layout import resolve_schedule, score_cells, work_items
 
@@ -98,10 +99,18 @@ def _indent(lines: list[str]) -> list[str]:
     return ["    " + line for line in lines]
 
 
-def _work_loop(count: int, items: int, decode: list[str], body: list[str]) -> list[str]:
-    """Blocks take work items in turn: ``bh`` (or ``bkv``) and ``item`` from ``work``."""
-    return (["work = cuda.blockIdx.x", f"while work < {count * items}:"]
+def _work_loop(count: int | str, items: int, decode: list[str], body: list[str]) -> list[str]:
+    """Blocks take work items in turn: ``bh`` (or ``bkv``) and ``item`` from ``work``. ``count``:
+    the (batch, head) pairs, as :func:`_heads` reads them."""
+    total = count * items if isinstance(count, int) else f"{count} * {items}"
+    return (["work = cuda.blockIdx.x", f"while work < {total}:"]
             + _indent(decode + body) + ["    work += cuda.gridDim.x"])
+
+
+def _heads(op, count: int) -> int | str:
+    """``count`` (batch x heads) pairs as the kernel reads them: the output's length over its
+    elements per pair (kit.length_of), so one source serves every batch size."""
+    return op.count(count, numel(op.shape) // count)
 
 
 def _head_decode(heads: int, group: int, items: int) -> list[str]:
@@ -178,7 +187,7 @@ def _cuda_softmax(op, store: str):
     if store == "shared":
         shared.append(f"scores = cuda.shared.array({max(deal.cells, 1)}, numba.float32)")
     shared += [f"{name} = cuda.shared.array(BLOCK, numba.float32)" for name in partials]
-    body = shared + ["t = cuda.threadIdx.x"] + _work_loop(batch * heads, deal.items,
+    body = shared + ["t = cuda.threadIdx.x"] + _work_loop(_heads(op, batch * heads), deal.items,
                                                           _head_decode(heads, group, deal.items), item)
     shared_bytes = 4 * (deal.slots * max(depth, 1) + len(partials) * block
                         + (max(deal.cells, 1) if store == "shared" else 0))
@@ -239,7 +248,7 @@ def cuda_score_grad(op):
     body = ([f"grads = cuda.shared.array(({deal.slots}, {max(width, 1)}), numba.float32)"]
             + [f"{name} = cuda.shared.array(BLOCK, numba.float32)" for name in partials]
             + ["t = cuda.threadIdx.x"]
-            + _work_loop(batch * heads, deal.items, _head_decode(heads, group, deal.items), item))
+            + _work_loop(_heads(op, batch * heads), deal.items, _head_decode(heads, group, deal.items), item))
     shared_bytes = 4 * (deal.slots * max(width, 1) + len(partials) * block)
     source = f"\nBLOCK = {block}\n" + kit.kernel_source(
         "kernel", op.arguments, body, f"A block per work item ({layout}): G from P, dO and v.")
@@ -269,7 +278,7 @@ def cuda_vjp(op):
                              f"{op.read(1, ['b', 'hk', 'j', 'col'])}",
                              f"    out0[(bh * {t} + i) * {width} + col] = acc",
                              "e += BLOCK"]))
-        body = ["t = cuda.threadIdx.x"] + _work_loop(batch * heads, deal.items,
+        body = ["t = cuda.threadIdx.x"] + _work_loop(_heads(op, batch * heads), deal.items,
                                                      _head_decode(heads, group, deal.items), item)
         work = batch * heads * deal.items
         what = f"{batch * heads} heads x {deal.items} work items of rows"
@@ -290,7 +299,7 @@ def cuda_vjp(op):
                              f"{op.read(1, ['b', 'h', 'i', 'col'])}",
                              f"    out0[(bkv * {t} + j) * {width} + col] = acc",
                              "e += BLOCK"]))
-        body = ["t = cuda.threadIdx.x"] + _work_loop(batch * kv_heads, deal.items, decode, item)
+        body = ["t = cuda.threadIdx.x"] + _work_loop(_heads(op, batch * kv_heads), deal.items, decode, item)
         work = batch * kv_heads * deal.items
         what = f"{batch * kv_heads} key/value heads x {deal.items} work items of columns"
     source = f"\nBLOCK = {block}\n" + kit.kernel_source(

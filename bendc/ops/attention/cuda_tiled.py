@@ -21,11 +21,22 @@ run):
   (causal: from the first one that reaches the tile's keys). Per query tile it recomputes
   P^T = exp(scale K Q^T - lse) and dP^T = V dO^T, accumulates dV += P^T dO, forms
   dS^T = P^T (dP^T - D) scale (D = rowsum(dO * O), from the saved O) and accumulates dK += dS^T Q.
+  With fewer than MIN_BLOCKS such blocks (two per SM of sm_90), each tile's walk is split into
+  parts (:func:`key_grads_parts`), a block per (batch, key/value head, key tile, part), each
+  writing its part's dK and dV into a scratch array (``Kernels.scratch``: a temporary buffer of
+  the step); ``key_grads_sum`` then adds the parts of each cell in order of parts. The same bits
+  every run, still no atomics (the split changes the order of the sums against the unsplit walk,
+  within the tolerances).
 - ``query_grads``: a block per (batch, head, tile of BQ queries) keeps dQ in registers and walks
   its key tiles (causal: up to the diagonal), recomputing P and dP the same way: dQ += dS K.
 
 Each block owns the output rows it writes, so the split is race-free; the price is computing
 S and dP twice (7 tile products per tile pair instead of flash-attention-2's 5 with atomic dQ).
+
+A thread's register tiles are local arrays (``cuda.local.array``) walked by loops of constant
+trip count (:class:`Owned`): NVVM unrolls them and keeps the arrays in registers (no local loads
+or stores in the PTX), and numba's typing, liveness, SSA and lowering passes, which grow with the
+source's statements, see ~140-170 lines a kernel instead of 260-420 unrolled ones (compile time).
 
 Tile sizes (:func:`forward_tiles`, :func:`backward_tiles`): the largest of CANDIDATES whose
 shared memory fits MAX_SHARED_BYTES and whose per-thread accumulators fit MAX_ACCUMULATORS,
@@ -40,12 +51,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bendc.errors import UnsupportedError
+from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 
 THREADS = 128  # threads per block (4 warps)
 # (queries, keys) per tile, the preferred first: more queries per tile streams K and V fewer times.
 CANDIDATES = ((64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16), (8, 16))
 MAX_ACCUMULATORS = 64  # float32 values a thread keeps live in registers (accumulators and a tile's scores)
+# key_grads has a block per (batch, key/value head, key tile); fewer than MIN_BLOCKS split each
+# tile's walk over query heads and tiles into parts (key_grads_parts), added in order afterwards.
+# Two blocks per SM of sm_90's 132 (H100 and H200 SXM): the kernel holds 4 blocks of 128 threads
+# per SM (its registers bind), so a grid of half a wave or less leaves the GPU mostly idle.
+SMS = 132
+MIN_BLOCKS = 2 * SMS
+MAX_PARTS = 8
+# Blocks of THREADS each of the three kernels asks to keep resident per SM (launch bounds: at most
+# 65536 / (128 x 4) = 128 registers a thread; without them ptxas gave the split key_grads 159 and
+# so 3 blocks). The PTX tests check that no kernel spills under the bound.
+RESIDENT = 4
 
 
 def _odd(n: int) -> int:
@@ -189,46 +212,56 @@ def _shared(arrays: dict) -> list[str]:
 
 @dataclass(frozen=True)
 class Owned:
-    """A split as generated code sees it: the thread's rows ``{prefix}r{m}`` and columns
-    ``{prefix}c{k}`` (thread constants), and its cells (m, k)."""
+    """A split as generated code sees it: the thread's cells (m, k) in a local array of RM x CM,
+    row ``{prefix}y + TY*m`` and column ``{prefix}x + TX*k`` of the tile. Cells are visited by
+    loops over m and k with constant trip counts, which NVVM unrolls completely, so the local
+    arrays stay in registers (tests/cuda/test_ptx_attention_tiled.py checks the PTX for local
+    loads and stores) while numba's passes see a few statements instead of one per cell."""
 
     split: Split
     prefix: str
 
-    def row(self, m: int) -> str:
-        return f"{self.prefix}r{m}"
+    def row(self, m: str = "m") -> str:
+        return f"({self.prefix}y + {self.split.ty} * {m})"
 
-    def col(self, k: int) -> str:
-        return f"{self.prefix}c{k}"
-
-    @property
-    def cells(self) -> list[tuple[int, int]]:
-        return [(m, k) for m in range(self.split.rm) for k in range(self.split.cm)]
+    def col(self, k: str = "k") -> str:
+        return f"({self.prefix}x + {self.split.tx} * {k})"
 
     def constants(self) -> list[str]:
         s, p = self.split, self.prefix
-        return ([f"{p}y = t // {s.tx}", f"{p}x = t - {p}y * {s.tx}"]
-                + [f"{self.row(m)} = {p}y + {s.ty * m}" for m in range(s.rm)]
-                + [f"{self.col(k)} = {p}x + {s.tx * k}" for k in range(s.cm)])
+        return [f"{p}y = t // {s.tx}", f"{p}x = t - {p}y * {s.tx}"]
+
+    def declare(self, acc: str) -> str:
+        return f"{acc} = cuda.local.array(({self.split.rm}, {self.split.cm}), numba.float32)"
+
+    def cells(self, body: list[str]) -> list[str]:
+        """``body`` for each of the thread's cells (m, k), in order of rows then columns."""
+        return [f"for m in range({self.split.rm}):", f"    for k in range({self.split.cm}):"] + _indent(body, 2)
 
     def set(self, acc: str, value: str) -> list[str]:
-        return [f"{acc}{m}_{k} = {value}" for m, k in self.cells]
+        return self.cells([f"{acc}[m, k] = {value}"])
 
     def product(self, acc: str, count: int, left: str, right: str) -> list[str]:
-        """{acc}{m}_{k} += left(row m, i) * right(i, column k) for i in order (``left`` and
-        ``right`` are templates over {row} and {col})."""
-        body = [f"a{m} = {left.format(row=self.row(m))}" for m in range(self.split.rm)]
-        body += [f"b{k} = {right.format(col=self.col(k))}" for k in range(self.split.cm)]
-        body += [f"{acc}{m}_{k} = {acc}{m}_{k} + a{m} * b{k}" for m, k in self.cells]
+        """{acc}[m, k] += left(row m, i) * right(i, column k) for i in order (``left`` and
+        ``right`` are templates over {row} and {col}); the row and column operands go through the
+        local arrays ``lhs`` and ``rhs`` (:func:`_scratch`)."""
+        body = ([f"for m in range({self.split.rm}):", f"    lhs[m] = {left.format(row=self.row())}",
+                 f"for k in range({self.split.cm}):", f"    rhs[k] = {right.format(col=self.col())}"]
+                + self.cells([f"{acc}[m, k] = {acc}[m, k] + lhs[m] * rhs[k]"]))
         return [f"for i in range({count}):"] + _indent(body)
 
-    def write(self, acc: str, first: str, t: int, row_base: str, used: int, width: int) -> list[str]:
-        """The accumulators into output rows row_base + first + row (those < t), columns < used."""
-        lines = []
-        for m, k in self.cells:
-            lines += [f"if {first} + {self.row(m)} < {t} and {self.col(k)} < {used}:",
-                      f"    out0[({row_base} + {first} + {self.row(m)}) * {width} + {self.col(k)}] = {acc}{m}_{k}"]
-        return lines
+    def write(self, acc: str, first: str, t: int, used: int, target: str) -> list[str]:
+        """The accumulators of rows first + row (those < t) and columns < used into ``target``, a
+        template over {row} (first + row) and {col}."""
+        place = target.format(row=f"{first} + {self.row()}", col=self.col())
+        return self.cells([f"if {first} + {self.row()} < {t} and {self.col()} < {used}:", f"    {place} = {acc}[m, k]"])
+
+
+def _operands(*owned: Owned) -> list[str]:
+    """The local arrays ``lhs`` and ``rhs`` of the kernel's products (Owned.product): a row and a
+    column operand of each of the thread's rows and columns, for the widest split."""
+    rows, cols = max(o.split.rm for o in owned), max(o.split.cm for o in owned)
+    return [f"lhs = cuda.local.array({rows}, numba.float32)", f"rhs = cuda.local.array({cols}, numba.float32)"]
 
 
 def _load(tile: str, shape: tuple[int, int], first: str, count: int, columns: int, read: str,
@@ -257,7 +290,13 @@ def _zero_tail(threads: int, rows: int, first: str, count: int, row_base: str, u
             "np.float32(0.0)", f"    e += {threads}"]
 
 
-def _work(count: int, decode: list[str], body: list[str]) -> list[str]:
+def _batches(op, batch: int) -> int | str:
+    """The batch size as the kernel reads it: the packed output's length over its elements per batch
+    entry (kit.length_of), so one source serves every batch size."""
+    return op.count(batch, numel(op.shape) // batch)
+
+
+def _work(count: int | str, decode: list[str], body: list[str]) -> list[str]:
     return (["work = cuda.blockIdx.x", f"while work < {count}:"] + _indent(decode + body)
             + ["    cuda.syncthreads()  # shared memory is reused by the block's next item",
                "    work += cuda.gridDim.x"])
@@ -308,16 +347,14 @@ def cuda_tiled(op):
               f"hk = h // {group}  # the key/value head of query head h",
               f"block = {nq - 1} - item  # the longest causal rows first" if causal else "block = item",
               f"first = block * {bq}"]
-    mask = []
-    for m, k in s.cells:
-        mask += [f"s{m}_{k} = s{m}_{k} * {scale}",
-                 f"if {_masked(causal, f'k0 + {s.col(k)}', f'first + {s.row(m)}', t, False)}:",
-                 f"    s{m}_{k} = np.float32(-math.inf)", f"s_tile[{s.row(m)}, {s.col(k)}] = s{m}_{k}"]
+    mask = s.cells([f"x = sc[m, k] * {scale}",
+                    f"if {_masked(causal, f'k0 + {s.col()}', f'first + {s.row()}', t, False)}:",
+                    "    x = np.float32(-math.inf)", f"s_tile[{s.row()}, {s.col()}] = x"])
     key_tile = ([f"k0 = kb * {bk}", "cuda.syncthreads()  # the Q tile is in; the previous key tile's readers are done"]
                 + _load("kv_tile", arrays["kv_tile"], "k0", t, depth, op.read(1, ["b", "hk", "row", "c"]), threads)
                 + ["cuda.syncthreads()", "# S = scale * Q K^T, masked"]
-                + s.set("s", "np.float32(0.0)")
-                + s.product("s", depth, "q_tile[{row}, i]", "kv_tile[{col}, i]")
+                + s.set("sc", "np.float32(0.0)")
+                + s.product("sc", depth, "q_tile[{row}, i]", "kv_tile[{col}, i]")
                 + mask
                 + ["cuda.syncthreads()", "# V replaces K; each query's new running max"]
                 + _load("kv_tile", arrays["kv_tile"], "k0", t, width, op.read(2, ["b", "hk", "row", "c"]), threads)
@@ -325,31 +362,31 @@ def cuda_tiled(op):
                                           "    if x > mx:", "        mx = x",
                                           "alpha[r] = math.exp(top[r] - mx)", "top[r] = mx"])
                 + ["cuda.syncthreads()", "# P = exp(S - max)"]
-                + [f"s_tile[{s.row(m)}, {s.col(k)}] = math.exp(s_tile[{s.row(m)}, {s.col(k)}] - top[{s.row(m)}])"
-                   for m, k in s.cells]
+                + s.cells([f"s_tile[{s.row()}, {s.col()}] = math.exp(s_tile[{s.row()}, {s.col()}] - top[{s.row()}])"])
                 + ["cuda.syncthreads()", "# the running sums, and O = O * alpha + P V"]
                 + _row_loop(threads, bq, ["x = total[r] * alpha[r]", f"for c in range({bk}):",
                                           "    x = x + s_tile[r, c]", "total[r] = x"])
-                + [f"a{m} = alpha[{o.row(m)}]" for m in range(o.split.rm)]
-                + [f"o{m}_{k} = o{m}_{k} * a{m}" for m, k in o.cells]
+                + [f"for m in range({o.split.rm}):", f"    lhs[m] = alpha[{o.row()}]"]
+                + o.cells(["o[m, k] = o[m, k] * lhs[m]"])
                 + o.product("o", bk, "s_tile[{row}, i]", "kv_tile[i, {col}]"))
     body = (_load("q_tile", arrays["q_tile"], "first", t, depth, op.read(0, ["b", "h", "row", "c"]), threads)
             + _row_loop(threads, bq, ["top[r] = np.float32(-math.inf)", "total[r] = np.float32(0.0)"])
             + o.set("o", "np.float32(0.0)")
             + [f"for kb in range({last}):"] + _indent(key_tile)
             + ["cuda.syncthreads()  # the sums are final", "# O / sum and each query's logsumexp"])
-    for m, k in o.cells:
-        body += [f"if first + {o.row(m)} < {t} and {o.col(k)} < {width}:",
-                 f"    out0[(bh * {rows} + first + {o.row(m)}) * {width} + {o.col(k)}] = o{m}_{k} / total[{o.row(m)}]"]
+    body += o.cells([f"if first + {o.row()} < {t} and {o.col()} < {width}:",
+                     f"    out0[(bh * {rows} + first + {o.row()}) * {width} + {o.col()}] = o[m, k] / total[{o.row()}]"])
     lse = f"out0[(bh * {rows} + {t}) * {width} + first + r]"  # query first + r's logsumexp cell
     body += _row_loop(threads, bq, [f"if first + r < {t}:", f"    {lse} = top[r] + math.log(total[r])"])
     if lse_cells > t:  # the unused tail of the last logsumexp row
         body += [f"if block == {nq - 1}:", "    e = t", f"    while e < {lse_cells - t}:",
                  f"        out0[(bh * {rows} + {t}) * {width} + {t} + e] = np.float32(0.0)", f"        e += {threads}"]
-    kernel_body = (_shared(arrays) + ["t = cuda.threadIdx.x"] + s.constants() + o.constants()
-                   + _work(batch * heads * nq, decode, body))
+    kernel_body = (_shared(arrays) + [s.declare("sc"), o.declare("o")] + _operands(s, o)
+                   + ["t = cuda.threadIdx.x"] + s.constants() + o.constants()
+                   + _work(f"{_batches(op, batch)} * {heads * nq}", decode, body))
     source = kit.kernel_source("kernel", op.arguments, kernel_body,
-                               f"attention_tiled: a block per (batch, head, {bq} queries), {bk} keys a step.")
+                               f"attention_tiled: a block per (batch, head, {bq} queries), {bk} keys a step.",
+                               kit.bounded_decorator(threads, RESIDENT))
     launch = _launch(op, "kernel", batch * heads * nq, threads, tiles.shared_bytes[0])
     skipped = ", causal blocks above the diagonal skipped" if causal else ""
     return kit.Kernels(f"attention_tiled: {batch * heads} heads x {nq} query tiles, a block each; "
@@ -359,19 +396,17 @@ def cuda_tiled(op):
 # ------------------------------------------------------------------ attention_tiled_grad
 def _recompute(o: Owned, key: str, query: str, depth: int, width: int, t: int, causal: bool, scale: str,
                reads: tuple[str, str, str, str]) -> list[str]:
-    """p{m}_{k} and ds{m}_{k} of the thread's cells of a score tile, cell (m, k) being key
+    """p[m, k] and, replacing dP in d[m, k], dS of the thread's cells of a score tile, cell (m, k) being key
     k0 + key(m, k) and query q0 + query(m, k) (``key``, ``query``: templates over {row} and
     {col}): P = exp(scale S - lse), 0 where masked; dS = P (dP - D) scale. ``reads``: the
     left and right operands of S and of dP, as product templates."""
     lines = o.set("p", "np.float32(0.0)") + o.product("p", depth, reads[0], reads[1])
     lines += o.set("d", "np.float32(0.0)") + o.product("d", width, reads[2], reads[3])
-    for m, k in o.cells:
-        here_key, here_query = key.format(row=o.row(m), col=o.col(k)), query.format(row=o.row(m), col=o.col(k))
-        lines += [f"p{m}_{k} = math.exp(p{m}_{k} * {scale} - lse_tile[{here_query}])",
-                  f"if {_masked(causal, f'k0 + {here_key}', f'q0 + {here_query}', t)}:",
-                  f"    p{m}_{k} = np.float32(0.0)",
-                  f"ds{m}_{k} = p{m}_{k} * (d{m}_{k} - delta_tile[{here_query}]) * {scale}"]
-    return lines
+    here_key, here_query = key.format(row=o.row(), col=o.col()), query.format(row=o.row(), col=o.col())
+    return lines + o.cells([f"x = math.exp(p[m, k] * {scale} - lse_tile[{here_query}])",
+                            f"if {_masked(causal, f'k0 + {here_key}', f'q0 + {here_query}', t)}:",
+                            "    x = np.float32(0.0)", "p[m, k] = x",
+                            f"d[m, k] = x * (d[m, k] - delta_tile[{here_query}]) * {scale}"])
 
 
 def _row_statistics(op, threads: int, bq: int, t: int, width: int) -> list[str]:
@@ -399,13 +434,27 @@ def cuda_tiled_grad(op):
     q_read, g_read = op.read(0, ["b", "h", "row", "c"]), op.read(4, ["b", "h", "row", "c"])
     k_read, v_read = op.read(1, ["b", "hk", "row", "c"]), op.read(2, ["b", "hk", "row", "c"])
 
-    # key_grads: dK and dV of one key tile, over the group's query heads and their query tiles
+    # key_grads: dK and dV of one key tile, over the group's query heads and their query tiles (or,
+    # split, over a part of that walk, into the scratch array; key_grads_sum adds the parts)
     layout = _key_grads_layout(bq, bk, depth, width, threads)
     st, dk, dv = Owned(layout["st"], "st"), Owned(layout["dk"], "dk"), Owned(layout["dv"], "dv")
     arrays = layout["arrays"]
+    pairs, first_tile = batch * kv_heads, f"k0 // {bq}" if causal else "0"
+    parts = key_grads_parts(pairs * nk, group * nq)
+    arguments = op.scratch_arguments if parts > 1 else op.arguments
     dk_base, dv_base = f"(b * {packed} + {heads} + hk) * {t}", f"(b * {packed} + {heads + kv_heads} + hk) * {t}"
-    decode = [f"bkv = work // {nk}", f"kb = work - bkv * {nk}  # causal: the longest key columns first",
-              f"b = bkv // {kv_heads}", f"hk = bkv - b * {kv_heads}", f"k0 = kb * {bk}"]
+    # the batch from the output's length and, split, the parts from the scratch array's: one source
+    # for every batch size that splits (and one for every size that does not)
+    counts = [f"pairs = {_batches(op, batch)} * {kv_heads}  # (batch, key/value head) pairs"]
+    if parts > 1:
+        counts.append(f"parts = {op.scratch}.shape[0] // (pairs * {t * (depth + width)})")
+    decode = (["part = work % parts", "pair = work // parts"] if parts > 1 else ["pair = work"])
+    decode += [f"bkv = pair // {nk}", f"kb = pair - bkv * {nk}  # causal: the longest key columns first",
+               f"b = bkv // {kv_heads}", f"hk = bkv - b * {kv_heads}", f"k0 = kb * {bk}",
+               f"span = {nq} - {first_tile}  # the query tiles that reach the key tile, per head",
+               f"steps = {group} * span  # the walk: the group's heads in order, each over its query tiles"]
+    decode += (["lo = part * steps // parts", "hi = (part + 1) * steps // parts  # this part's share"]
+               if parts > 1 else ["lo = 0", "hi = steps"])
     query_tile = (["cuda.syncthreads()  # K and V are in; the previous query tile's readers are done"]
                   + _load("q_tile", arrays["q_tile"], "q0", t, depth, q_read, threads)
                   + _load("g_tile", arrays["g_tile"], "q0", t, width, g_read, threads)
@@ -413,29 +462,44 @@ def cuda_tiled_grad(op):
                   + ["cuda.syncthreads()", "# P^T and dS^T of the tile, recomputed from the logsumexp"]
                   + _recompute(st, "{row}", "{col}", depth, width, t, causal, scale,
                                ("k_tile[{row}, i]", "q_tile[{col}, i]", "v_tile[{row}, i]", "g_tile[{col}, i]"))
-                  + [f"p_tile[{st.row(m)}, {st.col(k)}] = p{m}_{k}" for m, k in st.cells]
+                  + st.cells([f"p_tile[{st.row()}, {st.col()}] = p[m, k]"])
                   + ["cuda.syncthreads()", "# dV += P^T dO"]
                   + dv.product("dv", bq, "p_tile[{row}, i]", "g_tile[i, {col}]")
                   + ["cuda.syncthreads()", "# dS^T replaces P^T"]
-                  + [f"p_tile[{st.row(m)}, {st.col(k)}] = ds{m}_{k}" for m, k in st.cells]
+                  + st.cells([f"p_tile[{st.row()}, {st.col()}] = d[m, k]"])
                   + ["cuda.syncthreads()", "# dK += dS^T Q"]
                   + dk.product("dk", bq, "p_tile[{row}, i]", "q_tile[i, {col}]"))
     body = (_load("k_tile", arrays["k_tile"], "k0", t, depth, k_read, threads)
             + _load("v_tile", arrays["v_tile"], "k0", t, width, v_read, threads)
             + dk.set("dk", "np.float32(0.0)") + dv.set("dv", "np.float32(0.0)")
-            + [f"for member in range({group}):", f"    h = hk * {group} + member",
-               f"    for qb in range({f'k0 // {bq}' if causal else '0'}, {nq}):", f"        q0 = qb * {bq}"]
-            + _indent(query_tile, 2)
-            + ["# dK and dV of the tile's keys (+0.0 in the spare columns)"]
-            + dk.write("dk", "k0", t, dk_base, depth, columns)
-            + _zero_tail(threads, bk, "k0", t, dk_base, depth, columns)
-            + dv.write("dv", "k0", t, dv_base, width, columns)
-            + _zero_tail(threads, bk, "k0", t, dv_base, width, columns))
-    key_body = (_shared(arrays) + ["t = cuda.threadIdx.x"] + st.constants() + dk.constants() + dv.constants()
-                + _work(batch * kv_heads * nk, decode, body))
-    source = kit.kernel_source("key_grads", op.arguments, key_body,
-                               f"attention_tiled_grad: dK and dV, a block per (batch, key/value head, {bk} keys).")
-    launches = [_launch(op, "key_grads", batch * kv_heads * nk, threads, tiles.shared_bytes[0])]
+            + ["for step in range(lo, hi):", "    member = step // span", f"    h = hk * {group} + member",
+               f"    q0 = ({first_tile} + step - member * span) * {bq}"]
+            + _indent(query_tile))
+    if parts == 1:
+        body += (["# dK and dV of the tile's keys (+0.0 in the spare columns)"]
+                 + dk.write("dk", "k0", t, depth, f"out0[({dk_base} + {{row}}) * {columns} + {{col}}]")
+                 + _zero_tail(threads, bk, "k0", t, dk_base, depth, columns)
+                 + dv.write("dv", "k0", t, width, f"out0[({dv_base} + {{row}}) * {columns} + {{col}}]")
+                 + _zero_tail(threads, bk, "k0", t, dv_base, width, columns))
+    else:
+        partial = f"{op.scratch}[(base + {{row}}) * {depth + width} + "
+        body += (["# this part's dK and dV of the tile's keys, into its rows of the scratch array (the",
+                  "# indices from work again: fewer values live over the walk, fewer registers)",
+                  f"base = ((work % parts) * pairs + work // (parts * {nk})) * {t}"]
+                 + dk.write("dk", "k0", t, depth, partial + "{col}]")
+                 + dv.write("dv", "k0", t, width, partial + f"{depth} + {{col}}]"))
+    key_body = (_shared(arrays) + [st.declare("p"), st.declare("d"), dk.declare("dk"), dv.declare("dv")]
+                + _operands(st, dk, dv) + ["t = cuda.threadIdx.x"] + st.constants() + dk.constants() + dv.constants()
+                + counts + _work(f"pairs * {nk}" + (" * parts" if parts > 1 else ""), decode, body))
+    split = " and a part of its walk" if parts > 1 else ""
+    source = kit.kernel_source("key_grads", arguments, key_body,
+                               f"attention_tiled_grad: dK and dV, a block per (batch, key/value head, {bk} keys{split}).",
+                               kit.bounded_decorator(threads, RESIDENT))
+    launches = [_launch(op, "key_grads", pairs * nk * parts, threads, tiles.shared_bytes[0])]
+    if parts > 1:
+        sum_source, sum_launch = _key_grads_sum(op, batch, t, depth, width, heads, kv_heads)
+        source += sum_source
+        launches.append(sum_launch)
 
     # query_grads: dQ of one query tile, over its key tiles
     layout = _query_grads_layout(bq, bk, depth, width, threads)
@@ -452,7 +516,7 @@ def cuda_tiled_grad(op):
                 + ["cuda.syncthreads()", "# P and dS of the tile, recomputed from the logsumexp"]
                 + _recompute(sq, "{col}", "{row}", depth, width, t, causal, scale,
                              ("q_tile[{row}, i]", "k_tile[{col}, i]", "g_tile[{row}, i]", "v_tile[{col}, i]"))
-                + [f"ds_tile[{sq.row(m)}, {sq.col(k)}] = ds{m}_{k}" for m, k in sq.cells]
+                + sq.cells([f"ds_tile[{sq.row()}, {sq.col()}] = d[m, k]"])
                 + ["cuda.syncthreads()", "# dQ += dS K"]
                 + dq.product("dq", bk, "ds_tile[{row}, i]", "k_tile[i, {col}]"))
     body = (_load("q_tile", arrays["q_tile"], "q0", t, depth, q_read, threads)
@@ -461,13 +525,50 @@ def cuda_tiled_grad(op):
             + dq.set("dq", "np.float32(0.0)")
             + [f"for kb in range({last}):"] + _indent(key_tile)
             + ["# dQ of the tile's queries (+0.0 in the spare columns)"]
-            + dq.write("dq", "q0", t, dq_base, depth, columns)
+            + dq.write("dq", "q0", t, depth, f"out0[({dq_base} + {{row}}) * {columns} + {{col}}]")
             + _zero_tail(threads, bq, "q0", t, dq_base, depth, columns))
-    query_body = (_shared(arrays) + ["t = cuda.threadIdx.x"] + sq.constants() + dq.constants()
-                  + _work(batch * heads * nq, decode, body))
-    source += kit.kernel_source("query_grads", op.arguments, query_body,
-                                f"attention_tiled_grad: dQ, a block per (batch, head, {bq} queries).")
+    query_body = (_shared(arrays) + [sq.declare("p"), sq.declare("d"), dq.declare("dq")] + _operands(sq, dq)
+                  + ["t = cuda.threadIdx.x"] + sq.constants() + dq.constants()
+                  + _work(f"{_batches(op, batch)} * {heads * nq}", decode, body))
+    source += kit.kernel_source("query_grads", arguments, query_body,
+                                f"attention_tiled_grad: dQ, a block per (batch, head, {bq} queries).",
+                                kit.bounded_decorator(threads, RESIDENT))
     launches.append(_launch(op, "query_grads", batch * heads * nq, threads, tiles.shared_bytes[1]))
+    walk = (f" in {parts} parts of each tile's walk (added in a fixed order by key_grads_sum)" if parts > 1 else "")
     return kit.Kernels(f"attention_tiled_grad: dK and dV over {batch * kv_heads} key/value heads x {nk} key "
-                       f"tiles, then dQ over {batch * heads} heads x {nq} query tiles, a block each (no atomics); "
-                       f"{tiles.describe()}", source, launches)
+                       f"tiles{walk}, then dQ over {batch * heads} heads x {nq} query tiles, a block each (no atomics); "
+                       f"{tiles.describe()}", source, launches,
+                       scratch=parts * pairs * t * (depth + width) if parts > 1 else 0)
+
+
+def key_grads_parts(blocks: int, walk: int) -> int:
+    """Into how many parts key_grads splits each key tile's walk over (query head, query tile):
+    the fewest that give MIN_BLOCKS blocks from ``blocks`` (batch x key/value heads x key tiles),
+    at most ``walk`` (the longest walk: every part then has a step, but on the shortest causal
+    tiles) and MAX_PARTS. One: no split, no scratch array."""
+    if blocks >= MIN_BLOCKS:
+        return 1
+    return max(1, min(kit.ceil_div(MIN_BLOCKS, blocks), walk, MAX_PARTS))
+
+
+def _key_grads_sum(op, batch: int, t: int, depth: int, width: int, heads: int,
+                   kv_heads: int) -> tuple[str, kit.Launch]:
+    """A kernel adding key_grads' parts of each dK and dV cell in order of parts (the same bits
+    every run) into the packed output, +0.0 in the spare columns: a thread per output cell (the
+    batch and the parts read from the output's and the scratch array's lengths)."""
+    packed, columns, row = heads + 2 * kv_heads, max(depth, width), depth + width
+    pairs = batch * kv_heads
+    counts = [f"pairs = {_batches(op, batch)} * {kv_heads}",
+              f"parts = {op.scratch}.shape[0] // (pairs * {t * row})"]
+    body = [f"c = cell % {columns}", f"rest = cell // {columns}", "which = rest % 2  # 0: dK, 1: dV",
+            "rest = rest // 2", f"i = rest % {t}", f"bkv = rest // {t}", f"b = bkv // {kv_heads}",
+            f"hk = bkv - b * {kv_heads}", "x = np.float32(0.0)",
+            f"if (which == 0 and c < {depth}) or (which == 1 and c < {width}):",
+            f"    at = (bkv * {t} + i) * {row} + which * {depth} + c",
+            "    for part in range(parts):",
+            f"        x = x + {op.scratch}[at + part * pairs * {t * row}]",
+            f"out0[((b * {packed} + {heads} + which * {kv_heads} + hk) * {t} + i) * {columns} + c] = x"]
+    source = kit.kernel_source("key_grads_sum", op.scratch_arguments,
+                               counts + kit.grid_stride_loop(f"pairs * {t * 2 * columns}", body),
+                               "attention_tiled_grad: dK and dV, key_grads' parts added in order.")
+    return source, kit.grid_stride_launch("key_grads_sum", pairs * t * 2 * columns)
