@@ -24,8 +24,9 @@ import numpy as np
 from bendc.errors import ShapeError, UnsupportedError
 # bendc.functional's helpers, which bendc/functional.py binds here when it imports this module
 # (``bind``): functional imports resample and not the other way round, so there is no import cycle.
-_HELPERS = ("_affine_operand", "_ints", "_static_float", "_tensor", "_tracer", "conv_operands", "index_select")
-_affine_operand = _ints = _static_float = _tensor = _tracer = conv_operands = index_select = None
+_HELPERS = ("_affine_operand", "_ints", "_static_float", "_tensor", "_tracer", "adaptive_avg_pool2d", "conv_operands",
+            "index_select")
+_affine_operand = _ints = _static_float = _tensor = _tracer = adaptive_avg_pool2d = conv_operands = index_select = None
 
 
 def bind(functional: dict[str, Any]) -> None:
@@ -310,8 +311,6 @@ def _area(x: Tensor, sizes: tuple[int, ...]) -> Tensor:
     """mode="area": torch's adaptive_avg_pool1d/2d/3d to ``sizes`` (adaptive_avg_pool2d of the input with a
     unit height for 1-D, as torch computes it; for 3-D, over (H, W) and then over D, the box means
     nested)."""
-    from bendc.functional import adaptive_avg_pool2d
-
     n, c = x.shape[:2]
     if x.ndim == 3:
         return adaptive_avg_pool2d(x.unsqueeze(2), (1, sizes[0])).reshape(n, c, sizes[0])
