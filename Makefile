@@ -35,7 +35,7 @@ PARALLEL := -n $(JOBS) --dist loadfile
 test: $(VENV)/.installed-test
 	@root=$$(mktemp -d "$${TMPDIR:-/tmp}/bendc-test.XXXXXX") && export BENDC_TEST_ROOT=$$root && \
 	$(PY) -m pytest -q $(PARALLEL) --durations=20 && \
-	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL); \
+	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL) --durations=15; \
 	status=$$?; rm -rf "$$root"; exit $$status
 
 # The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed

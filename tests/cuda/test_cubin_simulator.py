@@ -293,6 +293,7 @@ def test_packed_launches_run_like_the_cpu_build(built, mode: str) -> None:
     assert program.launches == sum(len(s["launches"]) for s in plan["steps"] if not s["hoisted"])
 
 
+@pytest.mark.long  # two bendc compile builds, 21 s; key_grads in parts runs in make test (test_sim_attention_tiled.py)
 def test_a_step_with_a_scratch_array_runs_like_the_cpu_build(tmp_path) -> None:
     """The tiled attention backward's key_grads splits its walk in parts written to a scratch array
     (Kernels.scratch: a plan value after the step's outputs, in a planned buffer, garbage until

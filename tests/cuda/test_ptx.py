@@ -112,7 +112,10 @@ def check_cubins(program: Program, cache_dir: str, float64_ops: frozenset[str] =
 # The examples at their own (GPU) sizes are GPU-sized PTX builds (27 s and 11 s of numba-cuda's
 # compiles): make test-long. Every kernel kind they launch is compiled in make test by the small
 # programs (conv_block, layer_norm, group_norm, class_losses, the attention programs, mlp_example).
-LONG_PROGRAMS = ("cnn_example", "transformer_example")
+# The odd-length attention programs (t=3: a middle row without a partner) build the same kernels as
+# their t=4 twins but for that literal (4-5 s each): their values run under the simulator in make
+# test (test_simulator.py), their PTX builds in make test-long.
+LONG_PROGRAMS = ("cnn_example", "transformer_example", "attention_causal_t3", "attention_full_t3")
 
 
 @pytest.mark.parametrize("program", [pytest.param(p, marks=pytest.mark.long) if p.name in LONG_PROGRAMS else p

@@ -58,13 +58,12 @@ def test_head_dims_and_groups(depth, heads, kv_heads):
     check_tiled(arrays, LEAVES, "cpu", is_causal=True, enable_gqa=True)
 
 
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("t, depth, width, heads, kv_heads", [
-    (40, 3, 5, 4, 1),      # D and Dv not multiples of 4 (the products' single-source tail), t not of 16
-    (17, 64, 64, 2, 2),    # one cell past a lane chunk, no grouping
-    (48, 16, 8, 8, 2),     # whole lane chunks, groups of 4, Dv < D
+@pytest.mark.parametrize("t, depth, width, heads, kv_heads, causal", [
+    (40, 3, 5, 4, 1, True),      # D and Dv not multiples of 4 (the products' single-source tail), t not of 16
+    (17, 64, 64, 2, 2, False),   # one cell past a lane chunk, no grouping
+    (48, 16, 8, 8, 2, True),     # whole lane chunks, groups of 4, Dv < D
 ])
-def test_fused_small_heads(causal, t, depth, width, heads, kv_heads):
+def test_fused_small_heads(t, depth, width, heads, kv_heads, causal):
     """Up to SMALL positions the cpu kernels run each head fused (templates/tiled.py
     _small_forward_head/_small_backward_head): ragged chunks, head sizes, groups, both maskings."""
     arrays = inputs(2, heads, kv_heads, t, depth, width=width, seed=t + depth)
