@@ -160,6 +160,7 @@ def test_fastmath_is_the_only_way_to_ffma(tmp_path) -> None:
 EXPANDS_TO_FFMA = re.compile(r"^\s*(fma\.|div\.rn\.f32|div\.full|sqrt\.rn\.f32|rcp\.rn\.f32)", re.M)
 
 
+@pytest.mark.long  # 20 s of builds; the three tests above check the build path, the JIT path and fastmath
 def test_no_kernel_of_the_mlp_example_contracts(tmp_path) -> None:
     """Kernels of the mlp training step (matmul tiles, sums, elementwise VJP chains), build path:
     where the PTX asks for no fma, division or square root, the SASS holds no FFMA."""

@@ -17,7 +17,7 @@ from bendc.ops.attention.layout import resolve_schedule
 
 _TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 _MARKER = "# ---------------------------------------------------------------- TEMPLATE\n"
-_PLACEHOLDER = re.compile(r"\b(PARALLEL|SCALE|CAUSAL)\b")
+_PLACEHOLDER = re.compile(r"\b(PARALLEL|SCALE|CAUSAL|FUSED)\b")
 
 
 @lru_cache(maxsize=None)
@@ -29,7 +29,7 @@ def template(name: str) -> str:
 
 
 def _filled(name: str, **values) -> str:
-    """A template with PARALLEL, SCALE and CAUSAL replaced by ``values`` (reprs)."""
+    """A template with PARALLEL, SCALE, CAUSAL (and FUSED) replaced by ``values`` (reprs)."""
     return _PLACEHOLDER.sub(lambda match: repr(values[match.group(1).lower()]), template(name))
 
 
@@ -70,5 +70,8 @@ def cpu_vjp(attrs, ins, out):
 
 def tiled_source(name: str, ins: list[TensorType], out: TensorType, attrs) -> str:
     """The tiled schedule's kernels (templates/tiled.py) and the wrapper ``templates/<name>.py``."""
-    values = {"parallel": _parallel(ins, out), "scale": attrs["scale"], "causal": attrs["causal"]}
+    from bendc.passes.attention import SMALL_HEAD
+
+    values = {"parallel": _parallel(ins, out), "scale": attrs["scale"], "causal": attrs["causal"],
+              "fused": ins[0].shape[2] <= SMALL_HEAD}
     return (_filled("tiled", **values) + _filled(name, **values)).lstrip("\n")

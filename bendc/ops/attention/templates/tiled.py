@@ -3,8 +3,10 @@ BLOCK queries by BLOCK keys, each tile product a BLAS call (numba's np.dot, thro
 math.exp and math.log become the kit's branch-free float32 versions when rendered (cpu_kit).
 
 bendc/ops/attention/cpu.py reads this file as text and uses what follows the TEMPLATE line,
-with PARALLEL, SCALE and CAUSAL replaced by the call site's values (``parallel``, the
-softmax scale and ``causal``). The lines above it make the file importable and lintable.
+with PARALLEL, SCALE, CAUSAL and FUSED replaced by the call site's values (``parallel``, the
+softmax scale, ``causal``, and whether its sequence is at most SMALL long: then each head runs
+fused, ``_small_forward_head``/``_small_backward_head``). The lines above it make the file
+importable and lintable.
 
 Scores are computed transposed, a tile S^T = K_j Q_i^T of (keys, queries): every elementwise
 pass over a tile (scale, mask, max, exp, sums) then runs along a tile row of queries, so the
@@ -16,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 
-from bendc.ops.attention.templates.placeholders import CAUSAL, PARALLEL, SCALE
+from bendc.ops.attention.templates.placeholders import CAUSAL, FUSED, PARALLEL, SCALE
 
 # ---------------------------------------------------------------- TEMPLATE
 
@@ -112,7 +114,8 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
         lse[first + r] = top[r] + math.log(total[r])
 
 
-SMALL = 64  # sequences up to this length take the fused per-head kernels below (no BLAS tiles)
+SMALL = 64  # sequences up to this length take the fused per-head kernels below (no BLAS tiles); the
+#             choice is rendered per call site, so a module holds (and compiles) one of the two paths
 LANES = 16  # a causal row's cells are computed from the start of its 16-lane chunk
 
 
@@ -286,7 +289,7 @@ def _attention_tiled(q, k, v, out, lse, scale, causal):
     batch, heads, t, depth = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
-    if t <= SMALL:
+    if FUSED:
         padded = (t + LANES - 1) // LANES * LANES
         width = v.shape[3]
         for work in prange(batch * heads):
@@ -375,7 +378,7 @@ def _attention_tiled_grads(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
     batch, heads, t, depth = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
-    if t <= SMALL:
+    if FUSED:
         padded = (t + LANES - 1) // LANES * LANES
         width = v.shape[3]
         for work in prange(batch * kv_heads):
