@@ -46,12 +46,11 @@ from dataclasses import dataclass
 from bendc.errors import InternalError
 from bendc.ir.graph import Graph, Node
 from bendc.ops import OPS
-from bendc.ops.attention.layout import TILE, resolve_schedule, score_cells, work_items
+from bendc.ops.attention.layout import SMALL_HEAD, TILE, resolve_schedule, score_cells, work_items
 from bendc.passes.manager import PassContext, register, register_variant
 
 ATTENTION_OPS = ("attention", "attention_probs", "attention_score_grad", "attention_vjp")
 MIB = 1 << 20
-SMALL_HEAD = 64  # templates/tiled.py SMALL: up to this length the CPU's tiled kernels fuse each head
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,8 @@ import pytest
 
 from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
-from bendc.ops.attention.layout import TILE
+from bendc.ops.attention.layout import SMALL_HEAD, TILE
 from bendc.passes import PASSES, default_passes
-from bendc.passes.attention import SMALL_HEAD
 from test_attention import inputs, kernel_module, ops_with, run_bendc, run_torch
 
 RELATIVE = 2e-5

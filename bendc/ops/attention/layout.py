@@ -62,3 +62,4 @@ def unpack(cells: np.ndarray, t: int, schedule: str) -> np.ndarray:
     return cells.reshape(cells.shape[:-1] + (t, t))
 
 TILE = 64  # the tiled schedule's block of queries and of keys (templates/tiled.py's BLOCK)
+SMALL_HEAD = 64  # up to this length the CPU's tiled kernels run each head fused (templates/tiled.py's SMALL)
