@@ -233,10 +233,12 @@ def _small_transpose(st, sq, causal):
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt, st, sq, dqt, delta, dp):
+def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt, st, sq, dqt, delta, dp, logsum):
     """One query head's backward, all of it in cache: P^T recomputed from the logsumexp, dV^T += dO^T P,
     dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dQ^T = K^T dS^T, dK^T += Q^T dS (dK^T and
-    dV^T accumulate over the query heads of a key/value head)."""
+    dV^T accumulate over the query heads of a key/value head). The logsumexps are copied to ``logsum``
+    first: ``lse`` is a strided view of the forward's output, and read in place it would keep the
+    exponentials' loop from vectorizing."""
     t, depth = q.shape
     width = v.shape[1]
     tp = st.shape[1]
@@ -249,12 +251,13 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt
         for w in range(width):
             s += g[r, w] * o[r, w]
         delta[r] = s
+        logsum[r] = lse[r]
     for c in range(t):
         _small_scores(k, qt, st, c, causal)
         first = (c // LANES) * LANES if causal else 0
         row = st[c]
         for r in range(first, t):
-            e = math.exp(row[r] * scale - lse[r])
+            e = math.exp(row[r] * scale - logsum[r])
             row[r] = np.float32(0.0) if causal and r < c else e
         for r in range(t, tp):
             row[r] = np.float32(0.0)
@@ -392,11 +395,12 @@ def _attention_tiled_grads(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
             sq = np.empty((padded, padded), np.float32)
             dqt = np.empty((depth, padded), np.float32)
             delta = np.empty(padded, np.float32)
+            logsum = np.empty(padded, np.float32)
             dp = np.empty(padded, np.float32)
             for member in range(group):
                 h = kv * group + member
                 _small_backward_head(q[b, h], k[b, kv], v[b, kv], o[b, h], g[b, h], lse[b, h], dq[b, h], dkt, dvt,
-                                     scale, causal, qt, gt, st, sq, dqt, delta, dp)
+                                     scale, causal, qt, gt, st, sq, dqt, delta, dp, logsum)
             for c in range(t):
                 for d in range(depth):
                     dk[b, kv, c, d] = dkt[d, c]
