@@ -2,9 +2,11 @@
 (bendc.distributed.loopback_command)."""
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,12 @@ def run_ranks(ranks: int, arguments: list[str], timeout: float = 240, env: dict[
     require_mpi()
     command = loopback_command(ranks, arguments)
     environment = {**os.environ, **LOOPBACK_ENV, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment, cwd=ROOT)
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{' '.join(command)} did not finish in {timeout} s (a rank hangs):\n{error.stdout}\n{error.stderr}")
+    # One MPI job at a time on this machine: make test runs test_sharded.py and test_distributed.py
+    # on two xdist workers, and a 3-rank job once failed in MPI_Init's address exchange ("Message
+    # truncated" in MPIR_Allgather) while the other worker could be running a job of its own.
+    with open(os.path.join(tempfile.gettempdir(), "bendc-tests-mpi.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment, cwd=ROOT)
+        except subprocess.TimeoutExpired as error:
+            pytest.fail(f"{' '.join(command)} did not finish in {timeout} s (a rank hangs):\n{error.stdout}\n{error.stderr}")
