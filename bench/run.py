@@ -374,11 +374,37 @@ def bench_attention(target: str, runs: int, shape: tuple[int, int, int, int, int
 
 
 # ------------------------------------------------------------------ decoder language models
+def torch_decoder(config, data: dict, names: list[str]):
+    """torch's side of a decoder workload, from the same inputs and parameters as bendc's: (the eager
+    step given a loss function, the loss function torch.compile compiles); Adam at lr 3e-3."""
+    import torch
+    from models import TorchOps, decoder_forward
+
+    ops = TorchOps()
+    tparams = {n: torch.tensor(data["params"][n], requires_grad=True) for n in names}
+    tokens, targets = torch.tensor(data["tokens"]), torch.tensor(data["targets"]).reshape(-1)
+    cos, sin = torch.tensor(data["cos"]), torch.tensor(data["sin"])
+    optimizer = torch.optim.Adam(list(tparams.values()), lr=3e-3)
+
+    def loss_fn(tokens, targets, cos, sin, *values):
+        logits = decoder_forward(ops, config, tokens, cos, sin, dict(zip(names, values)))
+        return torch.nn.functional.cross_entropy(logits, targets)
+
+    def torch_step(fn):
+        optimizer.zero_grad(set_to_none=True)
+        loss = fn(tokens, targets, cos, sin, *tparams.values())
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return torch_step, loss_fn
+
+
 def bench_decoder(target: str, runs: int, with_compile: bool, config, name: str) -> dict:
     """A decoder's training step (forward, cross-entropy, backward, Adam): bendc vs torch eager
     and torch.compile (the forward and loss compiled, Adam eager, as in `mlp`)."""
     import torch
-    from models import TorchOps, decoder_forward, decoder_inputs, decoder_program
+    from models import decoder_inputs, decoder_program
 
     data = decoder_inputs(config)
     step_fn, names = decoder_program(config)
@@ -398,22 +424,7 @@ def bench_decoder(target: str, runs: int, with_compile: bool, config, name: str)
         return out[0]
 
     torch.set_num_threads(bench_threads())
-    ops = TorchOps()
-    tparams = {n: torch.tensor(data["params"][n], requires_grad=True) for n in names}
-    tokens, targets = torch.tensor(data["tokens"]), torch.tensor(data["targets"]).reshape(-1)
-    cos, sin = torch.tensor(data["cos"]), torch.tensor(data["sin"])
-    optimizer = torch.optim.Adam(list(tparams.values()), lr=3e-3)
-
-    def loss_fn(tokens, targets, cos, sin, *values):
-        logits = decoder_forward(ops, config, tokens, cos, sin, dict(zip(names, values)))
-        return torch.nn.functional.cross_entropy(logits, targets)
-
-    def torch_step(fn):
-        optimizer.zero_grad(set_to_none=True)
-        loss = fn(tokens, targets, cos, sin, *tparams.values())
-        loss.backward()
-        optimizer.step()
-        return loss
+    torch_step, loss_fn = torch_decoder(config, data, names)
 
     # The first step from the same parameters: the losses agree (a check that both run one model).
     first_bendc = float(step(*fixed, *(a.copy() for a in params + moments + moments))[0])
@@ -701,8 +712,7 @@ def mlp_workload(target: str):
 
 def decoder_workload(config):
     def make(target: str):
-        import torch
-        from models import TorchOps, decoder_forward, decoder_inputs, decoder_program
+        from models import decoder_inputs, decoder_program
 
         data = decoder_inputs(config)
         step_fn, names = decoder_program(config)
@@ -710,23 +720,7 @@ def decoder_workload(config):
         moments = [np.zeros_like(p) for p in params]
         step = bendc.jit(step_fn, leaves=tuple(names), target=target)
         fixed = [data["tokens"], data["targets"], data["cos"], data["sin"], np.array(1, np.int64)]
-        ops = TorchOps()
-        tparams = {n: torch.tensor(data["params"][n], requires_grad=True) for n in names}
-        tokens, targets = torch.tensor(data["tokens"]), torch.tensor(data["targets"]).reshape(-1)
-        cos, sin = torch.tensor(data["cos"]), torch.tensor(data["sin"])
-        optimizer = torch.optim.Adam(list(tparams.values()), lr=3e-3)
-
-        def loss_fn(tokens, targets, cos, sin, *values):
-            logits = decoder_forward(ops, config, tokens, cos, sin, dict(zip(names, values)))
-            return torch.nn.functional.cross_entropy(logits, targets)
-
-        def torch_step(fn):
-            optimizer.zero_grad(set_to_none=True)
-            loss = fn(tokens, targets, cos, sin, *tparams.values())
-            loss.backward()
-            optimizer.step()
-            return loss
-
+        torch_step, loss_fn = torch_decoder(config, data, names)
         return (lambda: step(*fixed, *params, *moments, *moments)[0]), torch_step, loss_fn
     return make
 

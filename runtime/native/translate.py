@@ -528,7 +528,8 @@ class FunctionTranslator:
             raise Unsupported(f"{node.name} takes {len(node.args.args)} arguments, called with {len(args)}")
         self.types: dict[str, Any] = {}
         self.returns: Any = None
-        self.nonneg, self.bound = nonneg_names(node, module.globals, module.nonneg_params.get(node.name, frozenset()))
+        self.nonneg, bound = nonneg_names(node, module.globals, module.nonneg_params.get(node.name, frozenset()))
+        self.bound = dict.fromkeys(bound)  # the function's own names, for _nonneg
 
     # ---------------------------------------------------------------- driver
     def translate(self) -> Compiled:
@@ -927,7 +928,7 @@ class FunctionTranslator:
         ast.fix_missing_locations(outlined)
         self.module.defs[outlined_name] = outlined
         start_node = call.args[0] if len(call.args) == 2 else ast.Constant(0)
-        bounds_known = {"first__", "last__"} if _nonneg(start_node, self.nonneg, dict.fromkeys(self.bound),
+        bounds_known = {"first__", "last__"} if _nonneg(start_node, self.nonneg, self.bound,
                                                          self.module.globals) else set()
         self.module.nonneg_params[outlined_name] = frozenset(
             {name for name in captured if name in self.nonneg} | bounds_known)
@@ -1772,7 +1773,7 @@ class FunctionTranslator:
         wraparound select is left out."""
         if axis >= len(index_nodes):
             return False
-        return _nonneg(index_nodes[axis], self.nonneg, dict.fromkeys(self.bound), self.module.globals)
+        return _nonneg(index_nodes[axis], self.nonneg, self.bound, self.module.globals)
 
     def _load(self, dtype: Scalar, pointer: str) -> Scal:
         if self.dry:
