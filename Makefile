@@ -41,8 +41,10 @@ test: $(VENV)/.installed-test
 # The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed
 # fuzz sample, the transformer's AOT round trip, more kill points, virtual environments built for
 # the lowest dependency bounds and for the wheel on each Python installed (tests/test_packaging.py).
+# Then the simulator's long tests, in their own process as in make test (outside it they skip themselves).
 test-long: $(VENV)/.installed-test
-	$(PY) -m pytest -q $(PARALLEL) -m long --durations=0
+	$(PY) -m pytest -q $(PARALLEL) -m long --durations=0 && \
+	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL) -m long --durations=0
 
 # The lowest numba, llvmlite, numpy, scipy and networkx that pyproject.toml allows, in .venv-bounds.
 test-bounds: $(VENV)/.installed-test

@@ -67,6 +67,32 @@ def compile_workers():
         yield "0"
 
 
+SIMULATOR_MAX_BLOCK = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def simulator_block_size(request):
+    """Under numba's CUDA simulator (tests/cuda/run_simulator.sh) kernels are generated with blocks
+    of at most two warps (cuda_kit.MAX_BLOCK 64, not 256): a simulated thread costs ~170 us, and a sum
+    over the batch takes a block of MAX_BLOCK threads per output element (x.sum(0) of a 3 x 70 array
+    was 17,920 threads, 17 s). The tree, loop and shared-memory code is the same at any power of two
+    from a warp up. The 256-thread kernels run on the simulator where a module says FULL_BLOCKS = True
+    (tests/cuda/test_cubin_simulator.py: it runs what `bendc compile` built in another process) and in
+    the device script's dry run (tests/cuda/test_sim_device_check.py), and are built for sm_90 by the
+    PTX tests. Tests that lower it further (grid and block loops) monkeypatch it themselves."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" or getattr(request.module, "FULL_BLOCKS", False):
+        yield None
+        return
+    try:
+        import bendc.kernels.cuda_kit as kit
+    except ImportError:  # no numba-cuda: the simulator modules skip themselves
+        yield None
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kit, "MAX_BLOCK", min(kit.MAX_BLOCK, SIMULATOR_MAX_BLOCK))
+        yield kit.MAX_BLOCK
+
+
 def assert_bitwise(actual, expected, what: str = "") -> None:
     """Same float32 bits (so -0.0 and +0.0 differ; NaNs compare by pattern)."""
     actual = np.asarray(actual, dtype=np.float32)
@@ -116,6 +142,28 @@ def factor_shape(draw, numel: int) -> tuple[int, ...]:
     for factor in factors:
         dims[draw(st.integers(0, rank - 1))] *= factor
     return tuple(dims)
+
+
+# pytest-xdist (make test: --dist loadfile): each test file is one unit of work, except the MPI
+# tests' two files (tests/distributed/test_distributed.py, test_sharded.py), one unit together: their
+# jobs run one at a time (tests/distributed/mpi_launch.py holds a lock around each), and on two
+# workers one waited for the other's (~25 s of an idle worker per run).
+SHARED_UNITS = {"tests/distributed/test_distributed.py": "tests/distributed: MPI jobs",
+                "tests/distributed/test_sharded.py": "tests/distributed: MPI jobs"}
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (absent with -p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduler(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_UNITS.get(path, path)
+
+    return Scheduler(config, log)
 
 
 # Resident memory per test (issue 21): BENDC_TEST_RSS=PREFIX appends "nodeid<TAB>VmRSS in kB after

@@ -83,6 +83,11 @@ def test_a_changed_cubin_is_refused(artifact: Path, tmp_path: Path) -> None:
 TINY = "x=f32[4,8] y=i64[4] w1=f32[8,8]:leaf b1=f32[8]:leaf w2=f32[3,8]:leaf b2=f32[3]:leaf"
 
 
+# make test-long (15 s): in make test the same cuda build of flat_mlp runs under the simulator against
+# the cpu build's outputs in the device script's dry run (tests/gpu/test_carried.py, eager and graph),
+# and `python -m runtime` on a cuda build in test_bendc_run_feeds_a_cuda_steps_device_outputs_back
+# (tests/cuda/test_cubin_simulator.py).
+@pytest.mark.long
 def test_the_cuda_artifact_runs_under_the_simulator_like_the_cpu_build(tmp_path: Path) -> None:
     """Tiny shapes: the simulator costs ~170 us per simulated thread."""
     folders = {}

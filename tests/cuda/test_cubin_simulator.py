@@ -40,6 +40,7 @@ from momentum_program import (DONATED, EXAMPLE_SHAPES, FEEDS, GRADIENTS, IN_PLAC
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "x=f32[4,8] y=i64[4] w1=f32[8,8]:leaf b1=f32[8]:leaf w2=f32[3,8]:leaf b2=f32[3]:leaf"
 ALIGN = 256
+FULL_BLOCKS = True  # runs kernels `bendc compile` built in another process, at cuda_kit.MAX_BLOCK (tests/conftest.py)
 
 
 class SimulatedDevice:
@@ -370,6 +371,10 @@ def check_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
         np.testing.assert_array_equal(mine, theirs, err_msg=f"out{index}")
 
 
+# make test-long (~30 s under the simulator): make test checks the same wait, bit for bit, in the device
+# script's dry run (tests/gpu/test_race_probe.py: the momentum artifact's outputs fed to a second program
+# on another stream of the simulated GPU, for both output contracts).
+@pytest.mark.long
 def test_a_consumer_waits_for_the_producers_stream(built) -> None:
     """Program A's outputs fed to program B (another stream): B's stream waits on an event recorded
     on the stream A's outputs name in __cuda_array_interface__ before copying them."""
