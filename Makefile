@@ -26,17 +26,21 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PARALLEL := -n $(JOBS) --dist loadfile
 
 # Everything that guards correctness at small sizes (<= 12 minutes on a 2-core machine), in two
-# pytest runs: the suite, then the simulator tests in a process of their own (numba reads
-# NUMBA_ENABLE_CUDASIM at import). Native kernels (runtime/native) keep a worker near 1 GiB: the
-# suite no longer needs splitting for memory (numba's machine code, ~1.6 MiB a kernel that it never
-# frees, made each half-suite worker peak near 2 GiB).
+# pytest runs side by side: the suite, and the simulator tests in a process of their own (numba
+# reads NUMBA_ENABLE_CUDASIM at import). The simulator's workers spend about half their time waiting
+# (a block's Python threads at each syncthreads): run after the suite it left a core idle for
+# minutes; beside it, the suite's workers take that time. Its output is printed when both have
+# ended. Native kernels (runtime/native) keep a worker near 1 GiB.
 # The two runs share one signing key and kernel cache (BENDC_TEST_ROOT, a folder made for this
-# run and removed after it): the simulator run loads the kernels the first one compiled.
+# run and removed after it).
 test: $(VENV)/.installed-test
 	@root=$$(mktemp -d "$${TMPDIR:-/tmp}/bendc-test.XXXXXX") && export BENDC_TEST_ROOT=$$root && \
-	$(PY) -m pytest -q $(PARALLEL) --durations=20 && \
-	PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL) --durations=15; \
-	status=$$?; rm -rf "$$root"; exit $$status
+	{ PYTHON=$(PY) tests/cuda/run_simulator.sh $(PARALLEL) --durations=15 > "$$root/simulator.log" 2>&1 & \
+	  simulator=$$!; trap 'kill $$simulator 2>/dev/null; rm -rf "$$root"' INT TERM; \
+	  $(PY) -m pytest -q $(PARALLEL) --durations=20; suite=$$?; \
+	  echo "== the CUDA simulator tests (tests/cuda/run_simulator.sh), run beside the suite:"; \
+	  wait $$simulator; simulated=$$?; cat "$$root/simulator.log"; rm -rf "$$root"; \
+	  test $$suite -eq 0 -a $$simulated -eq 0; }
 
 # The tests marked long (make test leaves them out): GPU-sized PTX builds, the larger fixed-seed
 # fuzz sample, the transformer's AOT round trip, more kill points, virtual environments built for

@@ -56,7 +56,8 @@ from bendc.ops.base import reduced_axes
 from bendc.kernels.access import Access, dense
 from bendc.kernels.cuda_kit import (FASTMATH_DECORATOR, JIT_DEFINITION, KERNEL_DECORATOR, CudaNode, Kernels, Launch, argument_list,
                                     block_per_row_launch, grid_stride_launch, grid_stride_loop, kernel_source,
-                                    length_of, sum_block, tree_lines, unflatten, used)
+                                    length_of, sum_block, sum_launch_block, sum_width, tree_lines,
+                                    unflatten, used)
 from bendc.kernels.templates import helper_functions
 from bendc.ops import OPS
 from runtime.dtypes import NUMBA_NAMES
@@ -282,7 +283,8 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
         block = sum_block(max(numel(domain) // max(1, graph.node(e).type.numel) for e in sums), over_leading)
         source = f"\nBLOCK = {block}\n" + source
         for number, id in enumerate(sums):
-            sum_source, launch = _epilogue_sum_kernel(step, graph, access, domain, id, f"sum{number}", block, count)
+            sum_source, launch = _epilogue_sum_kernel(step, graph, access, domain, id, f"sum{number}", block, count,
+                                                      over_leading)
             source += sum_source
             launches.append(launch)
         summary += ", epilogue " + ", ".join(f"{graph.node(e).op} %{e}" for e in sums) + \
@@ -291,11 +293,14 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
 
 
 def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], domain: tuple[int, ...],
-                         id: int, name: str, block: int, cells: int | str) -> tuple[str, Launch]:
+                         id: int, name: str, block: int, cells: int | str, over_leading: bool = False
+                         ) -> tuple[str, Launch]:
     """One epilogue sum of a fused group, deterministic: a block per output element (grid-stride
     over the blocks) whose threads each add the group's summed operand, recomputed from the
-    inputs, over the reduced cells t, t + BLOCK, ... in order, then one shared-memory tree in a
-    fixed shape (kit.tree_lines); thread 0 writes the element once (no atomics, no clearing).
+    inputs, over the reduced cells t, t + BLOCK, ... in order (``over_leading``, a group summing over
+    the batch: BLOCK is MAX_BLOCK, and the stride the launch's block, sized from this batch: see
+    kit.sum_block), then one shared-memory tree in a fixed shape (kit.tree_lines); thread 0 writes
+    the element once (no atomics, no clearing).
     The output elements are the output's length and the reduced cells per element ``cells`` (the
     group's cell count, as _cell_count reads it) over that, so one source serves every batch size."""
     node = graph.node(id)
@@ -319,8 +324,8 @@ def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], do
     target = dense(id, node.type.shape).flat(reduction_index(graph, node, loops))
     inner = (["total = np.float32(0.0)", "q = t", "while q < reduced:"]
              + ["    " + line for line in per_cell]
-             + [f"    total += {local[node.inputs[0]]}", "    q += BLOCK", "partial[t] = total"]
-             + tree_lines("sum")
+             + [f"    total += {local[node.inputs[0]]}", f"    q += {sum_width(over_leading)}", "partial[t] = total"]
+             + tree_lines("sum", width=sum_width(over_leading))
              + ["if t == 0:", f"    {out}[{target}] = partial[0]  # %{id} = {node.op} (epilogue)",
                 "cuda.syncthreads()  # partial is reused"])
     inner = used(kept_split, inner) + inner
@@ -330,7 +335,8 @@ def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], do
             + ["    o += cuda.gridDim.x"])
     source = kernel_source(name, _arguments(step), body,
                            f"%{id} = {node.op}: a block per output element, its cells in order, a fixed tree.")
-    return source, block_per_row_launch(name, outputs, block, 4 * block)
+    threads = sum_launch_block(reduced) if over_leading else block
+    return source, block_per_row_launch(name, outputs, threads, 4 * block)
 
 
 # ------------------------------------------------------------------ materialized views

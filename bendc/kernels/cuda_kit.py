@@ -194,10 +194,23 @@ def tree_block(extent: int) -> int:
 
 
 def sum_block(extent: int, over_leading: bool) -> int:
-    """Threads of a block summing ``extent`` cells: tree_block, but MAX_BLOCK for a sum over the
-    leading axis (the batch, usually), whose extent grows with it: the block size is a constant of
-    the kernel's source, which then serves every batch size (length_of)."""
+    """BLOCK of a kernel summing ``extent`` cells a block (the size of its shared array): tree_block,
+    but MAX_BLOCK for a sum over the leading axis (the batch, usually), whose extent grows with it:
+    BLOCK is a constant of the kernel's source, which then serves every batch size (length_of).
+    Such a kernel strides and halves by its launch's block (sum_width), which sum_launch_block sizes
+    from this batch's extent: a sum over a batch of 4 is one warp a block, not 256 threads."""
     return MAX_BLOCK if over_leading else tree_block(extent)
+
+
+def sum_width(over_leading: bool) -> str:
+    """The thread count a sum kernel's loop strides by and its tree halves from: the source's BLOCK, or
+    for a sum over the leading axis the launch's block (a power of two up to BLOCK, sum_launch_block)."""
+    return "cuda.blockDim.x" if over_leading else "BLOCK"
+
+
+def sum_launch_block(extent: int) -> int:
+    """The launch's threads for a block summing ``extent`` cells (this shape's): tree_block."""
+    return tree_block(extent)
 
 
 def unflatten(flat: str, shape, prefix: str) -> tuple[list[str], list[str]]:
@@ -287,17 +300,18 @@ def zero_kernel(arguments: str, sizes: dict[str, int], what: str) -> tuple[str, 
     return source, grid_stride_launch("zero", cells)
 
 
-def tree_lines(operation: str, arrays: Sequence[str] = ("partial",)) -> list[str]:
-    """Combine ``partial[0..BLOCK)`` into ``partial[0]``: halve the active threads each level.
+def tree_lines(operation: str, arrays: Sequence[str] = ("partial",), width: str = "BLOCK") -> list[str]:
+    """Combine ``partial[0..width)`` into ``partial[0]``: halve the active threads each level.
 
     Several shared arrays (``arrays``) are combined level by level in one tree (one
-    ``syncthreads`` per level for all of them). ``t`` is the thread index, BLOCK a power of two.
+    ``syncthreads`` per level for all of them). ``t`` is the thread index, ``width`` (BLOCK, or the
+    launch's ``cuda.blockDim.x``: see sum_width) a power of two.
     """
     combine = []
     for array in arrays:
         combine += ([f"    other = {array}[t + half]", f"    if other > {array}[t]:", f"        {array}[t] = other"]
                     if operation == "max" else [f"    {array}[t] += {array}[t + half]"])
-    return (["cuda.syncthreads()", "half = BLOCK // 2", "while half > 0:", "    if t < half:"]
+    return (["cuda.syncthreads()", f"half = {width} // 2", "while half > 0:", "    if t < half:"]
             + ["    " + line for line in combine] + ["    cuda.syncthreads()", "    half //= 2"])
 
 

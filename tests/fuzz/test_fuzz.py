@@ -155,6 +155,9 @@ def test_sample_reaches_every_op() -> None:
     assert not missing, f"ops not reached by the families OP_TABLE names: {missing}"
 
 
+# make test-long (24 s: up to 5,000 draws a shape): a property of the generator, not of the compiler;
+# make test runs each known bug's own program (test_programs_match_torch's explicit examples).
+@pytest.mark.long
 @pytest.mark.parametrize("number", sorted(KNOWN_BUG_SHAPES))
 def test_generator_draws_known_bug_shapes(number: int) -> None:
     """The generator draws programs of each known bug's shape (not only the hand-written example)."""
