@@ -171,7 +171,8 @@ def test_a_truncated_shared_kernel_file_is_never_imported(tmp_path, keep):
     assert finish(start(str(cache), "--verify")) == ["ok cache"]
 
 
-@pytest.mark.parametrize("suffix", [".nbi", ".nbc", ".native.o"])
+# .nbc in make test-long (10 s): numba's data file goes through the same signature check as its index.
+@pytest.mark.parametrize("suffix", [".nbi", pytest.param(".nbc", marks=pytest.mark.long), ".native.o"])
 def test_a_truncated_machine_code_file_is_not_trusted(tmp_path, suffix):
     """numba's index and data files (BENDC_NATIVE=0) and native object files, cut in half: each is
     compiled again (and rewritten), never read."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -526,20 +527,28 @@ PROPERTY_SETTINGS = dict(deadline=None, derandomize=True, database=None,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@settings(max_examples=1000, **PROPERTY_SETTINGS)
-@given(program=programs())
-def test_values_and_gradients_match_torch(program: Program) -> None:
-    _, _, ours = run_bendc(program)
-    theirs = run_torch(program)
-    _check_same_structure(ours, theirs, program)
-    for name, a, b in zip(output_names(program), ours, theirs):
-        if b is not None:
-            assert_chain_close(a, b, name)
+def examples(count: int):
+    """Half of ``count`` fixed-seed programs in make test, all of them in make test-long."""
+    return pytest.mark.parametrize("count", [count // 2, pytest.param(count, marks=pytest.mark.long)])
 
 
-@settings(max_examples=700, **PROPERTY_SETTINGS)
-@given(program=programs(BITWISE_OPS))
-def test_arithmetic_programs_are_bitwise(program: Program) -> None:
+@examples(1000)
+def test_values_and_gradients_match_torch(count: int) -> None:
+    @settings(max_examples=count, **PROPERTY_SETTINGS)
+    @given(program=programs())
+    def check(program: Program) -> None:
+        _, _, ours = run_bendc(program)
+        theirs = run_torch(program)
+        _check_same_structure(ours, theirs, program)
+        for name, a, b in zip(output_names(program), ours, theirs):
+            if b is not None:
+                assert_chain_close(a, b, name)
+
+    check()
+
+
+@examples(700)
+def test_arithmetic_programs_are_bitwise(count: int) -> None:
     """+ - * / and neg round once per op in both libraries: the same bits.
 
     The loss is a sum, whose order differs (close only). Gradients are bit-exact
@@ -547,31 +556,40 @@ def test_arithmetic_programs_are_bitwise(program: Program) -> None:
     for operand); a broadcast operand's gradient is a sum over the broadcast
     dims, close only.
     """
-    _, _, ours = run_bendc(program)
-    theirs = run_torch(program)
-    _check_same_structure(ours, theirs, program)
-    assert_bitwise(ours[1], theirs[1], "last value")
-    for name, a, b in zip(output_names(program), ours, theirs):
-        if b is None:
-            continue
-        if name.startswith("grad") and not program.broadcasts:
-            assert_bitwise(a, b, name)
-        else:
-            assert_chain_close(a, b, name)
+    @settings(max_examples=count, **PROPERTY_SETTINGS)
+    @given(program=programs(BITWISE_OPS))
+    def check(program: Program) -> None:
+        _, _, ours = run_bendc(program)
+        theirs = run_torch(program)
+        _check_same_structure(ours, theirs, program)
+        assert_bitwise(ours[1], theirs[1], "last value")
+        for name, a, b in zip(output_names(program), ours, theirs):
+            if b is None:
+                continue
+            if name.startswith("grad") and not program.broadcasts:
+                assert_bitwise(a, b, name)
+            else:
+                assert_chain_close(a, b, name)
+
+    check()
 
 
-@settings(max_examples=400, **PROPERTY_SETTINGS)
-@given(program=programs())
-def test_ir_round_trips_and_parsed_graph_runs(program: Program) -> None:
-    fn, arrays, ours = run_bendc(program)
-    stages = fn.stages()
-    assert {"traced", "autodiff", "final"} <= set(stages)
-    for stage in stages:
-        text = fn.ir(stage)
-        assert format_graph(parse_graph(text)) == text, f"stage {stage} does not round-trip"
-    graph = parse_graph(fn.ir("final"))
-    results = interpret(graph, arrays)
-    returned = [value for value in ours if value is not None]
-    assert len(results) == len(returned)
-    for position, (a, b) in enumerate(zip(results, returned)):
-        assert_bitwise(a, b, f"output {position} of the parsed final graph")
+@examples(400)
+def test_ir_round_trips_and_parsed_graph_runs(count: int) -> None:
+    @settings(max_examples=count, **PROPERTY_SETTINGS)
+    @given(program=programs())
+    def check(program: Program) -> None:
+        fn, arrays, ours = run_bendc(program)
+        stages = fn.stages()
+        assert {"traced", "autodiff", "final"} <= set(stages)
+        for stage in stages:
+            text = fn.ir(stage)
+            assert format_graph(parse_graph(text)) == text, f"stage {stage} does not round-trip"
+        graph = parse_graph(fn.ir("final"))
+        results = interpret(graph, arrays)
+        returned = [value for value in ours if value is not None]
+        assert len(results) == len(returned)
+        for position, (a, b) in enumerate(zip(results, returned)):
+            assert_bitwise(a, b, f"output {position} of the parsed final graph")
+
+    check()

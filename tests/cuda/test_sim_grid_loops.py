@@ -29,7 +29,10 @@ from conv_programs import CONV_GRAD_PROGRAMS  # noqa: E402
 from cuda_programs import CONV_PROGRAMS, PROGRAMS, jitted  # noqa: E402
 from test_simulator import as_tuple, check_program, host  # noqa: E402  (also makes the simulator's shared arrays thread safe)
 
-CASES = ([p for p in PROGRAMS if p.name == "batched_matmul"] + [p for p in CONV_PROGRAMS if p.name == "conv_block"]
+# conv_block (a conv2d forward chain, ~8 s) in make test-long: groups2_stride2x1 loops conv2d's forward
+# (two groups, several channel tiles) as well as its two gradients.
+CASES = ([p for p in PROGRAMS if p.name == "batched_matmul"]
+         + [pytest.param(p, marks=pytest.mark.long) for p in CONV_PROGRAMS if p.name == "conv_block"]
          + [p for p in CONV_GRAD_PROGRAMS if p.name == "groups2_stride2x1"])
 
 
@@ -38,7 +41,7 @@ def cache_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("cuda-grid-loops"))
 
 
-@pytest.mark.parametrize("program", CASES, ids=lambda p: p.name)
+@pytest.mark.parametrize("program", CASES, ids=lambda p: getattr(p, "name", None))
 def test_one_block_looping_over_every_tile_gives_the_same_bits(program, cache_dir: str, monkeypatch) -> None:
     monkeypatch.setattr(conv, "CONV_TILE", 2)  # several channel tiles a group
     monkeypatch.setattr(matmul, "MATMUL_TILE", 2)  # several row tiles a batch entry
