@@ -168,7 +168,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 # Resident memory per test (issue 21): BENDC_TEST_RSS=PREFIX appends "nodeid<TAB>VmRSS in kB after
 # its teardown<TAB>time.time()" for every test to PREFIX.<worker> (gw0, gw1, ... under xdist; main
-# without it). tests/rss_report.py sums it up per file.
+# without it; simulator-gw0, ... for the simulator's run). tests/rss_report.py sums it up per file.
 def _resident_kb() -> int:
     with open("/proc/self/status") as status:
         for line in status:
@@ -183,6 +183,8 @@ def pytest_runtest_teardown(item, nextitem):
     prefix = os.environ.get("BENDC_TEST_RSS")
     if prefix and os.path.exists("/proc/self/status"):
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":  # the simulator's run, beside the suite's
+            worker = f"simulator-{worker}"
         with open(f"{prefix}.{worker}", "a") as log:
             log.write(f"{item.nodeid}\t{_resident_kb()}\t{time.time():.3f}\n")
 
