@@ -523,6 +523,14 @@ def _check_same_structure(ours, theirs, program) -> None:
                                            f"torch {'None' if b is None else 'a value'}"
 
 
+def _both(program: Program) -> tuple[list, list]:
+    """The program's outputs from bendc and from torch, checked to have the same structure."""
+    _, _, ours = run_bendc(program)
+    theirs = run_torch(program)
+    _check_same_structure(ours, theirs, program)
+    return ours, theirs
+
+
 PROPERTY_SETTINGS = dict(deadline=None, derandomize=True, database=None,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -537,9 +545,7 @@ def test_values_and_gradients_match_torch(count: int) -> None:
     @settings(max_examples=count, **PROPERTY_SETTINGS)
     @given(program=programs())
     def check(program: Program) -> None:
-        _, _, ours = run_bendc(program)
-        theirs = run_torch(program)
-        _check_same_structure(ours, theirs, program)
+        ours, theirs = _both(program)
         for name, a, b in zip(output_names(program), ours, theirs):
             if b is not None:
                 assert_chain_close(a, b, name)
@@ -559,9 +565,7 @@ def test_arithmetic_programs_are_bitwise(count: int) -> None:
     @settings(max_examples=count, **PROPERTY_SETTINGS)
     @given(program=programs(BITWISE_OPS))
     def check(program: Program) -> None:
-        _, _, ours = run_bendc(program)
-        theirs = run_torch(program)
-        _check_same_structure(ours, theirs, program)
+        ours, theirs = _both(program)
         assert_bitwise(ours[1], theirs[1], "last value")
         for name, a, b in zip(output_names(program), ours, theirs):
             if b is None:

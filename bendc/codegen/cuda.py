@@ -56,8 +56,8 @@ from bendc.ops.base import reduced_axes
 from bendc.kernels.access import Access, dense
 from bendc.kernels.cuda_kit import (FASTMATH_DECORATOR, JIT_DEFINITION, KERNEL_DECORATOR, CudaNode, Kernels, Launch, argument_list,
                                     block_per_row_launch, grid_stride_launch, grid_stride_loop, kernel_source,
-                                    length_of, sum_block, sum_launch_block, sum_width, tree_lines,
-                                    unflatten, used)
+                                    length_of, sum_block, sum_threads, tree_lines, unflatten,
+                                    used)
 from bendc.kernels.templates import helper_functions
 from bendc.ops import OPS
 from runtime.dtypes import NUMBA_NAMES
@@ -293,7 +293,7 @@ def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> 
 
 
 def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], domain: tuple[int, ...],
-                         id: int, name: str, block: int, cells: int | str, over_leading: bool = False
+                         id: int, name: str, block: int, cells: int | str, over_leading: bool
                          ) -> tuple[str, Launch]:
     """One epilogue sum of a fused group, deterministic: a block per output element (grid-stride
     over the blocks) whose threads each add the group's summed operand, recomputed from the
@@ -322,10 +322,11 @@ def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], do
     count = f"{out}.shape[0]"
     per_element = reduced if isinstance(cells, int) else f"{cells} // {count}"
     target = dense(id, node.type.shape).flat(reduction_index(graph, node, loops))
+    width, threads = sum_threads(block, reduced, over_leading)
     inner = (["total = np.float32(0.0)", "q = t", "while q < reduced:"]
              + ["    " + line for line in per_cell]
-             + [f"    total += {local[node.inputs[0]]}", f"    q += {sum_width(over_leading)}", "partial[t] = total"]
-             + tree_lines("sum", width=sum_width(over_leading))
+             + [f"    total += {local[node.inputs[0]]}", f"    q += {width}", "partial[t] = total"]
+             + tree_lines("sum", width=width)
              + ["if t == 0:", f"    {out}[{target}] = partial[0]  # %{id} = {node.op} (epilogue)",
                 "cuda.syncthreads()  # partial is reused"])
     inner = used(kept_split, inner) + inner
@@ -335,7 +336,6 @@ def _epilogue_sum_kernel(step: Step, graph: Graph, access: dict[int, Access], do
             + ["    o += cuda.gridDim.x"])
     source = kernel_source(name, _arguments(step), body,
                            f"%{id} = {node.op}: a block per output element, its cells in order, a fixed tree.")
-    threads = sum_launch_block(reduced) if over_leading else block
     return source, block_per_row_launch(name, outputs, threads, 4 * block)
 
 

@@ -197,20 +197,16 @@ def sum_block(extent: int, over_leading: bool) -> int:
     """BLOCK of a kernel summing ``extent`` cells a block (the size of its shared array): tree_block,
     but MAX_BLOCK for a sum over the leading axis (the batch, usually), whose extent grows with it:
     BLOCK is a constant of the kernel's source, which then serves every batch size (length_of).
-    Such a kernel strides and halves by its launch's block (sum_width), which sum_launch_block sizes
-    from this batch's extent: a sum over a batch of 4 is one warp a block, not 256 threads."""
+    Such a kernel strides and halves by its launch's block, sized from this batch (sum_threads): a
+    sum over a batch of 4 is one warp a block, not 256 threads."""
     return MAX_BLOCK if over_leading else tree_block(extent)
 
 
-def sum_width(over_leading: bool) -> str:
-    """The thread count a sum kernel's loop strides by and its tree halves from: the source's BLOCK, or
-    for a sum over the leading axis the launch's block (a power of two up to BLOCK, sum_launch_block)."""
-    return "cuda.blockDim.x" if over_leading else "BLOCK"
-
-
-def sum_launch_block(extent: int) -> int:
-    """The launch's threads for a block summing ``extent`` cells (this shape's): tree_block."""
-    return tree_block(extent)
+def sum_threads(block: int, extent: int, over_leading: bool) -> tuple[str, int]:
+    """(the thread count a sum kernel of BLOCK ``block`` strides by and its tree halves from, the
+    launch's threads): BLOCK for both, but for a sum over the leading axis ``cuda.blockDim.x`` and
+    tree_block of this shape's ``extent`` (a power of two up to BLOCK, which is then MAX_BLOCK)."""
+    return ("cuda.blockDim.x", tree_block(extent)) if over_leading else ("BLOCK", block)
 
 
 def unflatten(flat: str, shape, prefix: str) -> tuple[list[str], list[str]]:
@@ -305,7 +301,7 @@ def tree_lines(operation: str, arrays: Sequence[str] = ("partial",), width: str 
 
     Several shared arrays (``arrays``) are combined level by level in one tree (one
     ``syncthreads`` per level for all of them). ``t`` is the thread index, ``width`` (BLOCK, or the
-    launch's ``cuda.blockDim.x``: see sum_width) a power of two.
+    launch's ``cuda.blockDim.x``: see sum_threads) a power of two.
     """
     combine = []
     for array in arrays:

@@ -68,8 +68,8 @@ def _cuda_sum(op):
     A large reduced extent (TREE_MIN_EXTENT or more), or any sum over the leading axis (the batch:
     the kernel's source then serves every batch size), gets a block per output element and a
     shared-memory tree; a small one a thread per output element summing its elements in order.
-    Over the batch the block is sized at render from this batch (kit.sum_launch_block), the source
-    holding MAX_BLOCK for its shared array and striding by cuda.blockDim.x (kit.sum_width).
+    Over the batch the block is sized at render from this batch, the source holding MAX_BLOCK for
+    its shared array and striding by cuda.blockDim.x (kit.sum_threads).
     """
     shape = op.shapes[0]
     axes = set(OPS[op.node.op].reduced_axes(shape, op.attrs))
@@ -95,7 +95,7 @@ def _cuda_sum(op):
         return kit.Kernels(f"{what}: a thread per output element", source,
                            [kit.grid_stride_launch("kernel", outputs)])
     block = kit.sum_block(reduced, over_leading)
-    width = kit.sum_width(over_leading)
+    width, threads = kit.sum_threads(block, reduced, over_leading)
     inner = (kept_split + ["total = np.float32(0.0)", "q = t", "while q < reduced:"]
              + ["    " + line for line in reduced_split] + [f"    total += {x}", f"    q += {width}"]
              + ["partial[t] = total"] + kit.tree_lines("sum", width=width)
@@ -106,7 +106,6 @@ def _cuda_sum(op):
             + ["    o += cuda.gridDim.x"])
     source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body,
                                                        "One block per output element: a shared-memory tree.")
-    threads = kit.sum_launch_block(reduced) if over_leading else block
     launch = kit.block_per_row_launch("kernel", outputs, threads, 4 * block)
     return kit.Kernels(f"{what}: a block per output element", source, [launch])
 
