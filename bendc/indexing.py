@@ -328,10 +328,11 @@ class MaskedSelection:
 
 
 # ------------------------------------------------------------------ x[key] = value
-def _refuse_leaf(x, loc) -> None:
+def _refuse_leaf(x, loc, what: str) -> None:
     if x.id in x.tracer.leaves:
-        raise GradientError(f"x[...] = value on a leaf {x.type}: PyTorch refuses an in-place write to a leaf that "
-                            "requires grad; write into a copy (x.clone())", loc=loc, op="index_put")
+        raise GradientError(f"{what} on a leaf {x.type}: PyTorch refuses an in-place write to a leaf that "
+                            "requires grad; write into a copy (x.clone())", loc=loc,
+                            op="index_put" if what == "x[...] = value" else what)
 
 
 def _aliases(x) -> set[int]:
@@ -373,16 +374,40 @@ def _numpy_key(x, key, loc):
 
 def setitem(x, key, value, loc):
     """The tensor ``x`` names after ``x[key] = value`` (the module docstring states the rules)."""
-    tracer = x.tracer
-    _refuse_leaf(x, loc)
+    _refuse_leaf(x, loc, "x[...] = value")
     aliases = _aliases(x)
     result = _written(x, key, value, loc)
+    _mark_stale(x.tracer, aliases - {result.id}, loc, "x[...] = value")
+    return result
+
+
+def in_place(x, result, loc, what: str):
+    """x after an in-place op (``x += y``, ``x.add_(y)``, ``x.fill_(v)``, ``x.copy_(src)``) whose
+    out-of-place value is ``result``: the Python object x (every name bound to it, as in PyTorch)
+    names ``result``, cast to x's dtype where PyTorch's in-place rules cast; the tensors that share
+    x's storage in PyTorch are stale, as after ``x[key] = value``. A leaf is refused (PyTorch's
+    autograd refuses it), and so are a result of another shape or of a dtype PyTorch cannot cast to
+    x's in place (an integer x += a float)."""
+    _refuse_leaf(x, loc, what)
+    if tuple(result.shape) != tuple(x.shape):
+        raise ShapeError(f"{what}: output with shape {list(x.shape)} doesn't match the broadcast shape "
+                         f"{list(result.shape)} (an in-place op keeps its tensor's shape)", loc=loc, op=what)
+    if result.dtype != x.dtype:
+        if not (x.type.is_index and result.type.is_index):
+            raise UnsupportedError(f"{what}: result type {result.dtype} can't be cast to {x.type} in place "
+                                   "(PyTorch refuses it too)", loc=loc, op=what)
+        result = x.tracer.emit("to_int", (result.id,), dtype=x.dtype)
+    _mark_stale(x.tracer, _aliases(x) - {result.id}, loc, what)
+    x.id = result.id
+    return x
+
+
+def _mark_stale(tracer, aliases: set[int], loc, what: str) -> None:
     where_from = str(loc) if loc is not None else "an earlier line"
-    for alias in aliases - {result.id}:
-        tracer.stale[alias] = (f"this tensor shares storage with the tensor written by x[...] = value at {where_from}: "
+    for alias in aliases:
+        tracer.stale[alias] = (f"this tensor shares storage with the tensor written by {what} at {where_from}: "
                                "PyTorch would show the written values here, bendc's out-of-place write cannot. "
                                "Take views after the write, or write into x.clone()")
-    return result
 
 
 def _written(x, key, value, loc):
@@ -423,7 +448,8 @@ def _written(x, key, value, loc):
     flat_positions = tracer.emit("iota", (), shape=(size,), dim=0, start=0, step=1, dtype="i64")
     where_written = getitem(flat_positions.reshape(x.shape), key, loc).reshape(-1)
     spread = value.expand(*shape) if value.shape != shape else value
-    values = tracer.emit("index_add", (spread.reshape(-1).id, where_written.id), dim=0, shape=(size,))
+    values = tracer.emit("index_add", (spread.reshape(-1).id, where_written.id), dim=0, shape=(size,),
+                         unique=True)  # into -0.0 words: a written -0.0 stays -0.0, as torch's copy
     ones = filled(tracer, (int(written.size),), 1.0, "f32")
     covered = tracer.emit("index_add", (ones.id, where_written.id), dim=0, shape=(size,))
     return where(covered.reshape(x.shape) > 0.5, values.reshape(x.shape), x)

@@ -29,7 +29,7 @@ from bendc.ops import OPS
 from bendc.ops.base import METHODS
 from bendc.reductions import ReductionMethods  # max/min/amax/amin/argmax/argmin/var/std/logsumexp/cumsum
 from bendc.tensor_ops import ACTIVE_TRACER, TensorOps  # comparisons, casts, selection, powers, shape methods
-from bendc.indexing import MaskedSelection, getitem, setitem  # x[key] and x[key] = value
+from bendc.indexing import MaskedSelection, getitem, in_place, setitem  # x[key], x[key] = value, x += y
 from bendc.tensor_math import MathMethods, as_dtype, normalize_dim as _normalize_dim  # nan_to_num, round(decimals=), any/all, ... (issue 22)
 from bendc.sort_scatter import SortScatterMethods  # prod/cumprod/flip/sort/argsort/topk/scatter* (issue 22)
 
@@ -488,7 +488,9 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
             return as_dtype(self, dtype, "sum").sum(dim, keepdim)
         with self.tracer.at_user_line("sum") as builder:
             dims = self._dims(dim, "sum", builder.loc)
-            return self.tracer.emit("sum", (self.id,), dims=dims, keepdim=bool(keepdim))
+            # an integer or bool tensor sums to int64, as torch's ((pred == y).sum(): a count)
+            return self.tracer.emit("sum" if self.type.is_float else "int_sum", (self.id,), dims=dims,
+                                    keepdim=bool(keepdim))
 
     def mean(self, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
         if dtype is not None:
@@ -559,6 +561,42 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
         with self.tracer.at_user_line("index_put") as builder:
             self.id = setitem(self, key, value, builder.loc).id
 
+    # ---- in-place ops: the out-of-place value, then x names it (bendc/indexing.py in_place). Python's
+    # augmented assignment calls these (x += y is in place in PyTorch: every name of x, and its views,
+    # see it); without them Python would rebind only the name written.
+    def _in_place(self, what: str, compute) -> Tensor:
+        with self.tracer.at_user_line(what) as builder:
+            return in_place(self, compute(), builder.loc, what)
+
+    def __iadd__(self, other): return self._in_place("+=", lambda: self + other)
+    def __isub__(self, other): return self._in_place("-=", lambda: self - other)
+    def __imul__(self, other): return self._in_place("*=", lambda: self * other)
+    def __itruediv__(self, other): return self._in_place("/=", lambda: self / other)
+    def __ifloordiv__(self, other): return self._in_place("//=", lambda: self // other)
+    def __imod__(self, other): return self._in_place("%=", lambda: self % other)
+    def __ipow__(self, other): return self._in_place("**=", lambda: self ** other)
+
+    def fill_(self, value: Any) -> Tensor:
+        """x.fill_(value): every element ``value`` (a number or a 0-d tensor), in x's dtype."""
+        return self._in_place("fill_", lambda: self._spread(value))
+
+    def zero_(self) -> Tensor:
+        return self._in_place("zero_", lambda: self._spread(0))
+
+    def copy_(self, src: Any, non_blocking: bool = False) -> Tensor:
+        """x.copy_(src): src broadcast to x's shape and cast to x's dtype (PyTorch's copy casts)."""
+        return self._in_place("copy_", lambda: self._spread(src))
+
+    def _spread(self, value: Any) -> Tensor:
+        """``value`` cast to this tensor's dtype and broadcast to its shape, as a value of its own
+        (not a view of ``value``: a later write into this tensor leaves ``value`` alone)."""
+        value = self.tracer.value(value, "copy_")
+        if value.dtype != self.dtype:
+            value = {"f32": value.float, "i64": value.long, "i32": value.int}.get(self.dtype, lambda: value != 0)()
+        if tuple(value.shape) != tuple(self.shape):
+            value = value.expand(*self.shape)
+        return value.clone()
+
     def clone(self, memory_format: Any = None) -> Tensor:
         """A copy: the same values, not a view (x * 1.0, exact for every float, -0.0 and NaN included)."""
         with self.tracer.at_user_line("clone"):
@@ -574,6 +612,26 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
     @property
     def grad(self) -> Tensor | None:
         return self.tracer.grad_of(self)
+
+
+# PyTorch's in-place forms of these methods (x.add_(y, alpha=2), x.clamp_(0, 1), x.masked_fill_(m, v)):
+# the method's out-of-place value, then x names it (Tensor._in_place).
+IN_PLACE_METHODS = ("add", "sub", "mul", "div", "pow", "neg", "abs", "clamp", "clamp_min", "clamp_max",
+                    "masked_fill", "lerp", "relu", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos",
+                    "floor", "ceil", "round", "trunc", "nan_to_num", "reciprocal", "square")
+
+
+def _in_place_method(name: str):
+    def method(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self._in_place(f"{name}_", lambda: getattr(self, name)(*args, **kwargs))
+
+    method.__name__ = method.__qualname__ = f"{name}_"
+    method.__doc__ = f"x.{name}_(...): x.{name}(...) in place (PyTorch's in-place rules; bendc/indexing.py in_place)."
+    return method
+
+
+for _name in IN_PLACE_METHODS:
+    setattr(Tensor, f"{_name}_", _in_place_method(_name))
 
 
 # ----------------------------------------------------------------- helpers

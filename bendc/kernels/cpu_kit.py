@@ -290,3 +290,18 @@ def vectorizable_math(body: str) -> tuple[str, str]:
     libm calls are opaque to LLVM's loop vectorizer, the kit's helpers are not."""
     replaced, count = _LIBM_CALL.subn(lambda match: f"bendc_{match.group(1)}(", body)
     return replaced, (math_prelude() if count else "")
+
+
+def lines_call(shape: tuple[int, ...], axes: tuple[int, ...]) -> str:
+    """A line reduction's kernel body: in0 as (lines, reduced elements), the kept axes first and the
+    reduced ones last (row-major), out0 flat, handed to the ``_lines`` function rendered before it."""
+    kept = [a for a in range(len(shape)) if a not in axes]
+    reduced = " * ".join(f"in0.shape[{a}]" for a in axes) or "1"
+    if not shape:
+        lines = "in0.reshape((1, 1))"
+    elif list(axes) == list(range(len(shape)))[len(kept):]:  # the reduced axes are the trailing ones
+        lines = f"np.ascontiguousarray(in0).reshape((-1, {reduced}))"
+    else:
+        lines = f"np.ascontiguousarray(np.transpose(in0, {tuple(kept + list(axes))!r})).reshape((-1, {reduced}))"
+    return ("def kernel(in0, out0):\n"
+            f"    _lines({lines}, out0.reshape(out0.size))\n")

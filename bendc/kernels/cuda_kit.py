@@ -282,15 +282,16 @@ def kernel_source(name: str, arguments: str, body: list[str], doc: str = "",
     return "\n".join(lines) + "\n"
 
 
-def zero_kernel(arguments: str, sizes: dict[str, int], what: str) -> tuple[str, Launch]:
-    """A kernel writing +0.0 into outputs (by argument name and size) before they are accumulated into."""
+def zero_kernel(arguments: str, sizes: dict[str, int], what: str, word: str = "0.0") -> tuple[str, Launch]:
+    """A kernel writing +0.0 (or ``word``: "-0.0", the identity of +) into outputs (by argument name and
+    size) before they are accumulated into."""
     cells = max(sizes.values())
     body: list[str] = []
     for name, size in sizes.items():  # each output's length is its array's (length_of): any size
         if size < cells:
-            body += [f"if cell < {name}.shape[0]:", f"    {name}[cell] = np.float32(0.0)"]
+            body += [f"if cell < {name}.shape[0]:", f"    {name}[cell] = np.float32({word})"]
         else:
-            body.append(f"{name}[cell] = np.float32(0.0)")
+            body.append(f"{name}[cell] = np.float32({word})")
     largest = next(name for name, size in sizes.items() if size == cells)
     source = kernel_source("zero", arguments, grid_stride_loop(f"{largest}.shape[0]", body), f"Clear {what}.")
     return source, grid_stride_launch("zero", cells)
@@ -318,14 +319,14 @@ def checked_read(index_read: str, size: int, on_error: list[str], on_success: li
 
 
 def scatter_kernels(op: CudaNode, split: list[str], body: list[str], what: str, checked: bool,
-                    check: str = "") -> Kernels:
-    """A scatter into a cleared output: a ``zero`` kernel, then ``body`` once per element of the
-    source (operand 0; ``split`` gives its indexes from ``cell``)."""
+                    check: str = "", word: str = "0.0") -> Kernels:
+    """A scatter into a cleared output (+0.0 words, or ``word``): a ``zero`` kernel, then ``body`` once
+    per element of the source (operand 0; ``split`` gives its indexes from ``cell``)."""
     node = op.node
     body = used(split, body) + body
     cells = numel(op.shapes[0])
     arguments = op.checked_arguments if checked else op.arguments
-    zero, zero_launch = zero_kernel(arguments, {"out0": numel(op.shape)}, f"the output of {node.op}")
+    zero, zero_launch = zero_kernel(arguments, {"out0": numel(op.shape)}, f"the output of {node.op}", word)
     source = zero + kernel_source("kernel", arguments, grid_stride_loop(op.count(cells), body),
                                   f"{node.op}: one source element per thread ({what}).")
     return Kernels(f"{node.op} into [{','.join(map(str, op.shape))}] ({what})", source,

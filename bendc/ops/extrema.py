@@ -30,7 +30,7 @@ import numpy as np
 from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels import cpu_policy as policy
-from bendc.kernels.cpu_kit import REDUCTION_CHUNKS, lane_sum, njit_decorator
+from bendc.kernels.cpu_kit import REDUCTION_CHUNKS, lane_sum, lines_call, njit_decorator
 from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, normalize_dims, require_float
 from bendc.ops.reduce import TREE_MIN_EXTENT
 
@@ -185,20 +185,6 @@ def _scan_lines(largest: bool, want_index: bool, parallel: bool) -> str:
             f"        out[r] = {result}\n\n\n")
 
 
-def _cpu_lines_call(shape: tuple[int, ...], axes: tuple[int, ...]) -> str:
-    """The kernel body: in0 as (lines, reduced) and out0 flat, then ``_lines``."""
-    kept = [a for a in range(len(shape)) if a not in axes]
-    reduced = " * ".join(f"in0.shape[{a}]" for a in axes) or "1"
-    if not shape:
-        lines = "in0.reshape((1, 1))"
-    elif list(axes) == list(range(len(shape)))[len(kept):]:  # the reduced axes are the trailing ones
-        lines = f"np.ascontiguousarray(in0).reshape((-1, {reduced}))"
-    else:
-        lines = f"np.ascontiguousarray(np.transpose(in0, {tuple(kept + list(axes))!r})).reshape((-1, {reduced}))"
-    return ("def kernel(in0, out0):\n"
-            f"    _lines({lines}, out0.reshape(out0.size))\n")
-
-
 def _scan_chunks(largest: bool, want_index: bool) -> str:
     """A large operand of few lines: each line split into REDUCTION_CHUNKS parts scanned in parallel,
     the parts' (value, index) then combined in order (the same first NaN, first extremum)."""
@@ -242,8 +228,8 @@ def _cpu_extremum(largest: bool, want_index: bool):
         axes = extremum_axes(shape, attrs)
         large = policy.parallel("rows", ins[0].numel)
         if large and out.numel < REDUCTION_CHUNKS:
-            return _scan_chunks(largest, want_index) + _cpu_lines_call(shape, axes)
-        return _scan_lines(largest, want_index, large) + _cpu_lines_call(shape, axes)
+            return _scan_chunks(largest, want_index) + lines_call(shape, axes)
+        return _scan_lines(largest, want_index, large) + lines_call(shape, axes)
 
     return render
 
@@ -435,7 +421,7 @@ def _cpu_logsumexp(attrs, ins, out):
             "            m = np.float32(0.0)\n"
             + "".join(f"        {line}\n" for line in lane_sum("total", "np.float64(math.exp(x[r, c] - m))", "c",
                                                                  "x.shape[1]"))
-            + "        out[r] = math.log(np.float32(total)) + m\n\n\n") + _cpu_lines_call(shape, dims)
+            + "        out[r] = math.log(np.float32(total)) + m\n\n\n") + lines_call(shape, dims)
 
 
 def _cuda_logsumexp(op):

@@ -131,7 +131,14 @@ def _cuda_index_add(op):
     body = kit.checked_read(_index_read(op, names), shape[dim], [],
                             [f"cuda.atomic.add(out0, {dense(node.id, shape).flat(target)}, {op.read(0, names)})"])
     return kit.scatter_kernels(op, split, body, "atomic adds", checked=True,
-                               check=INDEX_RANGE.format(index="{index}", size=shape[dim]))
+                               check=INDEX_RANGE.format(index="{index}", size=shape[dim]), word=_word(op.attrs))
+
+
+def _word(attrs) -> str:
+    """What index_add's output starts as: +0.0 words (torch's zeros), or -0.0, the identity of +, for
+    ``unique=True`` (each position written at most once: x[key] = value, whose values keep their bits,
+    -0.0 included)."""
+    return "-0.0" if attrs.get("unique") else "0.0"
 
 
 def _cpu_index_select(attrs, ins, out):
@@ -143,7 +150,7 @@ def _cpu_index_select(attrs, ins, out):
 def _cpu_index_add(attrs, ins, out):
     dim = attrs["dim"]
     return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("index_add", out.shape[dim])
-            + "    out0[...] = np.float32(0.0)\n"
+            + f"    out0[...] = np.float32({_word(attrs)})\n"
             + f"    np.add.at(out0, (slice(None),) * {dim} + (in1.reshape(-1),), in0)\n")
 
 
@@ -220,7 +227,7 @@ def _infer_index_add(types, attrs):
 def _reference_index_add(values, attrs):
     source, index = values
     dim = attrs["dim"]
-    out = np.zeros(tuple(attrs["shape"]), dtype=np.float32)
+    out = np.full(tuple(attrs["shape"]), float(_word(attrs)), dtype=np.float32)
     index = index.reshape(-1)
     _check_range(index, out.shape[dim], "index_add")
     np.add.at(out, (slice(None),) * dim + (index,), source)
@@ -241,8 +248,9 @@ define_op(
     index_operand=1,
     indexed_size=lambda shapes, out, attrs: out[attrs["dim"]],
     vjp=vjp_index_add,
-    attr_names=("dim", "shape"),
-    doc="`%2 = index_add[dim=0, shape=(10,4)] %g, %i`: zeros.index_add_(dim, i, g), in index order.",
+    attr_names=("dim", "shape", "unique"),  # unique: optional (False when absent)
+    doc="`%2 = index_add[dim=0, shape=(10,4)] %g, %i`: zeros.index_add_(dim, i, g), in index order; with "
+        "`unique=True` (positions written once: x[key] = value) into -0.0 words, so values keep their bits.",
 )
 
 

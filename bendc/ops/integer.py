@@ -1,5 +1,6 @@
 """Integer arithmetic on index tensors (``idx + 1``, ``idx * stride``, ``pos // 2``), casts to an
-integer dtype, and the wrap of negative indices, with PyTorch's rules.
+integer dtype, the wrap of negative indices, and sums of integer and bool tensors (an int64 result,
+``(pred == y).sum()``), with PyTorch's rules.
 
 Two integer operands give an integer result: int64 where either is int64, else int32 (PyTorch's
 promotion; a Python int operand takes the tensor's dtype). Floor division and remainder take a
@@ -11,7 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from bendc.ir.types import DTYPES, TensorType
-from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op
+from bendc.kernels import cpu_policy as policy
+from bendc.kernels.cpu_kit import lines_call, njit_decorator
+from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, normalize_dims
+from bendc.ops.reduce import cuda_line_sum
 
 
 def _result_dtype(types) -> str:
@@ -114,4 +118,55 @@ define_op(
     attr_names=("size",),
     doc="`%1 = wrap_index[size=5] %0`: a negative index i as i + size (PyTorch's tensor indexing); the "
         "index op that reads it refuses what is still out of range.",
+)
+
+
+# ------------------------------------------------------------------ sums of integers and bools
+def _infer_int_sum(types, attrs):
+    (x,) = types
+    if not (x.is_index or x.dtype == "bool"):
+        raise InferError(f"int_sum needs an integer or bool operand, got {x}", unsupported=True)
+    dims = tuple(attrs["dims"])
+    if normalize_dims(dims, x.ndim) != dims:
+        raise InferError(f"int_sum dims {dims} must be sorted, distinct and non-negative")
+    return TensorType("i64", tuple(1 if axis in dims else d for axis, d in enumerate(x.shape)) if attrs["keepdim"]
+                      else tuple(d for axis, d in enumerate(x.shape) if axis not in dims))
+
+
+def _reference_int_sum(values, attrs):
+    (x,) = values
+    return np.asarray(np.sum(x, axis=tuple(attrs["dims"]), keepdims=attrs["keepdim"], dtype=np.int64))
+
+
+def _cpu_int_sum(attrs, ins, out):
+    """Each output element's line (cpu_kit.lines_call: kept axes by summed ones) added up in int64,
+    lines in parallel where the operand is large (integer sums are exact in any order)."""
+    axes = tuple(attrs["dims"])
+    if any(ins[0].shape[axis] == 0 for axis in axes):  # sums over nothing: zeros
+        return "def kernel(in0, out0):\n    out0[...] = 0\n"
+    parallel = policy.parallel("rows", ins[0].numel)
+    return (f"{njit_decorator(parallel)}\n"
+            "def _lines(x, out):\n"
+            f"    for r in {'prange' if parallel else 'range'}(x.shape[0]):\n"
+            "        total = np.int64(0)\n"
+            "        for c in range(x.shape[1]):\n"
+            "            total += np.int64(x[r, c])\n"
+            "        out[r] = total\n\n\n") + lines_call(ins[0].shape, axes)
+
+
+def _cuda_int_sum(op):
+    """reduce.cuda_line_sum in int64: a thread per output element, or a block and its int64 tree."""
+    return cuda_line_sum(op, set(op.attrs["dims"]), "int64")
+
+
+define_op(
+    name="int_sum",
+    arity=1,
+    infer=_infer_int_sum,
+    reference=_reference_int_sum,
+    lowering=Lowering("reduce", cpu=_cpu_int_sum, cuda=_cuda_int_sum),
+    no_vjp="an integer result has no gradient",
+    attr_names=("dims", "keepdim"),
+    doc="`%1 = int_sum[dims=(0,), keepdim=False] %0 : i64[4]`: x.sum() of an integer or bool tensor, an "
+        "int64 result as PyTorch's ((pred == y).sum() counts).",
 )

@@ -63,7 +63,13 @@ def _sum_reduced_axes(in_shape, attrs):
 
 
 def _cuda_sum(op):
-    """sum / sum_to_size: the output element's kept indices, then a loop over the reduced ones.
+    """sum / sum_to_size over the axes the op reduces (cuda_line_sum), in float32."""
+    return cuda_line_sum(op, set(OPS[op.node.op].reduced_axes(op.shapes[0], op.attrs)), "float32")
+
+
+def cuda_line_sum(op, axes: set[int], accumulator: str):
+    """A sum over ``axes`` of operand 0 in ``accumulator`` (numba's float32, or int64 for int_sum): the
+    output element's kept indices, then a loop over the reduced ones.
 
     A large reduced extent (TREE_MIN_EXTENT or more), or any sum over the leading axis (the batch:
     the kernel's source then serves every batch size), gets a block per output element and a
@@ -72,7 +78,7 @@ def _cuda_sum(op):
     its shared array and striding by cuda.blockDim.x (kit.sum_threads).
     """
     shape = op.shapes[0]
-    axes = set(OPS[op.node.op].reduced_axes(shape, op.attrs))
+    zero = "np.float32(0.0)" if accumulator == "float32" else f"np.{accumulator}(0)"
     kept_shape = tuple(1 if axis in axes else size for axis, size in enumerate(shape))
     reduced_shape = tuple(size if axis in axes else 1 for axis, size in enumerate(shape))
     outputs, reduced = numel(kept_shape), numel(reduced_shape)
@@ -80,6 +86,8 @@ def _cuda_sum(op):
     reduced_split, summed = kit.unflatten("q", reduced_shape, "s")
     index = [s if axis in axes else k for axis, (k, s) in enumerate(zip(kept, summed))]
     x = op.read(0, index)
+    if accumulator != "float32":  # an integer or bool operand, each cast as it is added
+        x = f"np.{accumulator}({x})"
     what = f"{op.node.op} of [{','.join(map(str, shape))}] over axes {tuple(sorted(axes))}"
     # the output elements and the cells each sums, read from the arrays' lengths where they tell
     # (kit.length_of): one source for every batch size, reduced or kept
@@ -88,7 +96,7 @@ def _cuda_sum(op):
     per_output = f"{cells} // {count}" if isinstance(cells, str) and isinstance(count, str) else reduced
     over_leading = 0 in axes and shape[0] > 1  # a sum over the batch: a tree of kit.sum_block threads
     if reduced < TREE_MIN_EXTENT and not over_leading:
-        body = kept_split + ["total = np.float32(0.0)", f"for q in range({per_output}):"] + \
+        body = kept_split + [f"total = {zero}", f"for q in range({per_output}):"] + \
             ["    " + line for line in reduced_split] + [f"    total += {x}", "out0[o] = total"]
         source = kit.kernel_source("kernel", op.arguments, kit.grid_stride_loop(count, body, "o"),
                                    "One thread per output element, summing in order.")
@@ -96,17 +104,17 @@ def _cuda_sum(op):
                            [kit.grid_stride_launch("kernel", outputs)])
     block = kit.sum_block(reduced, over_leading)
     width, threads = kit.sum_threads(block, reduced, over_leading)
-    inner = (kept_split + ["total = np.float32(0.0)", "q = t", "while q < reduced:"]
+    inner = (kept_split + [f"total = {zero}", "q = t", "while q < reduced:"]
              + ["    " + line for line in reduced_split] + [f"    total += {x}", f"    q += {width}"]
              + ["partial[t] = total"] + kit.tree_lines("sum", width=width)
              + ["if t == 0:", "    out0[o] = partial[0]", "cuda.syncthreads()  # partial is reused"])
-    body = ([f"partial = cuda.shared.array({block}, numba.float32)", "t = cuda.threadIdx.x",
+    body = ([f"partial = cuda.shared.array({block}, numba.{accumulator})", "t = cuda.threadIdx.x",
              f"reduced = {per_output}", "o = cuda.blockIdx.x", f"while o < {count}:"]
             + ["    " + line for line in inner]
             + ["    o += cuda.gridDim.x"])
     source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, body,
                                                        "One block per output element: a shared-memory tree.")
-    launch = kit.block_per_row_launch("kernel", outputs, threads, 4 * block)
+    launch = kit.block_per_row_launch("kernel", outputs, threads, np.dtype(accumulator).itemsize * block)
     return kit.Kernels(f"{what}: a block per output element", source, [launch])
 
 

@@ -1,6 +1,6 @@
 """Tiny programs covering the reductions beyond sum on cuda (amax/amin, max/min with and without dim,
-argmax/argmin, logsumexp, var/std, cumsum), forward and backward, with ties and NaNs among their
-inputs. Shared by the simulator tests (tests/cuda/test_sim_ops_reduce.py) and the PTX builds
+argmax/argmin, logsumexp, var/std, cumsum, int64 sums of bools and integers), forward and backward,
+with ties and NaNs among their inputs. Shared by the simulator tests (tests/cuda/test_sim_ops_reduce.py) and the PTX builds
 (tests/cuda/test_ptx_ops_reduce.py)."""
 from __future__ import annotations
 
@@ -47,6 +47,16 @@ def moments(x, w):
     return loss, w.grad, y.cumsum(-1), y.logsumexp(0, keepdim=True)
 
 
+def integer_sums(x, counts):
+    """int64 sums of bool and integer tensors: lines of 70 (a block's int64 tree) and of 2 or 3 (a
+    thread per output element), an int32 operand, keepdim."""
+    return (x > 0).sum(1), (x < 0.5).sum(), counts.sum(0), counts.sum(1, keepdim=True), (counts > 0).sum()
+
+
+def _integer_sums_inputs(rng: np.random.Generator) -> tuple:
+    return normal(rng, 3, 70), rng.integers(-9, 9, size=(2, 3)).astype(np.int32)
+
+
 def _ties_and_nans_inputs(rng: np.random.Generator) -> tuple:
     x = rng.integers(-1, 2, size=(3, 4)).astype(np.float32)
     x[0] = 1.0  # an all-equal line
@@ -64,6 +74,8 @@ PROGRAMS: list[Program] = [
             bitwise=(1, 3, 5)),
     Program("moments", moments, ("w",), lambda rng: (normal(rng, 3, 5), normal(rng, 3, 5)),
             frozenset({"reduce", "row", "elementwise"})),
+    Program("integer_sums", integer_sums, (), _integer_sums_inputs, frozenset({"reduce"}),
+            bitwise=(0, 1, 2, 3, 4)),
 ]
 
 # Kernels that accumulate in float64 on purpose, as torch's CPU cumsum does (bendc/ops/scan.py),

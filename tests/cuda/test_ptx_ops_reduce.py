@@ -27,4 +27,4 @@ def cache_dir(tmp_path_factory) -> str:
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.name)
 def test_every_kernel_compiles_to_cubin_without_spills(program, cache_dir: str) -> None:
     ops = {step.op for step, _, _ in check_cubins(program, cache_dir, FLOAT64_OPS)}
-    assert ops & {"amax", "argmax", "cumsum", "logsumexp"}, ops
+    assert ops & {"amax", "argmax", "cumsum", "logsumexp", "int_sum"}, ops

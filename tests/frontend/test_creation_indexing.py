@@ -1,5 +1,5 @@
-"""Tensors made inside a traced function, PyTorch's indexing, index assignment and integer arithmetic
-(issue 22): values and gradients against torch eager, on the reference and cpu targets."""
+"""Tensors made inside a traced function, PyTorch's indexing, index assignment, in-place ops and integer
+arithmetic (issue 22): values and gradients against torch eager, on the reference and cpu targets."""
 from __future__ import annotations
 
 import numpy as np
@@ -140,6 +140,27 @@ def test_made_values_and_integer_results_are_torch_s_bit_for_bit():
             np.testing.assert_array_equal(mine, theirs.numpy())
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_integer_and_bool_sums_are_torch_s_int64(target):
+    """x.sum() of a bool or integer tensor is an int64 count, as torch's: the accuracy line
+    (logits.argmax(-1) == y).sum(), sums over some dims (keepdim too), an int32 operand, a zero-size
+    dim, and lines long enough for several parallel chunks and cuda's block tree."""
+    def counts(logits, y, big, small, empty):
+        return ((logits.argmax(-1) == y).sum(), torch.sum(logits > 0, 1), (logits < 0).sum((0, 2), keepdim=True),
+                y.sum(), (y * 3 - 7).sum(0), small.sum(-1), (big > 0.5).sum(), (big > 0).sum(1), empty.sum(1),
+                (empty > 0).sum(0))
+
+    rng = np.random.default_rng(3)
+    arrays = (rng.standard_normal((6, 5, 4)).astype(np.float32), rng.integers(0, 4, (6, 5)).astype(np.int64),
+              rng.random((3, 70_000)).astype(np.float32), rng.integers(-9, 9, (2, 3)).astype(np.int32),
+              np.zeros((4, 0), np.int64))
+    got = bendc.jit(counts, target=target)(*arrays)
+    want = counts(*map(torch.from_numpy, arrays))
+    for mine, theirs in zip(got, want):
+        assert mine.dtype == np.int64 and mine.shape == tuple(theirs.shape)
+        np.testing.assert_array_equal(mine, theirs.numpy())
+
+
 def test_an_index_out_of_range_names_the_line():
     @bendc.jit(target="reference")
     def step(x, i):
@@ -188,6 +209,96 @@ def test_refusals_name_the_line_and_the_reason():
 
     with pytest.raises(bendc.GradientError, match="leaf"):
         leaf(np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_written_negative_zeros_keep_their_sign(target):
+    """x[key] = value copies the value's bits, -0.0 included (the fuzzer found +0.0: the write had
+    accumulated into +0.0 words; it now starts from -0.0, the identity of +)."""
+    def step(x):
+        y = torch.empty(2, 3)
+        y[...] = x.relu() * -1.0
+        z = x.clone()
+        z[1, 1:] = -(x[0, :2] * 0.0)
+        return y, z
+
+    x = np.array([[-1.0, 2.0, 0.0], [3.0, -4.0, 5.0]], np.float32)
+    for mine, theirs in zip(bendc.jit(step, target=target)(x), step(torch.from_numpy(x))):
+        np.testing.assert_array_equal(np.signbit(mine), np.signbit(theirs.numpy()))
+        np.testing.assert_array_equal(mine, theirs.numpy())
+
+
+def in_place(x, w, i):
+    """In-place ops as users write them: augmented assignment (every name of the tensor sees the write,
+    as in PyTorch: ``r`` below), the methods' in-place forms chained, fill_ / zero_ / copy_ (casting),
+    into a torch.empty, and on an integer index tensor."""
+    h = x * w
+    r = h
+    h += w
+    h *= x
+    h -= 0.5
+    h /= 3.0
+    a = w.clone()
+    a.add_(h).mul_(x).clamp_(-1.0, 1.0).masked_fill_(a > 0.75, -0.25)
+    b = torch.empty(2, 3).fill_(0.25)
+    b[0] = 2.0
+    c = torch.zeros(2, 3)
+    c.copy_(h[0])
+    d = w.clone().zero_()
+    j = i.clone()
+    j += 2
+    j //= 2
+    k = torch.zeros(3)
+    k.copy_(j)  # int64 into float32: copy_ casts
+    loss = (r * w).sum() + (a * a).sum() + (b * c * w).sum() + d.sum() + (k * w).sum() + w[0, j].sum()
+    loss.backward()
+    return (loss, w.grad, r, a, b, c, d, j, k)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_in_place_ops_match_torch(target):
+    x, w = _inputs((2, 3))
+    i = np.array([3, -4, 1], np.int64)
+    got = bendc.jit(in_place, leaves=("w",), target=target)(x, w, i)
+    tw = torch.tensor(w, requires_grad=True)
+    want = [t.detach().numpy() for t in in_place(torch.tensor(x), tw, torch.tensor(i))]
+    for position, (mine, theirs) in enumerate(zip(got, want)):
+        assert np.asarray(mine).dtype == theirs.dtype, position
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7, err_msg=f"output {position}")
+
+
+def test_in_place_refusals_name_the_line_and_the_reason():
+    """A view of the written tensor (PyTorch would show the write), a leaf, a result of another shape,
+    and a float result into an integer tensor are BendcErrors naming the line, never other numbers."""
+    def stale_view(x):
+        h = x * 2
+        v = h[0]
+        h += 1
+        return v.sum()
+
+    def leaf(w):
+        w.add_(1.0)
+        return w.sum()
+
+    def broadcast(x):
+        h = x[0] * 1.0
+        h += x
+        return h
+
+    def integer(x):
+        i = torch.arange(3)
+        i += 0.5
+        return i
+
+    x = np.ones((2, 3), np.float32)
+    cases = [(stale_view, (), bendc.UnsupportedError, "shares storage with the tensor written by \\+="),
+             (leaf, ("w",), bendc.GradientError, "add_ on a leaf"),
+             (broadcast, (), bendc.ShapeError, "doesn't match the broadcast shape"),
+             (integer, (), bendc.UnsupportedError, "can't be cast to i64")]
+    for fn, leaves, error, message in cases:
+        with pytest.raises(error, match=message) as caught:
+            bendc.jit(fn, leaves=leaves, target="reference")(x)
+        assert "test_creation_indexing.py:" in str(caught.value), fn.__name__
 
 
 def test_device_is_the_targets_and_cuda_devices_are_taken_back():

@@ -363,6 +363,16 @@ def _torch_adadelta(params, grads, state, lr=1.0, rho=0.9, eps=1e-6, weight_deca
     return tuple(new_params), {"step": step, "square_avg": tuple(square_avgs), "acc_delta": tuple(acc_deltas)}
 
 
+def _torch_clip_grad_norm(grads, max_norm, norm_type=2.0):
+    """torch.nn.utils.clip_grad_norm_'s arithmetic, out of place: the norm of the per-gradient norms,
+    every gradient times clamp(max_norm / (norm + 1e-6), max=1)."""
+    norms = [torch.linalg.vector_norm(g, norm_type) for g in grads]
+    total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return tuple(g * coefficient for g in grads), total
+
+
+TorchOptim.clip_grad_norm = staticmethod(_torch_clip_grad_norm)
 TorchOptim.adagrad = staticmethod(_torch_adagrad)
 TorchOptim.rmsprop = staticmethod(_torch_rmsprop)
 TorchOptim.adadelta = staticmethod(_torch_adadelta)
@@ -904,7 +914,12 @@ class Builder:
         if x is None:
             return False
         rank = len(x.shape)
-        style = draw(st.sampled_from(["prefix", "all_int", "ellipsis"]))
+        style = draw(st.sampled_from(["prefix", "all_int", "ellipsis", "prefix", "none", "reverse", "list",
+                                      "mask_sum", "assign", "in_place"]))
+        if style == "in_place":
+            return self._in_place(x)
+        if style in ("none", "reverse", "list", "mask_sum", "assign"):
+            return self._torch_index(x, style)
         axes = list(range(rank))
         if style == "prefix":
             axes = axes[:draw(st.integers(1, rank))]
@@ -934,26 +949,177 @@ class Builder:
         self.emit(f"{x.name}[{', '.join(parts)}]", out, x.bound, (x,), "index")
         return True
 
+    def _in_place(self, x: Value) -> bool:
+        """An in-place op on a copy of x (x.clone() or x * 1.0), sometimes first bound to a second
+        name, which must see the write as PyTorch's does: y += v, y -= v, y *= v, y /= 2,
+        y.add_(v, alpha=a), y.mul_(c), y.clamp_(lo, hi), y.copy_(v), y.zero_() or y.fill_(c);
+        v is a value of x's shape or a number."""
+        draw = self.draw
+        name, alias = self.fresh(), self.fresh() if draw(st.booleans()) else None
+        copy = f"{x.name}.clone()" if draw(st.booleans()) else f"{x.name} * 1.0"
+        self.lines.append((f"{name} = {copy}",) * 2)
+        if alias:
+            self.lines.append((f"{alias} = {name}",) * 2)
+        other = self.pick(lambda v: v.shape == x.shape and v.bound <= 8)
+        form = draw(st.sampled_from(["+=", "-=", "*=", "/=", "add_", "mul_", "clamp_", "copy_", "zero_", "fill_"]))
+        deps, exact, bound = x.deps, x.exact, x.bound
+        used = form in ("+=", "-=", "*=", "add_", "copy_") and other is not None and draw(st.booleans())
+        if used:
+            operand, operand_bound = other.name, other.bound
+            deps, exact = deps | other.deps, exact and other.exact
+        else:
+            number = draw(st.sampled_from([0.5, -2.0, 3.0]))
+            operand, operand_bound = repr(number), abs(number)
+        if form in ("+=", "-="):
+            line, bound = f"{name} {form} {operand}", bound + operand_bound
+        elif form in ("*=", "mul_"):
+            line = f"{name} *= {operand}" if form == "*=" else f"{name}.mul_({operand})"
+            bound *= operand_bound
+        elif form == "/=":
+            line, bound = f"{name} /= 2.0", bound / 2
+        elif form == "add_":  # torch's add_ with alpha is one fused multiply-add in its vector loop
+            alpha = draw(st.sampled_from([1, -0.5]))
+            line, bound = f"{name}.add_({operand}, alpha={alpha!r})", bound + abs(alpha) * operand_bound
+            exact = exact and alpha == 1
+        elif form == "clamp_":
+            line = f"{name}.clamp_({draw(st.sampled_from([-1.0, None]))!r}, 1.0)"
+        elif form == "copy_":  # x's value is gone: only the copied one's leaves remain
+            line, bound = f"{name}.copy_({operand})", operand_bound
+            deps, exact = (other.deps, other.exact) if used else (frozenset(), True)
+        else:
+            line, bound = (f"{name}.zero_()", 0.0) if form == "zero_" else (f"{name}.fill_({operand})", operand_bound)
+            deps, exact = frozenset(), True
+        self.lines.append((line,) * 2)
+        self.values.append(Value(name, x.shape, bound, deps, exact))
+        if alias:
+            self.values.append(Value(alias, x.shape, bound, deps, exact))
+        self.families.add("index")
+        return True
+
+    def _torch_index(self, x: Value, style: str) -> bool:
+        """PyTorch's indexing beyond ints and slices (issue 22): None inserting a dim; a negative step
+        (bendc reverses as numpy's x[::-1]; torch refuses it, so torch's program spells the positions
+        as a list); a list of distinct positions (negative ones too) on one dim; x[mask].sum(); and
+        x[key] = value (a slice key, a value or a number; or a mask key and a number) into x.clone()."""
+        draw = self.draw
+        rank = len(x.shape)
+        axis = draw(st.integers(0, rank - 1))
+        size = x.shape[axis]
+        lead = ":, " * axis
+        if style == "none":
+            at = draw(st.integers(0, rank))
+            key = ", ".join([":"] * at + ["None"]) if at < rank or draw(st.booleans()) else "..., None"
+            self.emit(f"{x.name}[{key}]", (*x.shape[:at], 1, *x.shape[at:]), x.bound, (x,), "index")
+            return True
+        if style in ("reverse", "list"):
+            if size == 0:
+                return False
+            if style == "reverse":
+                step = draw(st.sampled_from([-1, -1, -2, -3]))
+                start = draw(st.one_of(st.none(), st.integers(-size, size - 1)))
+                stop = draw(st.one_of(st.none(), st.integers(-size - 1, size - 1)))
+                part = f"{'' if start is None else start}:{'' if stop is None else stop}:{step}"
+                positions = list(range(size))[slice(start, stop, step)]
+                if not positions:
+                    return False
+            else:
+                positions = draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size, unique=True))
+                positions = [p - size if draw(st.booleans()) else p for p in positions]
+                part = repr(positions)
+            self.emit(f"{x.name}[{lead}{part}]", (*x.shape[:axis], len(positions), *x.shape[axis + 1:]), x.bound,
+                      (x,), "index", torch_expr=f"{x.name}[{lead}{positions!r}]")
+            return True
+        threshold = draw(st.sampled_from([-0.5, 0.0, 0.25]))
+        if style == "mask_sum":  # sums in another order than torch's: not bitwise
+            self.emit(f"{x.name}[{x.name} > {threshold!r}].sum()", (), x.bound * max(1, _numel(x.shape)), (x,),
+                      "index", exact=False)
+            return True
+        name = self.fresh()
+        self.lines.append((f"{name} = {x.name}.clone()",) * 2)
+        deps, exact, bound = x.deps, x.exact, x.bound
+        if draw(st.integers(0, 2)) == 0:  # a mask key, a number
+            number = draw(st.sampled_from([0.25, -3.0]))
+            key = f"{name} {draw(st.sampled_from(['<', '>=']))} {threshold!r}"
+            self.lines.append((f"{name}[{key}] = {number!r}",) * 2)
+            bound = max(bound, abs(number))
+        else:
+            if size == 0:
+                return False
+            start = draw(st.integers(0, size - 1))
+            stop = draw(st.integers(start + 1, size))
+            part = draw(st.sampled_from([str(start), f"{start}:{stop}", f"{start}::2", f"-{size - start}:"]))
+            source = self.pick(lambda v: v.shape == x.shape)
+            if source is None or draw(st.booleans()):
+                number = draw(st.sampled_from([0.25, -3.0]))
+                value, bound = repr(number), max(bound, abs(number))
+            else:
+                value, bound = f"{source.name}[{lead}{part}] * 0.5", max(bound, source.bound * 0.5)
+                deps, exact = deps | source.deps, exact and source.exact
+            self.lines.append((f"{name}[{lead}{part}] = {value}",) * 2)
+        self.values.append(Value(name, x.shape, bound, deps, exact))
+        self.families.add("index")
+        return True
+
     def creation(self) -> bool:
-        """Tensors made inside the step (issue 22), each rounding as torch's does: F.arange under
-        integer arithmetic (int_add, int_sub, int_mul, int_floordiv, int_remainder) scaling x,
-        a torch.tensor literal (and one of more values than a literal holds: a lifted constant parameter),
-        F.full and F.ones_like, and integer index tensors made from an arange (.long() of a float: to_int; negative entries: wrap_index). Index entries are
-        distinct, so the backward's scatter adds each gradient once, as torch's does."""
+        """Tensors made inside the step (issue 22), each rounding as torch's does (linspace within 1 ulp):
+        F.arange under integer arithmetic (int_add, int_sub, int_mul, int_floordiv, int_remainder)
+        scaling x, a torch.tensor literal (and one of more values than a literal holds: a lifted
+        constant parameter), F.full, torch.zeros / ones / eye / linspace, the *_like forms, torch.empty
+        (_like) written whole by x[...] = value, counts from F.one_hot and of a mask (int64 sums), some
+        with ``device=x.device``;
+        and integer index tensors made from an arange (.long() of a float: to_int; negative entries:
+        wrap_index). Index entries are distinct, so the backward's scatter adds each gradient once,
+        as torch's does."""
         draw = self.draw
         x = self.pick(lambda v: len(v.shape) > 0 and v.shape[-1] > 0)
         if x is None:
             return False
         n = x.shape[-1]
-        style = draw(st.sampled_from(["arange", "literal", "full", "index", "lifted"]))
-        if style == "lifted":  # over the 4096 values a literal holds: a lifted constant parameter
+        style = draw(st.sampled_from(["arange", "literal", "full", "index", "lifted", "zeros", "eye", "linspace",
+                                      "like", "empty", "one_hot", "count"]))
+        device = ", device=" + x.name + ".device" if draw(st.booleans()) else ""  # torch.device handed back
+        c = draw(st.sampled_from([0.5, -1.0, 2.0]))
+        if style == "zeros":
+            expr = f"{x.name} + torch.zeros({tuple(x.shape)!r}{device}) + torch.ones({n}) * {c!r}"
+            self.emit(expr, x.shape, x.bound + abs(c), (x,), "creation")
+        elif style == "eye":  # n x m, broadcast against x's last two dims (or a row of it)
+            rows = x.shape[-2] if len(x.shape) > 1 else None
+            eye = f"torch.eye({rows}, {n}{device})" if rows is not None else \
+                f"torch.eye({n}{device})[{draw(st.integers(-n, n - 1))}]"
+            self.emit(f"{x.name} + {eye} * {c!r}", x.shape, x.bound + abs(c), (x,), "creation")
+        elif style == "linspace":  # torch's vectorized loop (its vector width is the CPU's) rounds
+            lo, hi = draw(st.sampled_from([(-1.5, 2.0), (0.0, 1.0), (3.0, -0.25)]))  # interior values
+            self.emit(f"{x.name} * torch.linspace({lo!r}, {hi!r}, {n}{device})", x.shape,  # within 1 ulp
+                      x.bound * 3.0, (x,), "creation", exact=False)
+        elif style == "like":
+            expr = (f"{x.name} + torch.zeros_like({x.name}) + torch.full_like({x.name}, {c!r}) * "
+                    f"torch.ones_like({x.name}, dtype=torch.float32)")
+            self.emit(expr, x.shape, x.bound + abs(c), (x,), "creation")
+        elif style == "empty":  # written whole before it is read: x[...] = value on torch.empty(_like)
+            name = self.fresh()
+            made = f"torch.empty_like({x.name})" if draw(st.booleans()) else f"torch.empty({tuple(x.shape)!r}{device})"
+            self.lines += [(f"{name} = {made}",) * 2, (f"{name}[...] = {x.name} * {c!r}",) * 2]
+            self.values.append(Value(name, x.shape, x.bound * abs(c), x.deps, x.exact))
+            self.families.add("creation")
+        elif style == "one_hot":  # counts of picked classes, an int64 tensor made float
+            k = draw(st.integers(1, 4))
+            classes = draw(st.lists(st.integers(0, n - 1), min_size=k, max_size=k))
+            made_float = ".float()" if draw(st.booleans()) else ""  # else an int64 sum (int_sum)
+            counts = f"torch.nn.functional.one_hot(torch.tensor({classes!r}), {n}){made_float}.sum(0)"
+            self.emit(f"{x.name} * {counts}", x.shape, x.bound * k, (x,), "creation")
+        elif style == "count":  # an int64 count of a mask along a dim (int_sum), scaling x
+            axis = draw(st.integers(-len(x.shape), len(x.shape) - 1))
+            threshold = draw(st.sampled_from([-0.5, 0.0, 1.0]))
+            self.emit(f"{x.name} * ({x.name} > {threshold!r}).sum({axis}, keepdim=True)", x.shape,
+                      x.bound * x.shape[axis], (x,), "creation")
+        elif style == "lifted":  # over the 4096 values a literal holds: a lifted constant parameter
             values = draw(st.lists(st.sampled_from([-2.0, -1.5, -0.5, 0.25, 1.0, 2.0]), min_size=n, max_size=n))
             rows = 4096 // n + 1
             self.emit(f"{x.name} * F.tensor([{values!r}] * {rows})[{rows - 1}]", x.shape, x.bound * 2, (x,),
                       "creation")
         elif style == "arange":
             scale, shift, modulus = draw(st.integers(1, 3)), draw(st.integers(0, 4)), draw(st.integers(2, 4))
-            expr = f"{x.name} * ((F.arange({n}) * {scale} + {shift}) // 2 % {modulus} - 1)"
+            expr = f"{x.name} * ((F.arange({n}{device}) * {scale} + {shift}) // 2 % {modulus} - 1)"
             self.emit(expr, x.shape, x.bound * max(1, modulus - 2), (x,), "creation")
         elif style == "literal":
             values = draw(st.lists(st.sampled_from([-2.0, -1.5, -0.5, 0.25, 1.0, 2.0]), min_size=n, max_size=n))
@@ -1884,7 +2050,9 @@ def _optimizers_family(self: Builder) -> bool:
     if operands is None:
         return False
     p, g, first, second = operands
-    which = draw(st.sampled_from(["adagrad", "adagrad", "rmsprop", "adadelta"]))
+    which = draw(st.sampled_from(["adagrad", "adagrad", "rmsprop", "adadelta", "clip_grad_norm"]))
+    if which == "clip_grad_norm":
+        return _clip_grad_norm(self, g, first)
     lr = self.new_input((), "hyper", False, high=0).name if draw(st.booleans()) else \
         repr(draw(st.sampled_from([0.1, 0.01])))
     step = self.new_input((), "step", False).name if draw(st.booleans()) else str(draw(st.integers(0, 3)))
@@ -1922,6 +2090,26 @@ def _optimizers_family(self: Builder) -> bool:
     # adagrad's and rmsprop's steps are lr * g / sqrt(sum): as large as lr / eps where sum ~ 0
     self.values += [Value(names[0], p.shape, LIMIT, deps, False),
                     Value(state_value, p.shape, second.bound ** 2 + g.bound ** 2 + 1.0, state_deps, False)]
+    self.families.add("optimizers")
+    self.exact_grads = False
+    return True
+
+
+def _clip_grad_norm(self: Builder, g: Value, other: Value) -> bool:
+    """bendc.optim.clip_grad_norm of one or two gradients (a number or a traced max_norm; norm_type 2,
+    1, 3 or inf), against torch.nn.utils.clip_grad_norm_'s arithmetic (TorchOptim.clip_grad_norm)."""
+    draw = self.draw
+    grads = [g, other] if other is not g and draw(st.booleans()) else [g]
+    max_norm = self.new_input((), "hyper", False, high=0).name if draw(st.booleans()) else \
+        repr(draw(st.sampled_from([0.5, 100.0])))  # 100: usually no clipping (the coefficient clamps at 1)
+    norm_type = draw(st.sampled_from(["2.0", "1.0", "3.0", "math.inf"]))
+    clipped = [self.fresh() for _ in grads]
+    total = self.fresh()
+    arguments = f"({', '.join(v.name for v in grads)},), {max_norm}" + ("" if norm_type == "2.0" else f", {norm_type}")
+    self.lines.append((f"({', '.join(clipped)},), {total} = bendc.optim.clip_grad_norm({arguments})",) * 2)
+    deps = frozenset().union(*[v.deps for v in grads])
+    self.values += [Value(name, v.shape, v.bound, deps, False) for name, v in zip(clipped, grads)]
+    self.values.append(Value(total, (), sum(v.bound * max(1, _numel(v.shape)) for v in grads), deps, False))
     self.families.add("optimizers")
     self.exact_grads = False
     return True

@@ -47,6 +47,8 @@ OP_TABLE: dict[str, OpEntry] = {
     "int_mul": OpEntry(D, "idx * stride on an integer tensor", "same", ("creation",)),
     "int_floordiv": OpEntry(D, "idx // n on an integer tensor", "same", ("creation",)),
     "int_remainder": OpEntry(D, "idx % n on an integer tensor", "same", ("creation",)),
+    "int_sum": OpEntry(D, "x.sum() / torch.sum of an integer or bool tensor: an int64 count ((a > b).sum(dim))",
+                       "same", ("creation",)),
     "to_int": OpEntry(D, "x.long(), x.int(), x.to(torch.int64) of a float tensor", "same", ("creation",)),
     "wrap_index": OpEntry(I, "x[..., idx] with an integer tensor idx (negative entries counted from the end)",
                           "advanced indexing", ("creation",)),

@@ -76,7 +76,7 @@ SAMPLES: dict[str, Sample] = {
     "le": Sample((T("f32[2,3]"), T("f32[3]"))),
     "where": Sample((T("bool[2,3]"), T("f32[2,3]"), T("f32[3]"))),
     "index_select": Sample((T("f32[3,4]"), T("i64[5]")), {"dim": 0}, index_limit=3),
-    "index_add": Sample((T("f32[5,4]"), T("i64[5]")), {"dim": 0, "shape": (3, 4)}, index_limit=3),
+    "index_add": Sample((T("f32[5,4]"), T("i64[5]")), {"dim": 0, "shape": (3, 4), "unique": False}, index_limit=3),
     "gather": Sample((T("f32[3,4]"), T("i64[3,6]")), {"dim": 1}, index_limit=4),
     "scatter_add": Sample((T("f32[3,6]"), T("i64[3,6]")), {"dim": 1, "shape": (3, 4)}, index_limit=4),
     "reshape": Sample((T("f32[2,3]"),), {"shape": (3, 1, 2)}),
@@ -184,6 +184,7 @@ SAMPLES: dict[str, Sample] = {
     "int_remainder": Sample((T("i64[2,3]"),), {"divisor": 4}, index_limit=11),
     "to_int": Sample((T("f32[2,3]"),), {"dtype": "i64"}),
     "wrap_index": Sample((T("i64[2,3]"),), {"size": 5}, index_limit=4),
+    "int_sum": Sample((T("bool[2,3,4]"),), {"dims": (0, 2), "keepdim": True}),
     # everyday elementwise math (bendc/ops/math_ops.py, issue 22)
     **{name: Sample((T("f32[2,3]"), T("f32[3]"))) for name in ("maximum", "minimum", "fmax", "fmin", "atan2")},
     **{name: Sample((T("f32[2,3]"),)) for name in ("isnan", "isinf", "isfinite", "floor", "ceil", "round", "trunc",
@@ -677,7 +678,7 @@ def creation_indexing(x, w, index):
     written[:, 0] = 2.0
     loss = (made * picked).sum() + (a[a > 0.0].sum() + written.sum()) * (x.long() + 1).float().sum()
     loss.backward()
-    return loss, w.grad
+    return loss, w.grad, (a > 0).sum(0) + index.sum()
 
 
 COVERAGE_PROGRAMS["creation_indexing"] = (creation_indexing, ("w",), lambda: (
