@@ -282,16 +282,32 @@ def _torch_float64_grads(model: nn.Module, x: np.ndarray, seed_value: int) -> di
     return _torch_run(copy.deepcopy(model).double(), x.astype(np.float64), seed_value)[1]
 
 
-def _check_buffers(model: nn.Module, updated: dict[str, np.ndarray], where: str) -> None:
-    """The buffers the step returned against torch's after the same call (updated by a training call)."""
+def _torch_float64_buffers(before: nn.Module, x: np.ndarray, seed_value: int) -> dict[str, np.ndarray]:
+    """The buffers a float64 copy of the model (as it was before the call) holds after the same call."""
+    model = copy.deepcopy(before).double()
+    _torch_run(model, x.astype(np.float64), seed_value)
+    return {name: value.detach().numpy() for name, value in model.named_buffers()}
+
+
+def _check_buffers(model: nn.Module, updated: dict[str, np.ndarray], where: str, float64) -> None:
+    """The buffers the step returned against torch's after the same call (updated by a training call).
+    A float buffer that disagrees with float32 torch is checked against float64 torch (``float64()``),
+    as the gradients are: a running mean of values that cancel (a batch norm after a group norm over
+    two values) is as far from float64 in torch's float32 as in ours (seen: program seed 1292)."""
     theirs = dict(model.named_buffers())
+    exact = None
     for name, value in updated.items():
         want = theirs[name].detach().numpy()
         assert value.dtype == want.dtype and value.shape == want.shape, (where, name, value.dtype, want.dtype)
-        if want.dtype.kind == "f":
-            np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6, err_msg=f"{where}\nbuffer {name}")
-        else:
+        if want.dtype.kind != "f":
             np.testing.assert_array_equal(value, want, err_msg=f"{where}\nbuffer {name}")
+        elif not np.allclose(value, want, rtol=1e-5, atol=1e-6):
+            exact = exact if exact is not None else float64()
+            error, allowed = np.abs(value - exact[name]), np.maximum(
+                1e-5 * np.abs(exact[name]) + 1e-6, 4 * np.abs(want - exact[name]))
+            assert (error <= allowed).all(), (
+                f"{where}\nbuffer {name}: bendc {value}, torch float32 {want}, torch float64 {exact[name]}; "
+                f"|bendc - float64| {error} over {allowed} (1e-5 relative + 1e-6, or 4x torch float32's error)")
 
 
 COVERED: set[str] = set()  # what the sample's batch norms exercised (test_programs_match_torch_modules)
@@ -344,10 +360,15 @@ def run_program(program_seed: int, target: str) -> None:
         updating = _updates_statistics(model)
         loss, grads, updated = step(params, buffers, x, np.array(seed_value, np.int64))
         updated = {name: np.array(value) for name, value in updated.items()}
+        before = copy.deepcopy(model)  # for float64 buffers, where float32's disagree
         expected_loss, expected = _torch_run(model, x, seed_value)
         where = "\n".join(log)
-        np.testing.assert_allclose(loss, expected_loss, rtol=2e-4, atol=1e-5, err_msg=where)
-        _check_buffers(model, updated, where)
+        if not np.allclose(loss, expected_loss, rtol=2e-4, atol=1e-5):  # as the buffers, against float64
+            exact_loss = _torch_run(copy.deepcopy(before).double(), x.astype(np.float64), seed_value)[0]
+            allowed = max(2e-4 * abs(exact_loss) + 1e-5, 4 * abs(expected_loss - exact_loss))
+            assert abs(float(loss) - exact_loss) <= allowed, (
+                f"{where}\nloss: bendc {float(loss)}, torch float32 {expected_loss}, torch float64 {exact_loss}")
+        _check_buffers(model, updated, where, lambda: _torch_float64_buffers(before, x, seed_value))
         _cover(model, buffers, updating)
         exact = None  # float64 torch, computed only where float32 torch disagrees
         for name, grad in grads.items():
