@@ -59,7 +59,7 @@ def _entries(x, key, loc) -> list:
     entries: list = []
     for entry in raw:
         if isinstance(entry, TensorOps):
-            if entry.dtype == "bool":
+            if entry.type.dtype == "bool":
                 raise UnsupportedError("a bool tensor index must be the whole key (x[mask]); combined with other "
                                        "entries it is not supported", loc=loc, op="index")
             if not entry.type.is_index:
@@ -118,7 +118,7 @@ def _entries(x, key, loc) -> list:
 def getitem(x, key, loc):
     """``x[key]`` (the module docstring states the rules)."""
     tracer = x.tracer
-    if isinstance(key, TensorOps) and key.dtype == "bool":
+    if isinstance(key, TensorOps) and key.type.dtype == "bool":
         return MaskedSelection(x, key, loc)
     entries = _entries(x, key, loc)
     spec: list = []
@@ -183,7 +183,7 @@ def _index_tensor(tracer, entry: Any, size: int, dim: int, checked: bool, loc):
     wrapped = tracer.emit("wrap_index", (entry.id,), size=size)
     if not checked:
         return wrapped
-    positions = tracer.emit("iota", (), shape=(size,), dim=0, start=0, step=1, dtype=wrapped.dtype)
+    positions = tracer.emit("iota", (), shape=(size,), dim=0, start=0, step=1, dtype=wrapped.type.dtype)
     flat = wrapped.reshape(-1) if wrapped.ndim != 1 else wrapped
     picked = tracer.emit("index_select", (positions.id, flat.id), dim=0)
     return picked.reshape(wrapped.shape) if picked.shape != wrapped.shape else picked
@@ -392,11 +392,11 @@ def in_place(x, result, loc, what: str):
     if tuple(result.shape) != tuple(x.shape):
         raise ShapeError(f"{what}: output with shape {list(x.shape)} doesn't match the broadcast shape "
                          f"{list(result.shape)} (an in-place op keeps its tensor's shape)", loc=loc, op=what)
-    if result.dtype != x.dtype:
+    if result.type.dtype != x.type.dtype:
         if not (x.type.is_index and result.type.is_index):
-            raise UnsupportedError(f"{what}: result type {result.dtype} can't be cast to {x.type} in place "
+            raise UnsupportedError(f"{what}: result type {result.type.dtype} can't be cast to {x.type} in place "
                                    "(PyTorch refuses it too)", loc=loc, op=what)
-        result = x.tracer.emit("to_int", (result.id,), dtype=x.dtype)
+        result = x.tracer.emit("to_int", (result.id,), dtype=x.type.dtype)
     _mark_stale(x.tracer, _aliases(x) - {result.id}, loc, what)
     x.id = result.id
     return x
@@ -418,7 +418,7 @@ def _written(x, key, value, loc):
                                op="index_put")
     if isinstance(value, MaskedSelection):
         value.refuse("index_put")
-    if isinstance(key, TensorOps) and key.dtype == "bool":
+    if isinstance(key, TensorOps) and key.type.dtype == "bool":
         if key.shape != x.shape[:key.ndim]:
             raise ShapeError(f"the mask {key.type} must have the leading shape of {x.type}", loc=loc, op="index_put")
         value = tracer.value(value, "index_put")

@@ -179,6 +179,111 @@ class MathMethods:
                                  f"{result_shape[axis]}", loc=builder.loc, op="repeat_interleave")
             return x.unsqueeze(axis + 1).expand(*shape).reshape(result_shape)
 
+    # ------------------------------------------------------------- conveniences of public model code
+    def type_as(self, other: Any):
+        """x.type_as(y): x.to(y.dtype)."""
+        return self.to(other.dtype)
+
+    def view_as(self, other: Any):
+        return self.reshape(other.shape)
+
+    def reshape_as(self, other: Any):
+        return self.reshape(other.shape)
+
+    @property
+    def mT(self):
+        """The last two dims swapped (a batch of matrices transposed)."""
+        return self.transpose(-2, -1)
+
+    def swapaxes(self, axis0: int, axis1: int):
+        return self.transpose(axis0, axis1)
+
+    swapdims = swapaxes
+
+    def movedim(self, source: Any, destination: Any):
+        """torch.movedim: the dims ``source`` (an int or a sequence) moved to ``destination``, the others
+        keeping their order."""
+        with self.tracer.at_user_line("movedim") as builder:
+            sources = [source] if isinstance(source, (int, np.integer)) else list(source)
+            targets = [destination] if isinstance(destination, (int, np.integer)) else list(destination)
+            if len(sources) != len(targets):
+                raise ShapeError(f"movedim: {len(sources)} source dims but {len(targets)} destinations",
+                                 loc=builder.loc, op="movedim")
+            sources = [normalize_dim(d, self.ndim, "movedim", builder.loc) for d in sources]
+            targets = [normalize_dim(d, self.ndim, "movedim", builder.loc) for d in targets]
+            if len(set(sources)) != len(sources) or len(set(targets)) != len(targets):
+                raise ShapeError("movedim: repeated dims", loc=builder.loc, op="movedim")
+            order = [None] * self.ndim
+            for s, t in zip(sources, targets):
+                order[t] = s
+            rest = iter(d for d in range(self.ndim) if d not in sources)
+            return self.permute(*[next(rest) if d is None else d for d in order])
+
+    moveaxis = movedim
+
+    def new_zeros(self, *size: Any, **kwargs: Any):
+        """x.new_zeros(size): torch.zeros in x's dtype (``dtype=`` overrides), as the other new_* below."""
+        from bendc.tensor_ops import zeros
+        return zeros(*size, **{"dtype": self.dtype, **kwargs})
+
+    def new_ones(self, *size: Any, **kwargs: Any):
+        from bendc.tensor_ops import ones
+        return ones(*size, **{"dtype": self.dtype, **kwargs})
+
+    def new_empty(self, *size: Any, **kwargs: Any):
+        from bendc.tensor_ops import empty
+        return empty(*size, **{"dtype": self.dtype, **kwargs})
+
+    def new_full(self, size: Any, fill_value: Any, **kwargs: Any):
+        from bendc.tensor_ops import full
+        return full(size, fill_value, **{"dtype": self.dtype, **kwargs})
+
+    def new_tensor(self, data: Any, **kwargs: Any):
+        from bendc.tensor_ops import tensor
+        return tensor(data, **{"dtype": self.dtype, **kwargs})
+
+    def outer(self, other: Any):
+        """torch.outer of two 1-D tensors: x[:, None] * y[None, :]."""
+        with self.tracer.at_user_line("outer") as builder:
+            if self.ndim != 1 or getattr(other, "ndim", None) != 1:
+                raise ShapeError(f"outer needs two 1-D tensors, got {self.type} and {getattr(other, 'type', other)}",
+                                 loc=builder.loc, op="outer")
+            return self.reshape(-1, 1) * other.reshape(1, -1)
+
+    ger = outer
+
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtype: Any = None):
+        """torch.norm / Tensor.norm as a vector norm over ``dim`` (all dims by default): p "fro" or 2,
+        1, inf, -inf or any positive number (vector_norm)."""
+        return vector_norm(as_dtype(self, dtype, "norm"), 2.0 if p == "fro" else p, dim, keepdim)
+
+
+def vector_norm(x: Any, ord: Any = 2.0, dim: Any = None, keepdim: bool = False, *, dtype: Any = None,
+                out: Any = None) -> Any:
+    """torch.linalg.vector_norm over ``dim`` (all dims by default): ord 2 sqrt(sum x*x), 1 sum |x|,
+    inf max |x|, -inf min |x|, another positive p (sum |x|**p)**(1/p); torch's gradients, 0 where
+    the norm is 0 (its norm_backward masks them: a bare sqrt or power would give NaN there)."""
+    with x.tracer.at_user_line("vector_norm") as builder:
+        if out is not None:
+            raise UnsupportedError("vector_norm: out= is not supported", loc=builder.loc, op="vector_norm")
+        x = as_dtype(x, dtype, "vector_norm")
+        if isinstance(ord, bool) or not isinstance(ord, numbers.Real) or not (ord > 0 or ord == -np.inf):
+            raise UnsupportedError(f"vector_norm: ord {ord!r} is not supported (2, 1, inf, -inf or a positive "
+                                   "number)", loc=builder.loc, op="vector_norm")
+        dims = _dims_of(x, dim, "vector_norm", builder.loc)
+        ord = float(ord)
+        if ord == np.inf:
+            return x.abs().amax(dims, keepdim)
+        if ord == -np.inf:
+            return x.abs().amin(dims, keepdim)
+        if ord == 1.0:
+            return x.abs().sum(dims, keepdim)
+        total = (x * x if ord == 2.0 else x.abs() ** ord).sum(dims, keepdim)
+        zero = total == 0.0
+        from bendc.tensor_ops import where
+        root = where(zero, 1.0, total)
+        return where(zero, 0.0, root.sqrt() if ord == 2.0 else root ** (1.0 / ord))
+
 
 # ------------------------------------------------------------------ einsum
 def _einsum_terms(equation: str, operands: tuple, loc) -> tuple[list[str], str]:
@@ -298,6 +403,7 @@ def _function(name: str) -> Callable:
 
 
 # bendc.functional.<name>, torch.<name> and torch.Tensor.<name> for each method above.
-TENSOR_METHODS = ("nan_to_num", "round", "any", "all", "roll", "repeat_interleave")
+TENSOR_METHODS = ("nan_to_num", "round", "any", "all", "roll", "repeat_interleave", "outer", "ger", "norm",
+                  "movedim", "moveaxis", "swapaxes", "swapdims")
 # bendc.functional.<name> and torch.<name> for each name; torch.Tensor.<name> too for TENSOR_METHODS.
 FUNCTIONS = {name: _function(name) for name in TENSOR_METHODS} | {"einsum": einsum}

@@ -98,7 +98,7 @@ class TensorOps:
         """PyTorch's promotion of two arithmetic operands: a bool one becomes float32 (integer ones stay,
         and the op refuses them). PyTorch refuses a bool operand of - ; two bool operands of + or *
         (a Python bool counts) give a bool result, which bendc does not compute: refused too."""
-        bools = a.dtype == "bool", b.dtype == "bool"
+        bools = a.type.dtype == "bool", b.type.dtype == "bool"
         if op == "sub" and any(bools):
             raise UnsupportedError(f"subtraction with a bool tensor ({a.type}, {b.type}) is not supported (as in "
                                    "PyTorch); convert with .float() first", loc=self.tracer.builder.loc, op=op)
@@ -106,7 +106,7 @@ class TensorOps:
             raise UnsupportedError(f"{op} of two bools ({a.type}, {b.type}) is a bool result in PyTorch, which "
                                    "bendc does not compute; convert with .float() first",
                                    loc=self.tracer.builder.loc, op=op)
-        return tuple(t._as_float() if t.dtype == "bool" else t for t in (a, b))
+        return tuple(t._as_float() if t.type.dtype == "bool" else t for t in (a, b))
 
     # ------------------------------------------------------------- comparisons
     def _compare(self, other: Any, op: str):
@@ -119,7 +119,7 @@ class TensorOps:
                                    loc=user_location(), op=op)
         with self.tracer.at_user_line(op):
             if self.type.is_index and isinstance(other, (int, np.integer)) and not isinstance(other, (bool, np.bool_)):
-                other = self.tracer.int_const(int(other), self.dtype)  # exact for every int (float32 is not)
+                other = self.tracer.int_const(int(other), self.type.dtype)  # exact for every int (float32 is not)
             other = self._operand(other, op)
             a, b = self, other
             if not (a.type.is_index and b.type.is_index):
@@ -139,7 +139,7 @@ class TensorOps:
     def _bool_operand(self, value: Any, op: str):
         if isinstance(value, (bool, np.bool_)):
             return self.tracer.const(float(value))
-        if not isinstance(value, TensorOps) or value.dtype != "bool":
+        if not isinstance(value, TensorOps) or value.type.dtype != "bool":
             what = value.type if isinstance(value, TensorOps) else type(value).__name__
             raise UnsupportedError(f"{op} takes bool tensors (masks such as x > 0) or Python bools, got {what}",
                                    loc=self.tracer.builder.loc, op=op)
@@ -192,7 +192,7 @@ class TensorOps:
                                        op="to")
             for arg in args:
                 if isinstance(arg, TensorOps):
-                    dtype = "float32" if arg.type.is_float else arg.dtype
+                    dtype = "float32" if arg.type.is_float else arg.type.dtype
                 elif _is_dtype(arg):
                     dtype = arg
                 elif not (_is_device(arg) or isinstance(arg, bool)):
@@ -219,7 +219,7 @@ class TensorOps:
 
     def _to_int(self, dtype: str, op: str):
         with self.tracer.at_user_line(op):
-            if self.dtype == dtype:
+            if self.type.dtype == dtype:
                 return self
             return self.tracer.emit("to_int", (self.id,), dtype=dtype)
 
@@ -485,7 +485,7 @@ def where(condition: Any, input: Any, other: Any):
     with tracer.at_user_line("where") as builder:
         if _is_torch_tensor(condition):  # a captured mask: a constant of the graph
             condition = tracer.value(condition, "where")
-        if not isinstance(condition, TensorOps) or condition.dtype != "bool":
+        if not isinstance(condition, TensorOps) or condition.type.dtype != "bool":
             what = condition.type if isinstance(condition, TensorOps) else type(condition).__name__
             raise UnsupportedError(f"where needs a bool condition tensor (a comparison such as x > 0), got {what}",
                                    loc=builder.loc, op="where")
@@ -748,7 +748,7 @@ def _like_function(op: str, value: int | None):
                 fill = _static_number(args[0] if args else kwargs.pop("fill_value"), "fill_value", op, builder.loc)
             elif args:
                 raise UnsupportedError(f"{op}: unexpected arguments {args!r}", loc=builder.loc, op=op)
-            dtype = ir_dtype(_creation_options(op, kwargs, builder.loc), input.dtype, op, builder.loc)
+            dtype = ir_dtype(_creation_options(op, kwargs, builder.loc), input.type.dtype, op, builder.loc)
             return filled(tracer, input.shape, fill, dtype)
 
     make.__name__ = op
@@ -889,6 +889,6 @@ def one_hot(input: Any, num_classes: int = -1):
             raise UnsupportedError(f"one_hot(num_classes={num_classes!r}): give the number of classes (the default, "
                                    "the largest value + 1, depends on the data)", loc=builder.loc, op="one_hot")
         shape = input.shape + (int(num_classes),)
-        classes = tracer.emit("iota", (), shape=shape, dim=len(shape) - 1, start=0, step=1, dtype=input.dtype)
+        classes = tracer.emit("iota", (), shape=shape, dim=len(shape) - 1, start=0, step=1, dtype=input.type.dtype)
         widened = input.reshape(input.shape + (1,))
         return tracer.emit("to_int", (tracer.emit("eq", (widened.id, classes.id)).id,), dtype="i64")

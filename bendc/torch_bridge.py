@@ -453,7 +453,8 @@ def _torch_names() -> dict[int, str]:
     import torch.nn.functional as TF
 
     names: dict[int, str] = {}
-    for prefix, namespace in (("torch.Tensor", torch.Tensor), ("torch", torch), ("torch.nn.functional", TF)):
+    for prefix, namespace in (("torch.Tensor", torch.Tensor), ("torch", torch), ("torch.nn.functional", TF),
+                              ("torch.linalg", torch.linalg)):
         for attr in dir(namespace):
             try:
                 value = getattr(namespace, attr)
@@ -664,6 +665,7 @@ for _name in ("max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "l
 # ---- issue 22's elementwise math: methods with attributes (bendc/tensor_math.py) and torch's aliases of the
 # ops that declare their method (bendc/ops/math_ops.py)
 from bendc.tensor_math import FUNCTIONS as _MATH_FUNCTIONS, TENSOR_METHODS as _MATH_METHODS  # noqa: E402
+from bendc.tensor_math import vector_norm as _vector_norm  # noqa: E402
 
 for _name, _function in _MATH_FUNCTIONS.items():
     TORCH_FUNCTIONS[f"torch.{_name}"] = _function
@@ -672,6 +674,23 @@ for _name, _function in _MATH_FUNCTIONS.items():
 for _alias, _method in (("fix", "trunc"), ("arcsin", "asin"), ("arccos", "acos"), ("arctan", "atan"),
                         ("arctan2", "atan2")):
     TORCH_FUNCTIONS[f"torch.{_alias}"] = TORCH_FUNCTIONS[f"torch.Tensor.{_alias}"] = _tensor_method(_method)
+
+
+def _linalg_norm(input, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
+    """torch.linalg.norm: a vector norm (vector_norm), and of a matrix (two dims: ``dim`` a pair, or a
+    2-D input without ``dim``) the Frobenius norm only."""
+    matrix = isinstance(dim, (tuple, list)) and len(dim) == 2 or dim is None and input.ndim == 2
+    if (ord not in (None, "fro")) if matrix else not (ord is None or isinstance(ord, (int, float))):
+        raise UnsupportedError(f"torch.linalg.norm(ord={ord!r}) of {input.type}: of matrices only the Frobenius "
+                               "norm is supported (ord None or 'fro'); vector norms take a number",
+                               loc=user_location(), op="torch.linalg.norm")
+    return _vector_norm(input, 2.0 if ord in (None, "fro") else ord, dim, keepdim, dtype=dtype, out=out)
+
+
+_vector_norm.bendc = "`bendc.tensor_math.vector_norm` (ord 2, 1, inf, -inf or p > 0; 0 gradients at a 0 norm)"
+_linalg_norm.bendc = "`bendc.tensor_math.vector_norm` (vector norms; of matrices the Frobenius norm)"
+TORCH_FUNCTIONS["torch.linalg.norm"] = _linalg_norm
+TORCH_FUNCTIONS["torch.linalg.vector_norm"] = _vector_norm
 # ---- end of elementwise math
 
 # ---- issue 22's products, flips, sorts and scatters (bendc/sort_scatter.py)

@@ -289,8 +289,18 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
         return self.type.ndim
 
     @property
-    def dtype(self) -> str:
-        return self.type.dtype
+    def dtype(self) -> Any:
+        """PyTorch's dtype of the values (``torch.float32``, ``torch.int64``, ``torch.int32``,
+        ``torch.bool``; numpy's where torch is not loaded): what ``x.dtype == torch.float32``,
+        ``dtype=x.dtype``, ``x.to(y.dtype)`` and ``torch.finfo(x.dtype)`` expect. bendc's own code
+        reads the IR's name, ``x.type.dtype`` ("f32", "i64", "i32", "bool")."""
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            return {"f32": torch.float32, "i64": torch.int64, "i32": torch.int32, "bool": torch.bool}[self.type.dtype]
+        return DTYPES[self.type.dtype]
+
+    def is_floating_point(self) -> bool:
+        return self.type.is_float
 
     @property
     def requires_grad(self) -> bool:
@@ -379,7 +389,7 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
         with self.tracer.at_user_line(user_op or op):
             number_is_bool = isinstance(other, (bool, np.bool_))
             if self.type.is_index and op in ("add", "sub", "mul") and _is_int(other):
-                other = self.tracer.int_const(int(other), self.dtype)
+                other = self.tracer.int_const(int(other), self.type.dtype)
             other = self.tracer.value(other, user_op or op)
             a, b = (other, self) if reflected else (self, other)
             if a.type.is_index and b.type.is_index and op in ("add", "sub", "mul"):
@@ -427,7 +437,7 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
     def __neg__(self):
         with self.tracer.at_user_line("neg"):
             if self.type.is_index:
-                return self.tracer.emit("int_sub", (self.tracer.int_const(0, self.dtype).id, self.id))
+                return self.tracer.emit("int_sub", (self.tracer.int_const(0, self.type.dtype).id, self.id))
             return self.tracer.emit("neg", (self.id,))
 
     def __pos__(self):
@@ -591,8 +601,8 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
         """``value`` cast to this tensor's dtype and broadcast to its shape, as a value of its own
         (not a view of ``value``: a later write into this tensor leaves ``value`` alone)."""
         value = self.tracer.value(value, "copy_")
-        if value.dtype != self.dtype:
-            value = {"f32": value.float, "i64": value.long, "i32": value.int}.get(self.dtype, lambda: value != 0)()
+        if value.type.dtype != self.type.dtype:
+            value = {"f32": value.float, "i64": value.long, "i32": value.int}.get(self.type.dtype, lambda: value != 0)()
         if tuple(value.shape) != tuple(self.shape):
             value = value.expand(*self.shape)
         return value.clone()
@@ -601,7 +611,7 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
         """A copy: the same values, not a view (x * 1.0, exact for every float, -0.0 and NaN included)."""
         with self.tracer.at_user_line("clone"):
             if not self.type.is_float:
-                return self.tracer.emit("int_mul", (self.id, self.tracer.int_const(1, self.dtype).id)) \
+                return self.tracer.emit("int_mul", (self.id, self.tracer.int_const(1, self.type.dtype).id)) \
                     if self.type.is_index else self
             return self.tracer.emit("mul", (self.id, self.tracer.const(1.0).id))
 

@@ -2117,14 +2117,43 @@ def _clip_grad_norm(self: Builder, g: Value, other: Value) -> bool:
 
 def _composites_family(self: Builder) -> bool:
     """issue 22's composites of existing ops (bendc/tensor_math.py): x.roll / torch.roll, x.repeat_interleave,
-    x.any / x.all as float masks, x.sum / x.mean with dtype=torch.float32, and torch.einsum of x and a
-    second operand over random letters (shared ones summed or kept, an output in any order)."""
+    x.any / x.all as float masks, x.sum / x.mean with dtype=torch.float32, torch.einsum of x and a
+    second operand over random letters (shared ones summed or kept, an output in any order), vector
+    norms (torch.linalg.vector_norm, x.norm, torch.norm) and movedim / swapaxes / mT."""
     draw = self.draw
     x = self.pick(lambda v: len(v.shape) > 0 and math.isfinite(v.bound))
     if x is None:
         return False
     rank = len(x.shape)
-    form = draw(st.sampled_from(["roll", "repeat_interleave", "any", "sum_dtype", "einsum", "einsum"]))
+    form = draw(st.sampled_from(["roll", "repeat_interleave", "any", "sum_dtype", "einsum", "einsum", "norm", "move"]))
+    if form == "move":  # layouts of public code: movedim, swapaxes, mT
+        if rank < 2:
+            return False
+        a, b = draw(st.lists(st.integers(-rank, rank - 1), min_size=2, max_size=2, unique_by=lambda d: d % rank))
+        order = list(range(rank))
+        style = draw(st.sampled_from(["movedim", "swapaxes", "mT"]))
+        if style == "movedim":
+            order.remove(a % rank)
+            order.insert(b % rank, a % rank)
+            expr = f"{x.name}.movedim({a}, {b})" if draw(st.booleans()) else f"torch.movedim({x.name}, {a}, {b})"
+        else:
+            a, b = (a, b) if style == "swapaxes" else (-2, -1)
+            order[a], order[b] = order[b], order[a]
+            expr = f"{x.name}.swapaxes({a}, {b})" if style == "swapaxes" else f"{x.name}.mT"
+        self.emit(expr, tuple(x.shape[d] for d in order), x.bound, (x,), "composites", exact=True)
+        return True
+    if form == "norm":  # vector norms: 0 gradients where a norm is 0 (torch's)
+        dim, axes = self._reduction_dims(rank)
+        keepdim = draw(st.booleans())
+        out = ([1 if a in axes else d for a, d in enumerate(x.shape)] if keepdim
+               else [d for a, d in enumerate(x.shape) if a not in axes])
+        order = draw(st.sampled_from(["2", "1", "math.inf", "3", "-math.inf"]))
+        spelled = "None" if dim is None else repr(dim)
+        expr = draw(st.sampled_from([f"torch.linalg.vector_norm({x.name}, {order}, {spelled}, {keepdim})",
+                                     f"{x.name}.norm({order}, {spelled}, {keepdim})",
+                                     f"torch.norm({x.name}, dim={spelled}, keepdim={keepdim})"]))
+        self.emit(expr, out, x.bound * max(1, _numel(x.shape)), (x,), "composites", exact=False)
+        return True
     if form == "roll":
         dims = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda d: d % rank))
         shifts = [draw(st.integers(-5, 5)) for _ in dims]
