@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -251,12 +251,100 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 
 
 # ------------------------------------------------------------------ losses
-def mse_loss(input: Tensor, target: Tensor) -> Tensor:
-    """mean((input - target)^2)."""
-    tracer = _tracer("mse_loss", input, target)
-    with tracer.at_user_line("mse_loss"):
-        diff = tracer.value(input, "mse_loss") - target
-        return (diff * diff).mean()
+def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """torch's mse_loss: (input - target)^2, averaged, summed or per element (``reduction``)."""
+    return _pointwise_loss("mse_loss", input, target, size_average, reduce, reduction, lambda d: d * d)
+
+
+def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """torch's l1_loss: |input - target|, reduced."""
+    return _pointwise_loss("l1_loss", input, target, size_average, reduce, reduction, lambda d: d.abs())
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+                   beta: float = 1.0) -> Tensor:
+    """torch's smooth_l1_loss: with z = |input - target|, 0.5 * z * z / beta where z < beta, else
+    z - 0.5 * beta (torch's kernel, in its order); beta 0 is l1_loss."""
+    beta = _loss_parameter("smooth_l1_loss", "beta", beta, input)
+    if beta == 0.0:
+        return l1_loss(input, target, size_average, reduce, reduction)
+    return _pointwise_loss("smooth_l1_loss", input, target, size_average, reduce, reduction,
+                           lambda d: _by_size(d.abs(), beta, lambda z: 0.5 * z * z / beta, lambda z: z - 0.5 * beta))
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
+               weight: Any = None) -> Tensor:
+    """torch's huber_loss: with z = |input - target|, 0.5 * z * z where z < delta, else
+    delta * (z - 0.5 * delta)."""
+    delta = _loss_parameter("huber_loss", "delta", delta, input)
+    if weight is not None:
+        raise UnsupportedError("huber_loss(weight=...) is not supported", loc=user_location(), op="huber_loss")
+    return _pointwise_loss("huber_loss", input, target, None, None, reduction, lambda d: _by_size(
+        d.abs(), delta, lambda z: 0.5 * z * z, lambda z: delta * (z - 0.5 * delta)))
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average=None,
+                         reduce=None, reduction: str = "mean") -> Tensor:
+    """torch's binary_cross_entropy of probabilities: (t - 1) * max(log1p(-x), -100) - t * max(log(x), -100)
+    (its kernel's formula and clamp), times weight, reduced. torch raises for probabilities outside
+    [0, 1]; bendc cannot check the data while tracing (they give NaN)."""
+    def terms(x, t):
+        loss = (t - 1.0) * x.neg().log1p().clamp(min=-100.0) - t * x.log().clamp(min=-100.0)
+        return loss if weight is None else loss * weight
+
+    return _pointwise_loss("binary_cross_entropy", input, target, size_average, reduce, reduction, terms,
+                           difference=False)
+
+
+def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduction: str = "mean",
+           log_target: bool = False) -> Tensor:
+    """torch's kl_div of log-probabilities ``input``: target * (log(target) - input) (0 where target is 0,
+    torch's xlogy), or with log_target exp(target) * (target - input); reduction "batchmean" divides the
+    sum by the batch (input.shape[0]), "mean" by every element, as torch."""
+    if log_target:
+        return _pointwise_loss("kl_div", input, target, size_average, reduce, reduction,
+                               lambda x, t: t.exp() * (t - x), difference=False, batchmean=True)
+
+    def terms(x, t):  # xlogy(t, t): 0 where t is 0 (its log taken of 1 there, so no NaN reaches a gradient)
+        zero = t == 0.0
+        return where(zero, 0.0, t * where(zero, 1.0, t).log()) - t * x
+
+    return _pointwise_loss("kl_div", input, target, size_average, reduce, reduction, terms, difference=False,
+                           batchmean=True)
+
+
+def _by_size(z: Tensor, limit: float, small: Callable, large: Callable) -> Tensor:
+    """small(z) where z < limit, else large(z) (smooth_l1 / huber); each branch's gradient only where it
+    is taken."""
+    return where(z < limit, small(z), large(z))
+
+
+def _loss_parameter(op: str, name: str, value: Any, input: Any) -> float:
+    tracer = _tracer(op, input)
+    value = _static_float(value, name, op, tracer)
+    if value < 0:
+        raise UnsupportedError(f"{op}: {name} must be non-negative, got {value}", loc=user_location(), op=op)
+    return value
+
+
+def _pointwise_loss(op: str, input: Any, target: Any, size_average: Any, reduce: Any, reduction: Any,
+                    terms: Callable, difference: bool = True, batchmean: bool = False) -> Tensor:
+    """A loss of elementwise terms (of input - target, or of (input, target)), reduced as torch's:
+    "mean", "sum", "none" (and kl_div's "batchmean"). A target of another shape broadcasts, as in torch
+    (which warns)."""
+    tracer = _tracer(op, input, target)
+    with tracer.at_user_line(op) as builder:
+        _no_legacy(op, tracer, size_average, reduce)
+        if not (batchmean and reduction == "batchmean"):
+            _reduction(op, reduction, tracer)
+        input = tracer.value(_tensor(input, op), op)
+        target = tracer.value(target, op)
+        loss = terms(input - target) if difference else terms(input, target)
+        if reduction == "none":
+            return loss
+        if reduction == "batchmean":
+            return loss.sum() / float(input.shape[0]) if input.ndim else loss.sum()
+        return loss.sum() if reduction == "sum" else loss.mean()
 
 
 # ------------------------------------------------------------------ indexing

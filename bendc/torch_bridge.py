@@ -90,9 +90,8 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 
 
 def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
-    _defaults("mse_loss", {"reduction": reduction, "size_average": size_average, "reduce": reduce,
-                           "weight": weight}, reduction="mean", size_average=None, reduce=None, weight=None)
-    return F.mse_loss(input, target)
+    _defaults("mse_loss", {"weight": weight}, weight=None)
+    return F.mse_loss(input, target, size_average, reduce, reduction)
 
 
 def _binary(op: str, reflected: bool = False) -> Callable:
@@ -250,6 +249,8 @@ _RANDOM_ACTIVATIONS_LOSSES: dict[str, Callable] = {
         ("hardtanh", _hardtanh), ("dropout", _dropout), ("embedding", _embedding),
         ("cross_entropy", _cross_entropy), ("nll_loss", _nll_loss),
         ("binary_cross_entropy_with_logits", _bce_with_logits), ("normalize", _normalize))},
+    **{f"torch.nn.functional.{name}": getattr(F, name) for name in (
+        "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "kl_div")},
     "torch.dropout": _torch_dropout,
 }
 

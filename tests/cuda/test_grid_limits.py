@@ -36,11 +36,12 @@ def with_schedule(schedule: str) -> tuple[str, ...]:
 
 
 def rows(x, w, i, g, b):
-    """The row kernels (softmax, norms, reductions, scans, extrema, sorts), gathers and scatters, concat,
-    triangle, slicing, the elementwise epilogues, and x @ w with 2^20 rows."""
+    """The row kernels (softmax, norms, reductions, int64 counts, scans, extrema, sorts), gathers and
+    scatters, concat, triangle, slicing, the elementwise epilogues, and x @ w with 2^20 rows."""
     a = F.softmax(x, -1) + F.log_softmax(x, -1) + x.cumsum(1) + x.cumprod(1) + F.layer_norm(x, (4,)) + b
     s = x.logsumexp(1).sum() + x.amax(1).sum() + x.amin(1).sum() + x.max(1)[0].sum() + x.min(1)[0].sum()
     s = s + x.argmax(1).float().sum() + x.argmin(1).float().sum() + x.max() + x.min()
+    s = s + (x > 0).sum(1).float().sum() + (x > 0).sum().float()  # int_sum: a thread per row, one block's tree
     c = F.gather(x, 1, i).sum() + F.index_select(w, 0, i[:, 0]).sum() + F.cat([x, x], 1).sum() + x.tril().sum()
     c = c + x.sort(1)[0].sum() + x.scatter_reduce(1, i, x[:, :1], "amax").sum()
     loss = (a * g).sum() + s + c + (x @ w).sum() + (x[1:, 1:3] * 2.0).sum()

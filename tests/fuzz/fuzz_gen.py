@@ -1538,7 +1538,45 @@ class Builder:
 
     def losses(self) -> bool:
         draw = self.draw
-        form = draw(st.sampled_from(["cross_entropy", "nll_loss", "bce", "normalize", "embedding"]))
+        form = draw(st.sampled_from(["cross_entropy", "nll_loss", "bce", "normalize", "embedding", "pointwise",
+                                     "probabilities"]))
+        if form == "pointwise":  # mse / l1 / smooth_l1 / huber against a second operand, reduced
+            x = self.pick_grad()
+            if x is None:
+                return False
+            y = self.pick_or_new(x.shape)
+            name = draw(st.sampled_from(["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"]))
+            option = {"smooth_l1_loss": ", beta=" + repr(draw(st.sampled_from([1.0, 0.5, 0.0]))),
+                      "huber_loss": ", delta=" + repr(draw(st.sampled_from([1.0, 2.0])))}.get(name, "")
+            reduction = draw(st.sampled_from(["mean", "sum", "none"]))
+            scale = (x.bound + y.bound) ** (2 if name == "mse_loss" else 1) + 1
+            bound = scale * (max(1, _numel(x.shape)) if reduction == "sum" else 1)
+            if bound > LIMIT:
+                return False
+            self.emit(f"torch.nn.functional.{name}({x.name}, {y.name}, reduction={reduction!r}{option})",
+                      x.shape if reduction == "none" else (), bound, (x, y), "losses", exact=False)
+            return True
+        if form == "probabilities":  # binary_cross_entropy and kl_div of (log-)probabilities made by the step
+            x = self.pick_grad(lambda v: len(v.shape) >= 1 and v.bound <= 20)
+            if x is None:
+                return False
+            y = self.pick_or_new(x.shape, lambda v: v.bound <= 20)
+            if draw(st.booleans()):
+                reduction = draw(st.sampled_from(["mean", "sum", "none"]))
+                call = (f"torch.nn.functional.binary_cross_entropy({x.name}.sigmoid(), {y.name}.sigmoid(), "
+                        f"reduction={reduction!r})")
+                bound = (x.bound + 2) * (max(1, _numel(x.shape)) if reduction == "sum" else 1)
+            else:
+                reduction = draw(st.sampled_from(["batchmean", "sum", "none"]))  # "mean": torch warns
+                log_target = draw(st.booleans())
+                target = f"{y.name}.log_softmax(-1)" if log_target else f"{y.name}.softmax(-1)"
+                call = (f"torch.nn.functional.kl_div({x.name}.log_softmax(-1), {target}, reduction={reduction!r}, "
+                        f"log_target={log_target})")
+                bound = (2 * x.bound + 2 * y.bound + 2) * (max(1, _numel(x.shape)) if reduction != "none" else 1)
+            if bound > LIMIT:
+                return False
+            self.emit(call, x.shape if reduction == "none" else (), bound, (x, y), "losses", exact=False)
+            return True
         if form in ("cross_entropy", "nll_loss"):
             x = self.pick_grad(lambda v: len(v.shape) == 2 and v.bound <= 50)
             if x is None:

@@ -3,7 +3,7 @@ reference and cpu targets (tests/parity_harness.py).
 
 silu, softplus, leaky_relu, elu, hardtanh, embedding (padding_idx), nll_loss, cross_entropy
 (weight, ignore_index, label_smoothing, reductions), binary_cross_entropy_with_logits (weight,
-pos_weight, reductions) and normalize. Elementwise ops built only of compares, selects and one
+pos_weight, reductions), mse / l1 / smooth_l1 / huber losses, binary_cross_entropy, kl_div and normalize. Elementwise ops built only of compares, selects and one
 multiply (leaky_relu, hardtanh and their gradients) are compared bit for bit; ops with exp/log
 within the conftest tolerances (torch's vectorized exp is not numpy's or bendc's), losses with
 reductions within them too (another summation order).
@@ -188,6 +188,73 @@ def test_bce_refuses_a_pos_weight_that_requires_grad():
     with pytest.raises(bendc.BendcError, match="pos_weight"):
         bendc.jit(lambda x, pw: BF.binary_cross_entropy_with_logits(x, x.sigmoid(), pos_weight=pw),
                   leaves=("pw",))(x, np.ones(3, np.float32))
+
+
+# ------------------------------------------------------------------ regression and distribution losses
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("loss", ["mse_loss", "l1_loss", "smooth_l1_loss", "smooth_l1_loss beta=0.5",
+                                  "smooth_l1_loss beta=0", "huber_loss", "huber_loss delta=2"])
+def test_pointwise_losses(loss, reduction):
+    """|input - target| at exactly beta / delta (the branch boundary) and at 0 (l1's kink: torch's
+    gradient 0) among the values; both operands take gradients."""
+    name, _, option = loss.partition(" ")
+    kwargs = {option.split("=")[0]: float(option.split("=")[1])} if option else {}
+    x, y = normal((4, 5), seed=21, scale=2.0), normal((4, 5), seed=22, scale=2.0)
+    x[0, :4] = y[0, :4] + np.asarray([0.0, 0.5, 1.0, 2.0], np.float32)
+    y[0, :4] = x[0, :4] - np.asarray([0.0, 0.5, 1.0, 2.0], np.float32)  # exact differences
+    parity(lambda F, x, y: getattr(F, name)(x, y, reduction=reduction, **kwargs), {"x": x, "y": y}, ("x", "y"),
+           rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_binary_cross_entropy_of_probabilities(reduction, weighted):
+    """torch's formula with its log clamp at -100 (probabilities 0 and 1 among the targets)."""
+    rng = np.random.default_rng(23)
+    inputs = {"p": rng.uniform(0.02, 0.98, (4, 5)).astype(np.float32), "q": rng.uniform(0, 1, (4, 5)).astype(np.float32)}
+    inputs["q"][0, :2] = [0.0, 1.0]
+    if weighted:
+        inputs["w"] = rng.uniform(0.5, 2, (5,)).astype(np.float32)
+    parity(lambda F, p, q, w=None: F.binary_cross_entropy(p, q, w, reduction=reduction), inputs, ("p",),
+           rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("reduction", ["batchmean", "mean", "sum", "none"])
+@pytest.mark.parametrize("log_target", [False, True])
+def test_kl_div(reduction, log_target):
+    """KL(target || input) of log-probabilities, a zero target among them (xlogy: 0 there)."""
+    x = normal((3, 5), seed=24)
+    t = np.asarray(np.random.default_rng(25).uniform(0, 1, (3, 5)), np.float32)
+    t[0, 0] = 0.0
+
+    def body(F, x, t):
+        target = t.log_softmax(-1) if log_target else t / t.sum(-1, keepdim=True)
+        return F.kl_div(x.log_softmax(-1), target, reduction=reduction, log_target=log_target)
+
+    parity(body, {"x": x, "t": t}, ("x",), rtol=2e-5, atol=2e-6)
+
+
+def test_loss_modules_and_refusals():
+    """nn.L1Loss, SmoothL1Loss, HuberLoss, BCELoss, KLDivLoss and MSELoss(reduction="sum") through
+    their torch spellings; a negative beta and reduction="batchmean" outside kl_div name the line."""
+    x, y = normal((3, 4), seed=26), normal((3, 4), seed=27)
+    p = np.asarray(np.random.default_rng(28).uniform(0.1, 0.9, (3, 4)), np.float32)
+    modules = [torch.nn.L1Loss(), torch.nn.SmoothL1Loss(beta=0.25), torch.nn.HuberLoss(delta=0.5),
+               torch.nn.MSELoss(reduction="sum")]
+
+    def step(x, y, p):
+        return tuple(m(x, y) for m in modules) + (torch.nn.BCELoss()(p, p * 0.5),
+                                                 torch.nn.KLDivLoss(reduction="batchmean")(x.log_softmax(1), p))
+
+    got = bendc.jit(step, target="reference")(x, y, p)
+    want = step(*map(torch.from_numpy, (x, y, p)))
+    for mine, theirs in zip(got, want):
+        assert_close(np.asarray(mine), theirs.numpy(), "loss", rtol=2e-5, atol=2e-6)
+    with pytest.raises(bendc.BendcError, match="beta must be non-negative") as caught:
+        bendc.jit(lambda x, y: torch.nn.functional.smooth_l1_loss(x, y, beta=-1.0), target="reference")(x, y)
+    assert "test_ops_activations.py:" in str(caught.value)
+    with pytest.raises(bendc.BendcError, match="reduction must be"):
+        bendc.jit(lambda x, y: torch.nn.functional.l1_loss(x, y, reduction="batchmean"), target="reference")(x, y)
 
 
 # ------------------------------------------------------------------ normalize
