@@ -192,6 +192,18 @@ def test_var_std_legacy_unbiased(op):
     parity(lambda F, x: getattr(x, op)(), {"x": x}, ("x",), rtol=1e-5, atol=1e-5)
 
 
+def test_std_of_a_constant_line_has_zero_gradients_as_torch():
+    """torch's std_backward masks the gradient to 0 where the std is 0 (the long fuzz, seed 20261209:
+    ``(1.0 ** x).std(0)`` gave NaN gradients); the other lines' gradients are unchanged."""
+    x = normal((3, 4), 25)
+    x[1] = 0.75  # a constant line: std 0
+
+    def body(F, x):
+        return x.std(1) + x.std(1, correction=0) * 2.0 + (x[1] * 0.0 + 1.0).std()
+
+    parity(body, {"x": x}, ("x",), rtol=1e-5, atol=1e-5)
+
+
 def test_var_without_degrees_of_freedom_is_nan_or_inf_as_torch():
     """n <= correction: torch's divisor is 0 (a warning, and NaN for one element, inf otherwise)."""
     x = normal((3, 2), 22)
