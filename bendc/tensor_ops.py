@@ -270,6 +270,16 @@ class TensorOps:
             if min is None and max is None:
                 raise UnsupportedError("clamp needs min or max (at least one not None)", loc=builder.loc,
                                        op="clamp")
+            bounds = [bound for bound in (min, max) if bound is not None]
+            integer = _integer_operands(self.tracer, (self, *bounds))
+            if integer is not None:  # an integer tensor between ints: an integer result, as torch's
+                result, rest = integer[0], list(integer[1:])
+                if min is not None:
+                    low = rest.pop(0)
+                    result = where(result < low, low, result)
+                if max is not None:
+                    result = where(result > rest[0], rest[0], result)
+                return result
             low = self.tracer.const(-math.inf) if min is None else self._operand(min, "clamp")._as_float()
             high = self.tracer.const(math.inf) if max is None else self._operand(max, "clamp")._as_float()
             return self.tracer.emit("clamp", (self._as_float().id, low.id, high.id), lower=min is not None,
@@ -489,9 +499,26 @@ def where(condition: Any, input: Any, other: Any):
             what = condition.type if isinstance(condition, TensorOps) else type(condition).__name__
             raise UnsupportedError(f"where needs a bool condition tensor (a comparison such as x > 0), got {what}",
                                    loc=builder.loc, op="where")
+        integer = _integer_operands(tracer, (input, other))
+        if integer is not None:  # torch's promotion: integer tensors and ints give an integer result
+            return tracer.emit("where", (condition.id, integer[0].id, integer[1].id))
         a = tracer.value(input, "where")._as_float()
         b = tracer.value(other, "where")._as_float()
         return tracer.emit("where", (condition.id, a.id, b.id))
+
+
+def _integer_operands(tracer, operands: Sequence[Any]) -> tuple | None:
+    """Integer tensors and Python ints (at least one tensor) as tensors of their promoted dtype (int64
+    where one is int64, else int32: PyTorch's), or None where any operand is another kind (floats and
+    bools: the float32 path)."""
+    tensors = [v for v in operands if isinstance(v, TensorOps)]
+    if not tensors or not all(t.type.is_index for t in tensors) or not all(
+            isinstance(v, TensorOps) or (isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)))
+            for v in operands):
+        return None
+    dtype = "i64" if any(t.type.dtype == "i64" for t in tensors) else "i32"
+    return tuple(tracer.int_const(int(v), dtype) if not isinstance(v, TensorOps) else
+                 v if v.type.dtype == dtype else tracer.emit("to_int", (v.id,), dtype=dtype) for v in operands)
 
 
 def cat(tensors: Sequence[Any], dim: int = 0):

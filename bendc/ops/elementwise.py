@@ -315,8 +315,9 @@ def _infer_where(types, attrs):
     cond, a, b = types
     if cond.dtype != "bool":
         raise InferError(f"where needs a bool condition, got {cond}", unsupported=True)
-    require_float((a, b), "where")
-    return TensorType("f32", broadcast_shapes(cond.shape, a.shape, b.shape))
+    if not (a.is_index and a.dtype == b.dtype):  # two integer operands of one dtype: an integer result
+        require_float((a, b), "where")
+    return TensorType(a.dtype, broadcast_shapes(cond.shape, a.shape, b.shape))
 
 
 def vjp_where(b, node, grad, needs):
@@ -332,8 +333,8 @@ define_op(
     name="where",
     arity=3,
     infer=_infer_where,
-    reference=lambda v, a: _f32(np.where(v[0], v[1], v[2])),
+    reference=lambda v, a: np.asarray(np.where(v[0], v[1], v[2]), dtype=v[1].dtype),
     lowering=Lowering("elementwise", scalar=lambda c, a, b: f"({a} if {c} else {b})"),
     vjp=vjp_where,
-    doc="`%3 = where %c, %a, %b : f32[..]`: a where c, else b.",
+    doc="`%3 = where %c, %a, %b : f32[..]`: a where c, else b (float32, or two integer operands of one dtype).",
 )

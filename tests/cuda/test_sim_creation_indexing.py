@@ -4,7 +4,7 @@ its own process (tests/cuda/run_simulator.sh); skipped elsewhere.
 
 One tiny case each, written as users write them (torch functions inside the traced step):
 - creation: torch.arange (int and float), zeros / ones / full, eye, linspace, torch.tensor, F.one_hot
-  (and the *_like forms), folded into arithmetic with a leaf;
+  (and the *_like forms), folded into arithmetic with a leaf; an integer torch.where and clamp;
 - indexing: a list index, an int-tensor index (a negative entry too), None, negative steps, index
   assignment (a slice, a list, a mask), a boolean mask into a sum;
 - composites: einsum (a batched contraction, an outer product), roll, repeat_interleave, any / all.
@@ -41,7 +41,7 @@ def made(x, w):
     onehot = TF.one_hot(torch.tensor([0, 3, 1]), t)
     loss = (h * (constants + onehot.float().sum(0))).sum()
     loss.backward()
-    return constants * x, pos + 1, onehot, loss, w.grad
+    return constants * x, pos + 1, onehot, loss, w.grad, torch.where(pos > 1, pos, 0).clamp(max=2)
 
 
 def indexed(x, w, idx):
@@ -83,7 +83,7 @@ def _composite_inputs(rng):
 
 
 PROGRAMS = [
-    Program("creation", made, ("w",), _made_inputs, frozenset({"elementwise"}), bitwise=(1, 2)),
+    Program("creation", made, ("w",), _made_inputs, frozenset({"elementwise"}), bitwise=(1, 2, 5)),
     Program("indexing", indexed, ("w",), _indexed_inputs, frozenset({"elementwise"}), bitwise=(0, 1, 2, 3, 4, 5, 6)),
     Program("composites", composites, ("a", "b", "v"), _composite_inputs, frozenset({"elementwise"}),
             bitwise=(2, 3, 4, 5, 6, 7, 8, 9, 10)),

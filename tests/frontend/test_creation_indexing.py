@@ -161,6 +161,21 @@ def test_integer_and_bool_sums_are_torch_s_int64(target):
         np.testing.assert_array_equal(mine, theirs.numpy())
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_integer_where_and_clamp_keep_torch_s_integer_dtype(target):
+    """torch.where and clamp of integer tensors and ints are integer (int64 where one is, else int32);
+    a float operand makes them float32; an index clamped into range indexes."""
+    def picks(i, j, x):
+        return (i.clamp(0, 4), i.clamp(min=-2), i.clamp(max=3), torch.clamp(j, 1, 2), j.clamp(0, 2.5),
+                torch.where(i > 0, i, 0), torch.where(i > 0, j, i), torch.where(j > 1, j, 7),
+                torch.where(i > 0, i, 0.5), i.clip(0, 3) * 2 + 1, x[0, i[0].clamp(0, 2)])
+
+    arrays = (np.array([[3, -4, 5], [0, 7, -1]], np.int64), np.array([1, 2, 3], np.int32), np.ones((2, 3), np.float32))
+    for mine, theirs in zip(bendc.jit(picks, target=target)(*arrays), picks(*map(torch.from_numpy, arrays))):
+        assert mine.dtype == theirs.numpy().dtype
+        np.testing.assert_array_equal(mine, theirs.numpy())
+
+
 def test_an_index_out_of_range_names_the_line():
     @bendc.jit(target="reference")
     def step(x, i):

@@ -1065,8 +1065,8 @@ class Builder:
         F.arange under integer arithmetic (int_add, int_sub, int_mul, int_floordiv, int_remainder)
         scaling x, a torch.tensor literal (and one of more values than a literal holds: a lifted
         constant parameter), F.full, torch.zeros / ones / eye / linspace, the *_like forms, torch.empty
-        (_like) written whole by x[...] = value, counts from F.one_hot and of a mask (int64 sums), some
-        with ``device=x.device``;
+        (_like) written whole by x[...] = value, counts from F.one_hot and of a mask (int64 sums), an
+        integer torch.where / clamp, some with ``device=x.device``;
         and integer index tensors made from an arange (.long() of a float: to_int; negative entries:
         wrap_index). Index entries are distinct, so the backward's scatter adds each gradient once,
         as torch's does."""
@@ -1076,7 +1076,7 @@ class Builder:
             return False
         n = x.shape[-1]
         style = draw(st.sampled_from(["arange", "literal", "full", "index", "lifted", "zeros", "eye", "linspace",
-                                      "like", "empty", "one_hot", "count"]))
+                                      "like", "empty", "one_hot", "count", "int_select"]))
         device = ", device=" + x.name + ".device" if draw(st.booleans()) else ""  # torch.device handed back
         c = draw(st.sampled_from([0.5, -1.0, 2.0]))
         if style == "zeros":
@@ -1107,6 +1107,12 @@ class Builder:
             made_float = ".float()" if draw(st.booleans()) else ""  # else an int64 sum (int_sum)
             counts = f"torch.nn.functional.one_hot(torch.tensor({classes!r}), {n}){made_float}.sum(0)"
             self.emit(f"{x.name} * {counts}", x.shape, x.bound * k, (x,), "creation")
+        elif style == "int_select":  # integer where / clamp: int64 results, as torch's
+            m, shift, c = draw(st.integers(2, 3)), draw(st.integers(0, 3)), draw(st.integers(-2, 2))
+            low, high = draw(st.sampled_from([(0, 3), (-1, 2), (-2, None), (None, 1)]))
+            bounds = ", ".join(f"{name}={value}" for name, value in (("min", low), ("max", high)) if value is not None)
+            index = f"torch.where(F.arange({n}{device}) % {m} == 0, F.arange({n}) - {shift}, {c}).clamp({bounds})"
+            self.emit(f"{x.name} * {index}", x.shape, x.bound * max(abs(c), shift, n, 3), (x,), "creation")
         elif style == "count":  # an int64 count of a mask along a dim (int_sum), scaling x
             axis = draw(st.integers(-len(x.shape), len(x.shape) - 1))
             threshold = draw(st.sampled_from([-0.5, 0.0, 1.0]))
