@@ -2409,9 +2409,9 @@ def _sort_scatter_family(self: Builder) -> bool:
     dim = draw(st.integers(-rank, rank - 1))
     size = x.shape[dim]
     if form in ("cumprod", "prod"):
-        bound = max(x.bound, 1.0) ** size
-        if bound > LIMIT:
+        if size * math.log(max(x.bound, 1.0)) > math.log(LIMIT):  # bound ** size past LIMIT (or a float)
             return False
+        bound = max(x.bound, 1.0) ** size
         if form == "cumprod":
             self.emit(f"{x.name}.cumprod({dim})", x.shape, bound, (x,), "sort_scatter", exact=False)
             return True
