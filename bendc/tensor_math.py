@@ -242,6 +242,11 @@ class MathMethods:
         from bendc.tensor_ops import tensor
         return tensor(data, **{"dtype": self.dtype, **kwargs})
 
+    def count_nonzero(self, dim: Any = None):
+        """torch.count_nonzero: the int64 count of nonzero elements over ``dim`` (an int, a tuple, None: all)."""
+        with self.tracer.at_user_line("count_nonzero") as builder:
+            return (self != 0).sum(_dims_of(self, dim, "count_nonzero", builder.loc))
+
     def outer(self, other: Any):
         """torch.outer of two 1-D tensors: x[:, None] * y[None, :]."""
         with self.tracer.at_user_line("outer") as builder:
@@ -404,6 +409,6 @@ def _function(name: str) -> Callable:
 
 # bendc.functional.<name>, torch.<name> and torch.Tensor.<name> for each method above.
 TENSOR_METHODS = ("nan_to_num", "round", "any", "all", "roll", "repeat_interleave", "outer", "ger", "norm",
-                  "movedim", "moveaxis", "swapaxes", "swapdims")
+                  "movedim", "moveaxis", "swapaxes", "swapdims", "count_nonzero")
 # bendc.functional.<name> and torch.<name> for each name; torch.Tensor.<name> too for TENSOR_METHODS.
 FUNCTIONS = {name: _function(name) for name in TENSOR_METHODS} | {"einsum": einsum}

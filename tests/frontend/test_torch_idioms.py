@@ -1,6 +1,6 @@
 """Idioms of public model code inside a traced function (issue 22): x.dtype as torch's dtype (compared
 with torch.float32, passed back as dtype=, to(), torch.finfo), type_as / view_as / reshape_as, the
-new_* creation methods, mT / movedim / swapaxes, torch.outer, and vector norms (x.norm, torch.norm,
+new_* creation methods, mT / movedim / swapaxes, torch.outer, count_nonzero, and vector norms (x.norm, torch.norm,
 torch.linalg.vector_norm / norm) with torch's zero gradients at a zero norm: values and gradients
 against torch eager on the reference and cpu targets."""
 from __future__ import annotations
@@ -22,7 +22,8 @@ def idioms(x, y, i):
                x.swapaxes(0, 1), torch.swapaxes(x, 1, 2), x.mT, y.reshape(-1).view_as(x), y.reshape(-1).reshape_as(x),
                i.type_as(x), x.new_zeros((2, 3)), x.new_ones(3), x.new_full((2,), 2.5), i.new_tensor([1, 2]),
                torch.zeros(2, dtype=x.dtype), i.to(x.dtype), x.masked_fill(x > 0, torch.finfo(x.dtype).min),
-               x * (1.0 if x.dtype == torch.float32 and x.is_floating_point() and i.dtype == torch.int64 else 2.0)]
+               x * (1.0 if x.dtype == torch.float32 and x.is_floating_point() and i.dtype == torch.int64 else 2.0),
+               torch.count_nonzero(x), x.count_nonzero(dim=(0, 2)), torch.count_nonzero(i, 1), (x > 0).count_nonzero()]
     loss = sum((value * value).sum() for value in outputs[:14])
     return outputs, loss
 
