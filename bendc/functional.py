@@ -541,6 +541,103 @@ def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
     return _unary_op("hardtanh", x, min_val=min_val, max_val=max_val)
 
 
+# ---- activations of public model code, composed of the ops above in torch's order: hardswish,
+# hardsigmoid, relu6 and softsign round as torch's kernels do (bit for bit), the others within tolerance
+def hardswish(x: Tensor) -> Tensor:
+    """x * clamp(x + 3, 0, 6) / 6 (torch's kernel, in its order), with torch's piecewise gradient: 0 up
+    to -3, g * (x / 3 + 0.5) strictly between -3 and 3 (here the product rule's, within rounding), g
+    from 3. Each branch below has the formula's bits where it is taken."""
+    x = _activation_operand("hardswish", x)
+    value = (x * (x + 3.0).clamp(0.0, 6.0) / 6.0).detach()
+    return where((x > -3.0) & (x < 3.0), x * (x + 3.0) / 6.0, where(x >= 3.0, x * 6.0 / 6.0, value))
+
+
+def hardsigmoid(x: Tensor) -> Tensor:
+    """clamp(x + 3, 0, 6) / 6 (torch's); the gradient g / 6 where -3 < x < 3 strictly, as torch's
+    (clamp's would pass at the ends too)."""
+    x = _activation_operand("hardsigmoid", x)
+    return where((x > -3.0) & (x < 3.0), (x + 3.0) / 6.0, ((x + 3.0).clamp(0.0, 6.0) / 6.0).detach())
+
+
+def relu6(x: Tensor) -> Tensor:
+    """hardtanh(x, 0, 6), as torch's relu6."""
+    return hardtanh(x, 0.0, 6.0)
+
+
+def softsign(x: Tensor) -> Tensor:
+    """x / (|x| + 1), torch's composite."""
+    x = _activation_operand("softsign", x)
+    return x / (x.abs() + 1.0)
+
+
+def mish(x: Tensor) -> Tensor:
+    """x * tanh(softplus(x)) (torch's; within tolerance of its vectorized tanh and log1p)."""
+    x = _activation_operand("mish", x)
+    return x * softplus(x).tanh()
+
+
+def logsigmoid(x: Tensor) -> Tensor:
+    """log(sigmoid(x)) = -softplus(-x): torch's values within tolerance, its gradient sigmoid(-x)
+    (0.5 at 0, where min(x, 0) - log1p(exp(-|x|)) composed would give 1)."""
+    x = _activation_operand("logsigmoid", x)
+    return -softplus(-x)
+
+
+def selu(x: Tensor) -> Tensor:
+    """scale * elu(x, alpha) with torch's constants."""
+    return 1.0507009873554804934193349852946 * elu(_activation_operand("selu", x), 1.6732632423543772848170429916717)
+
+
+def celu(x: Tensor, alpha: float = 1.0) -> Tensor:
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    x = _activation_operand("celu", x)
+    alpha = _static_float(alpha, "alpha", "celu", x.tracer)
+    if alpha == 0.0:
+        raise UnsupportedError("celu: alpha 0 is not supported (torch refuses it too)", loc=user_location(), op="celu")
+    return where(x > 0.0, x, alpha * (x / alpha).expm1())
+
+
+def glu(x: Tensor, dim: int = -1) -> Tensor:
+    """a * sigmoid(b), a and b the halves of x along dim."""
+    x = _activation_operand("glu", x)
+    if x.ndim == 0 or x.shape[_normalize_dim(dim, x.ndim, "glu", user_location())] % 2:
+        raise ShapeError(f"glu: dim {dim} of {x.type} must have an even size", loc=user_location(), op="glu")
+    a, b = x.chunk(2, dim)
+    return a * b.sigmoid()
+
+
+def tanhshrink(x: Tensor) -> Tensor:
+    x = _activation_operand("tanhshrink", x)
+    return x - x.tanh()
+
+
+def softshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
+    """x - lambd above lambd, x + lambd below -lambd, else 0 (torch's vector loop's +0.0; its scalar
+    tail gives x * 0, -0.0 for a negative x, so the sign of a zero depends on the position and the CPU)."""
+    x = _activation_operand("softshrink", x)
+    lambd = _static_float(lambd, "lambd", "softshrink", x.tracer)
+    return where(x > lambd, x - lambd, where(x < -lambd, x + lambd, 0.0))
+
+
+def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
+    """x where |x| > lambd, else 0."""
+    x = _activation_operand("hardshrink", x)
+    lambd = _static_float(lambd, "lambd", "hardshrink", x.tracer)
+    return where((x > lambd) | (x < -lambd), x, 0.0)
+
+
+def threshold(x: Tensor, threshold: float, value: float) -> Tensor:
+    """x where x > threshold, else value."""
+    x = _activation_operand("threshold", x)
+    return where(x > _static_float(threshold, "threshold", "threshold", x.tracer), x,
+                 _static_float(value, "value", "threshold", x.tracer))
+
+
+def _activation_operand(op: str, x: Any) -> Tensor:
+    tracer = _tracer(op, x)
+    return tracer.value(_tensor(x, op), op)
+
+
 def _no_legacy(op: str, tracer: Tracer, size_average: Any, reduce: Any) -> None:
     if size_average is not None or reduce is not None:
         raise UnsupportedError("size_average and reduce are deprecated in torch: use reduction=",

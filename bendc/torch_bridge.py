@@ -58,7 +58,7 @@ def _linear(input, weight, bias=None):
 
 
 def _relu(input, inplace=False):
-    return F.relu(input)
+    return _applied("relu", input, inplace, lambda: F.relu(input))
 
 
 def _gelu(input, approximate="none"):
@@ -168,13 +168,16 @@ for _handler, _text in ((_matmul, "`a @ b` (torch.matmul)"),
 
 # ------------------------------------------------------------------ dropout, activations, losses
 # (op-coverage issue): torch's signatures onto bendc.functional's functions
-def _no_inplace(name: str, inplace: bool) -> None:
-    _defaults(name, {"inplace": inplace}, inplace=False)
+def _applied(name: str, input: Any, inplace: Any, compute: Callable) -> Any:
+    """An activation's value; with ``inplace=True`` written into ``input`` as torch's (every name of the
+    tensor sees it: Tensor._in_place), where bendc used to return a new tensor and leave ``input``."""
+    if inplace and isinstance(input, Tensor):
+        return input._in_place(f"{name}(inplace=True)", compute)
+    return compute()
 
 
 def _silu(input, inplace=False):
-    _no_inplace("silu", inplace)
-    return F.silu(input)
+    return _applied("silu", input, inplace, lambda: F.silu(input))
 
 
 def _softplus(input, beta=1.0, threshold=20.0):
@@ -182,23 +185,29 @@ def _softplus(input, beta=1.0, threshold=20.0):
 
 
 def _leaky_relu(input, negative_slope=0.01, inplace=False):
-    _no_inplace("leaky_relu", inplace)
-    return F.leaky_relu(input, negative_slope)
+    return _applied("leaky_relu", input, inplace, lambda: F.leaky_relu(input, negative_slope))
 
 
 def _elu(input, alpha=1.0, inplace=False):
-    _no_inplace("elu", inplace)
-    return F.elu(input, alpha)
+    return _applied("elu", input, inplace, lambda: F.elu(input, alpha))
 
 
 def _hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
-    _no_inplace("hardtanh", inplace)
-    return F.hardtanh(input, min_val, max_val)
+    return _applied("hardtanh", input, inplace, lambda: F.hardtanh(input, min_val, max_val))
 
 
 def _dropout(input, p=0.5, training=True, inplace=False):
-    _no_inplace("dropout", inplace)
-    return F.dropout(input, p, training)
+    return _applied("dropout", input, inplace, lambda: F.dropout(input, p, training))
+
+
+def _activation(name: str) -> Callable:
+    """torch.nn.functional.<name>(input, *args, inplace=False) onto bendc.functional.<name>."""
+    def handler(input, *args, inplace=False, **kwargs):
+        return _applied(name, input, inplace, lambda: getattr(F, name)(input, *args, **kwargs))
+
+    handler.__name__ = f"_{name}"
+    handler.bendc = f"`bendc.functional.{name}`"
+    return handler
 
 
 def _torch_dropout(input, p, train):
@@ -250,7 +259,12 @@ _RANDOM_ACTIVATIONS_LOSSES: dict[str, Callable] = {
         ("cross_entropy", _cross_entropy), ("nll_loss", _nll_loss),
         ("binary_cross_entropy_with_logits", _bce_with_logits), ("normalize", _normalize))},
     **{f"torch.nn.functional.{name}": getattr(F, name) for name in (
-        "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "kl_div")},
+        "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "kl_div", "glu", "logsigmoid",
+        "softsign", "tanhshrink", "softshrink", "hardshrink")},
+    **{f"torch.nn.functional.{name}": _activation(name) for name in (
+        "hardswish", "hardsigmoid", "relu6", "mish", "selu", "celu", "threshold")},
+    "torch.selu": _activation("selu"), "torch.celu": _activation("celu"),
+    "torch.nn.functional.relu_": lambda input: _relu(input, inplace=True),
     "torch.dropout": _torch_dropout,
 }
 

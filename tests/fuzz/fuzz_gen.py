@@ -491,6 +491,17 @@ _DIVISORS = st.one_of(st.sampled_from([2, -4, 1, 0.5]),
                       st.builds(lambda m, neg: -m if neg else m, st.floats(0.5, 3.0, width=32), st.booleans()))
 
 
+# torch.nn.functional activations composed of bendc's ops (bendc/functional.py): (arguments, the bound of
+# the result from the operand's, value bitwise, gradient bitwise)
+_MORE_ACTIVATIONS = {
+    "hardswish": ("", lambda b: b, True, False), "hardsigmoid": ("", lambda b: 1.0, True, True),
+    "relu6": ("", lambda b: 6.0, True, True), "softsign": ("", lambda b: 1.0, True, False),
+    "mish": ("", lambda b: b, False, False), "logsigmoid": ("", lambda b: b + 1.0, False, False),
+    "selu": ("", lambda b: 1.8 * b + 1.8, False, False), "celu": (", 0.5", lambda b: b + 0.5, False, False),
+    "tanhshrink": ("", lambda b: b + 1.0, False, False), "softshrink": (", 0.7", lambda b: b, False, False),
+    "hardshrink": ("", lambda b: b, True, True), "threshold": (", 0.5, -1.0", lambda b: max(b, 1.0), True, True)}
+
+
 class Builder:
     def __init__(self, draw) -> None:
         self.draw = draw
@@ -1519,13 +1530,32 @@ class Builder:
         x = self.pick_grad()
         if x is None:
             return False
-        for form in draw(st.lists(st.sampled_from(["silu", "softplus", "leaky_relu", "elu", "hardtanh"]),
-                                  min_size=1, max_size=3, unique=True)):
+        forms = ["silu", "softplus", "leaky_relu", "elu", "hardtanh"] + list(_MORE_ACTIVATIONS) + ["glu", "inplace"]
+        for form in draw(st.lists(st.sampled_from(forms), min_size=1, max_size=3, unique=True)):
             x = self._activation(x, form)
+            if x is None:
+                return False
         return True
 
-    def _activation(self, x: Value, form: str) -> Value:
+    def _activation(self, x: Value, form: str) -> Value | None:
         draw = self.draw
+        if form in _MORE_ACTIVATIONS:  # torch.nn.functional's spelling in both programs
+            arguments, bound, exact, grad_exact = _MORE_ACTIVATIONS[form]
+            return self.emit(f"torch.nn.functional.{form}({x.name}{arguments})", x.shape, bound(x.bound), (x,),
+                             "activation_fns", exact=exact, grad_exact=grad_exact)
+        if form == "glu":  # the halves of the last dim
+            if not x.shape or x.shape[-1] % 2:
+                return None
+            return self.emit(f"torch.nn.functional.glu({x.name})", (*x.shape[:-1], x.shape[-1] // 2), x.bound, (x,),
+                             "activation_fns", exact=False)
+        if form == "inplace":  # an activation written into a copy, read through a second name
+            name, alias = self.fresh(), self.fresh()
+            self.lines += [(f"{name} = {x.name}.clone()",) * 2, (f"{alias} = {name}",) * 2,
+                           (f"torch.nn.functional.relu({name}, inplace=True)",) * 2]
+            value = Value(alias, x.shape, x.bound, x.deps, x.exact)
+            self.values.append(value)
+            self.families.add("activation_fns")
+            return value
         if form == "silu":
             expr, bound, exact = f"F.silu({x.name})", x.bound + 1, False
         elif form == "softplus":

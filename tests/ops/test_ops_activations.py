@@ -190,6 +190,42 @@ def test_bce_refuses_a_pos_weight_that_requires_grad():
                   leaves=("pw",))(x, np.ones(3, np.float32))
 
 
+# ------------------------------------------------------------------ more activations (composites)
+@pytest.mark.parametrize("name, kwargs, exact", [
+    ("hardswish", {}, True), ("hardsigmoid", {}, True), ("relu6", {}, True), ("softsign", {}, True),
+    ("hardshrink", {}, True), ("softshrink", {"lambd": 0.7}, False), ("threshold", {"threshold": 0.5, "value": -1.0}, True),
+    ("mish", {}, False), ("logsigmoid", {}, False), ("selu", {}, False), ("celu", {"alpha": 0.5}, False),
+    ("tanhshrink", {}, False), ("glu", {"dim": 1}, False)])
+def test_more_activations(name, kwargs, exact):
+    """Values bit for bit where torch's kernel is + - * / and selects (hardswish, hardsigmoid, relu6,
+    softsign, hardshrink, threshold; softshrink's zeros take a sign by the position and the CPU in
+    torch), at the branch points and their neighbours; gradients within
+    tolerance, with torch's choices at the branch points (hardswish: 0 at -3 and g at 3; hardsigmoid:
+    0 at both; logsigmoid: 0.5 at 0)."""
+    x = boundary_values(-3.0, 3.0, 0.5, 0.7, -0.7)
+    parity(lambda F, x: getattr(F, name)(x, **kwargs), {"x": x}, ("x",), exact=exact, exact_grads=False,
+           rtol=2e-5, atol=2e-6)
+
+
+def test_activations_in_place_write_their_input():
+    """F.relu(x, inplace=True) / nn.ReLU(inplace=True) / x.relu_() write x as torch's (its other names
+    see it), where they used to leave x and return a new tensor."""
+    def step(x):
+        h = x * 2.0
+        alias = h
+        torch.nn.functional.relu(h, inplace=True)
+        g = x * 1.0
+        torch.nn.ReLU6(inplace=True)(g)
+        k = x - 0.5
+        k.relu_()
+        torch.nn.functional.hardtanh(k, 0.0, 0.25, inplace=True)
+        return alias, h, g, k
+
+    x = normal((3, 4), seed=29, scale=4.0)
+    for mine, theirs in zip(bendc.jit(step, target="reference")(x), step(torch.from_numpy(x))):
+        np.testing.assert_array_equal(mine, theirs.numpy())
+
+
 # ------------------------------------------------------------------ regression and distribution losses
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("loss", ["mse_loss", "l1_loss", "smooth_l1_loss", "smooth_l1_loss beta=0.5",
