@@ -305,9 +305,8 @@ def kl_div(input: Tensor, target: Tensor, size_average=None, reduce=None, reduct
         return _pointwise_loss("kl_div", input, target, size_average, reduce, reduction,
                                lambda x, t: t.exp() * (t - x), difference=False, batchmean=True)
 
-    def terms(x, t):  # xlogy(t, t): 0 where t is 0 (its log taken of 1 there, so no NaN reaches a gradient)
-        zero = t == 0.0
-        return where(zero, 0.0, t * where(zero, 1.0, t).log()) - t * x
+    def terms(x, t):  # xlogy(t, t): 0 where t is 0
+        return _where_nonzero(t, lambda safe: t * safe.log()) - t * x
 
     return _pointwise_loss("kl_div", input, target, size_average, reduce, reduction, terms, difference=False,
                            batchmean=True)
@@ -828,6 +827,7 @@ def _attention_with_dropout(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, sc
     return out.reshape(batch, heads, t, v.shape[3])
 # ------------------------------------------------------------------ shapes, selection, powers (issue 14)
 from bendc.tensor_ops import cat, pad, stack, where  # noqa: E402,F401  (torch's names and semantics)
+from bendc.tensor_ops import where_nonzero as _where_nonzero  # noqa: E402
 from bendc.tensor_ops import (arange, empty, empty_like, eye, full, full_like, linspace, one_hot,  # noqa: E402,F401
                               ones, ones_like, tensor, zeros, zeros_like)  # tensor creation (issue 22)
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bendc.errors import ShapeError, UnsupportedError, user_location
-from bendc.tensor_ops import where
+from bendc.tensor_ops import where_nonzero
 
 
 class ValuesIndices(NamedTuple):
@@ -147,8 +147,7 @@ class ReductionMethods:
                 return variance
             # torch's std_backward masks its gradient to 0 where the std is 0 (a constant line): a bare
             # sqrt's would be g / 0 there (NaN after the deviations' zeros)
-            zero = variance == 0.0
-            return where(zero, 0.0, where(zero, 1.0, variance).sqrt())
+            return where_nonzero(variance, lambda v: v.sqrt())
 
     def var(self, dim: Any = None, unbiased: Any = None, keepdim: Any = False, *, correction: Any = None):
         """torch.var: sum((x - mean)^2) / max(0, n - correction) over ``dim``; correction 1 by default

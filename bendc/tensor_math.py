@@ -284,10 +284,8 @@ def vector_norm(x: Any, ord: Any = 2.0, dim: Any = None, keepdim: bool = False, 
         if ord == 1.0:
             return x.abs().sum(dims, keepdim)
         total = (x * x if ord == 2.0 else x.abs() ** ord).sum(dims, keepdim)
-        zero = total == 0.0
-        from bendc.tensor_ops import where
-        root = where(zero, 1.0, total)
-        return where(zero, 0.0, root.sqrt() if ord == 2.0 else root ** (1.0 / ord))
+        from bendc.tensor_ops import where_nonzero
+        return where_nonzero(total, lambda t: t.sqrt() if ord == 2.0 else t ** (1.0 / ord))
 
 
 # ------------------------------------------------------------------ einsum

@@ -273,12 +273,13 @@ class TensorOps:
             bounds = [bound for bound in (min, max) if bound is not None]
             integer = _integer_operands(self.tracer, (self, *bounds))
             if integer is not None:  # an integer tensor between ints: an integer result, as torch's
-                result, rest = integer[0], list(integer[1:])
+                result, given = integer[0], iter(integer[1:])
                 if min is not None:
-                    low = rest.pop(0)
+                    low = next(given)
                     result = where(result < low, low, result)
                 if max is not None:
-                    result = where(result > rest[0], rest[0], result)
+                    high = next(given)
+                    result = where(result > high, high, result)
                 return result
             low = self.tracer.const(-math.inf) if min is None else self._operand(min, "clamp")._as_float()
             high = self.tracer.const(math.inf) if max is None else self._operand(max, "clamp")._as_float()
@@ -505,6 +506,13 @@ def where(condition: Any, input: Any, other: Any):
         a = tracer.value(input, "where")._as_float()
         b = tracer.value(other, "where")._as_float()
         return tracer.emit("where", (condition.id, a.id, b.id))
+
+
+def where_nonzero(x: Any, f: Callable) -> Any:
+    """f(x) where x != 0, else 0. f is given 1 at x's zeros, so a sqrt, power or log taken there puts no
+    inf or NaN into a gradient: torch's backwards mask theirs to 0 at a zero std, norm or xlogy."""
+    zero = x == 0.0
+    return where(zero, 0.0, f(where(zero, 1.0, x)))
 
 
 def _integer_operands(tracer, operands: Sequence[Any]) -> tuple | None:

@@ -57,10 +57,6 @@ def _linear(input, weight, bias=None):
     return F.linear(input, weight, bias)
 
 
-def _relu(input, inplace=False):
-    return _applied("relu", input, inplace, lambda: F.relu(input))
-
-
 def _gelu(input, approximate="none"):
     return F.gelu(input, approximate=approximate)
 
@@ -176,38 +172,35 @@ def _applied(name: str, input: Any, inplace: Any, compute: Callable) -> Any:
     return compute()
 
 
-def _silu(input, inplace=False):
-    return _applied("silu", input, inplace, lambda: F.silu(input))
+def _activation(name: str, *parameters: str) -> Callable:
+    """torch.nn.functional.<name>(input, *parameters, inplace=False) onto bendc.functional.<name>(input,
+    **parameters): torch's parameters before inplace (inplace too) positional or by name, as torch takes
+    them; bendc's function names them as torch does."""
+    names = parameters + ("inplace",)
 
-
-def _softplus(input, beta=1.0, threshold=20.0):
-    return F.softplus(input, beta, threshold)
-
-
-def _leaky_relu(input, negative_slope=0.01, inplace=False):
-    return _applied("leaky_relu", input, inplace, lambda: F.leaky_relu(input, negative_slope))
-
-
-def _elu(input, alpha=1.0, inplace=False):
-    return _applied("elu", input, inplace, lambda: F.elu(input, alpha))
-
-
-def _hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
-    return _applied("hardtanh", input, inplace, lambda: F.hardtanh(input, min_val, max_val))
-
-
-def _dropout(input, p=0.5, training=True, inplace=False):
-    return _applied("dropout", input, inplace, lambda: F.dropout(input, p, training))
-
-
-def _activation(name: str) -> Callable:
-    """torch.nn.functional.<name>(input, *args, inplace=False) onto bendc.functional.<name>."""
-    def handler(input, *args, inplace=False, **kwargs):
-        return _applied(name, input, inplace, lambda: getattr(F, name)(input, *args, **kwargs))
+    def handler(input, *args, **kwargs):
+        if len(args) > len(names):
+            raise TypeError(f"{name}() takes at most {len(names) + 1} positional arguments ({len(args) + 1} given)")
+        given = dict(zip(names, args))
+        repeated = sorted(given.keys() & kwargs.keys())
+        if repeated:
+            raise TypeError(f"{name}() got multiple values for argument {repeated[0]!r}")
+        given.update(kwargs)
+        inplace = given.pop("inplace", False)
+        return _applied(name, input, inplace, lambda: getattr(F, name)(input, **given))
 
     handler.__name__ = f"_{name}"
     handler.bendc = f"`bendc.functional.{name}`"
     return handler
+
+
+_relu, _silu = _activation("relu"), _activation("silu")
+_leaky_relu, _elu = _activation("leaky_relu", "negative_slope"), _activation("elu", "alpha")
+_hardtanh, _dropout = _activation("hardtanh", "min_val", "max_val"), _activation("dropout", "p", "training")
+
+
+def _softplus(input, beta=1.0, threshold=20.0):
+    return F.softplus(input, beta, threshold)
 
 
 def _torch_dropout(input, p, train):
@@ -240,9 +233,7 @@ def _normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     return F.normalize(input, p, dim, eps)
 
 
-for _handler, _text in ((_silu, "`bendc.functional.silu`"), (_softplus, "`bendc.functional.softplus`"),
-                        (_leaky_relu, "`bendc.functional.leaky_relu`"), (_elu, "`bendc.functional.elu`"),
-                        (_hardtanh, "`bendc.functional.hardtanh`"),
+for _handler, _text in ((_softplus, "`bendc.functional.softplus`"),
                         (_dropout, "`bendc.functional.dropout` (the seed of `bendc.functional.dropout_seed`)"),
                         (_torch_dropout, "`bendc.functional.dropout` (the seed of `bendc.functional.dropout_seed`)"),
                         (_embedding, "`bendc.functional.embedding`"),
@@ -262,8 +253,10 @@ _RANDOM_ACTIVATIONS_LOSSES: dict[str, Callable] = {
         "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "kl_div", "glu", "logsigmoid",
         "softsign", "tanhshrink", "softshrink", "hardshrink")},
     **{f"torch.nn.functional.{name}": _activation(name) for name in (
-        "hardswish", "hardsigmoid", "relu6", "mish", "selu", "celu", "threshold")},
-    "torch.selu": _activation("selu"), "torch.celu": _activation("celu"),
+        "hardswish", "hardsigmoid", "relu6", "mish", "selu")},
+    "torch.nn.functional.celu": _activation("celu", "alpha"),
+    "torch.nn.functional.threshold": _activation("threshold", "threshold", "value"),
+    "torch.selu": _activation("selu"), "torch.celu": _activation("celu", "alpha"),
     "torch.nn.functional.relu_": lambda input: _relu(input, inplace=True),
     "torch.dropout": _torch_dropout,
 }

@@ -219,7 +219,11 @@ def test_activations_in_place_write_their_input():
         k = x - 0.5
         k.relu_()
         torch.nn.functional.hardtanh(k, 0.0, 0.25, inplace=True)
-        return alias, h, g, k
+        m = x + 1.0
+        torch.nn.functional.elu(m, 0.5, True)  # inplace given positionally, as torch takes it
+        torch.nn.functional.hardswish(m, True)
+        torch.nn.functional.threshold(m, 0.25, -1.0, True)
+        return alias, h, g, k, m
 
     x = normal((3, 4), seed=29, scale=4.0)
     for mine, theirs in zip(bendc.jit(step, target="reference")(x), step(torch.from_numpy(x))):
