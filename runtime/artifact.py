@@ -59,7 +59,7 @@ from runtime.machine import (MACHINE_FOLDER, ArtifactCacheLocator, describe_mach
 from runtime.trust import (SIGNATURE_SUFFIX, InsecurePath, file_mac, file_mac_matches, load_key, private_cache,
                            signature_problem)
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 # What each format added: the refusal of an older artifact says what it lacks.
 FORMAT_CHANGES = {
     2: "content hashes and index bounds",
@@ -67,6 +67,7 @@ FORMAT_CHANGES = {
     4: "the cuda launches' entry symbols and parameter layouts and the constants' values, for the cubin runtime",
     5: "a signature",
     6: "the lifted constants (constants/*.npy)",
+    7: "the cuda steps' argument windows (plan.json: a view's kernels no longer hold its offset)",
 }
 KIND = "bendc-artifact"
 MANIFEST = "manifest.json"

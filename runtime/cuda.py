@@ -3,7 +3,9 @@
 Every value is a flat device array: a planned buffer's typed slice, a fresh
 output, or the caller's input itself. A layout view has no array of its own:
 it shares its operand's (the generated kernels index it with the view's
-offset and strides). Binding (once per signature) allocates the planned
+offset and strides; a step whose plan lists ``windows`` gets such an input as
+the slice of the array it reads, so its kernels hold no batch-sized offset).
+Binding (once per signature) allocates the planned
 buffers, uploads constants, configures every launch (``kernel[grid, block]``)
 and runs the hoisted steps; a call then binds the inputs, allocates the
 outputs and launches the steps in order.
@@ -129,12 +131,14 @@ def to_device_flat(value: Any) -> Any:
 class _Step:
     """One bound step: its configured launches and the array slots of its arguments."""
 
-    __slots__ = ("name", "launches", "arguments", "fresh", "errors")
+    __slots__ = ("name", "launches", "arguments", "windows", "fresh", "errors")
 
-    def __init__(self, name: str, launches: list, arguments: list[int], fresh: list, errors: Any) -> None:
+    def __init__(self, name: str, launches: list, arguments: list[int], windows: list, fresh: list,
+                 errors: Any) -> None:
         self.name = name
         self.launches = launches
         self.arguments = arguments
+        self.windows = windows  # (argument, first, stop): an input passed as that slice of its array
         self.fresh = fresh  # (slot, count, dtype): a new array each call (outputs the caller keeps)
         self.errors = errors  # this step's two error words (flag, bad index), or None
 
@@ -183,7 +187,8 @@ class CudaProgram:
             else:
                 launches = [getattr(module, l["kernel"])[tuple(l["grid"]), tuple(l["block"])] for l in step["launches"]]
             arguments = [slot[v] for v in step["inputs"]] + [slot[v] for v in step["outputs"]]
-            bound = _Step(step["name"], launches, arguments, fresh, error_words.get(step["name"]))
+            windows = [(position, first, first + cells) for position, first, cells in step.get("windows", ())]
+            bound = _Step(step["name"], launches, arguments, windows, fresh, error_words.get(step["name"]))
             if step["hoisted"]:
                 self._run_step(bound)
             else:
@@ -205,6 +210,8 @@ class CudaProgram:
         for index, count, dtype in step.fresh:
             arrays[index] = self.cuda.device_array(count, dtype=dtype)
         arguments = [arrays[i] for i in step.arguments]
+        for position, first, stop in step.windows:
+            arguments[position] = arguments[position][first:stop]
         if step.errors is not None:
             arguments.append(step.errors)
         for launch in step.launches:

@@ -288,9 +288,12 @@ class StaticPlan:
                 if value not in pointer:
                     pointer[value] = new(_nbytes(values[value]))
             words: list[int] = []
-            for value in step["inputs"] + step["outputs"]:
+            windows = {position: (first, cells) for position, first, cells in step.get("windows", ())}
+            for position, value in enumerate(step["inputs"] + step["outputs"]):
                 dtype, shape = values[root.get(value, value)]
-                words += array_words(pointer[value], numel(shape), DTYPES[dtype].itemsize)
+                itemsize = DTYPES[dtype].itemsize
+                first, cells = windows.get(position, (0, numel(shape)))  # the part of its root it reads
+                words += array_words(pointer[value] + first * itemsize, cells, itemsize)
             if step.get("check"):
                 words += array_words(error_words[step["name"]], 2, WORD_BYTES)
             for launch in step["launches"]:

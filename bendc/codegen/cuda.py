@@ -48,7 +48,7 @@ import numpy as np
 
 from bendc.codegen.fused import epilogues, member_expression, operand_reference, reduction_index
 from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_domain
-from bendc.codegen.views import Views, materialize, resolve_accesses, view_access
+from bendc.codegen.views import StepReads, Views, materialize, resolve_accesses, view_access
 from bendc.ir.graph import Graph, Node
 from bendc.ir.printer import format_node
 from bendc.ir.types import numel
@@ -106,8 +106,10 @@ def render_step(step: Step, graph: Graph, access: dict[int, Access], options: Cu
     nodes = [graph.node(i) for i in step.nodes]
     if step.kind == "collective":  # a host function over device arrays (bendc/ops/collective.py)
         kernels = OPS[nodes[0].op].lowering.cuda(collective_step(plan, step, graph))
-    else:
-        kernels = _render_kind(step, graph, access)
+    else:  # each input passed as the window of its root that the step reads (views.StepReads)
+        reads = StepReads(step, graph, access)
+        kernels = _render_kind(step, graph, reads)
+        step.windows = reads.windows if kernels.launches else []
     if kernels.scratch:
         assert plan is not None and not kernels.check, step.name
         _add_scratch(plan, graph, step, kernels.scratch)
@@ -126,7 +128,7 @@ def render_step(step: Step, graph: Graph, access: dict[int, Access], options: Cu
         step.value = float(np.float32(nodes[0].attr["value"]))
 
 
-def _render_kind(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels:
+def _render_kind(step: Step, graph: Graph, access: StepReads) -> Kernels:
     if step.kind == "elementwise":
         return _render_elementwise(step, graph, access)
     node = graph.node(step.nodes[0])
@@ -141,13 +143,13 @@ def _render_kind(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels
     return OPS[node.op].lowering.cuda(cuda_node(step, graph, access, node))
 
 
-def cuda_node(step: Step, graph: Graph, access: dict[int, Access], node: Node) -> CudaNode:
+def cuda_node(step: Step, graph: Graph, access: StepReads, node: Node) -> CudaNode:
     """What the op's own renderer needs of a step: operand shapes, argument names and accesses."""
     names = _argument_names(step)
     return CudaNode(node, tuple(graph.node(i).type.shape for i in node.inputs),
                     tuple(names[i] for i in node.inputs), tuple(access[i] for i in node.inputs),
                     _arguments(step), _arguments(step, checked=True),
-                    tuple(graph.node(access[i].root).type.numel for i in node.inputs),
+                    tuple(access.lengths[i] for i in node.inputs),
                     argument_list(len(step.inputs), len(step.outputs) + 1), f"out{len(step.outputs)}")
 
 
@@ -208,7 +210,7 @@ def _argument_names(step: Step) -> dict[int, str]:
     return {value: f"in{k}" for k, value in enumerate(step.inputs)}
 
 
-def _cell_count(step: Step, graph: Graph, access: dict[int, Access], domain: tuple[int, ...],
+def _cell_count(step: Step, graph: Graph, access: StepReads, domain: tuple[int, ...],
                 outputs: list[int]) -> int | str:
     """The cells of an elementwise domain as the kernel reads them: the length of an output in
     ``outputs`` or an input holding exactly one element per cell (kit.length_of), so one source
@@ -217,7 +219,7 @@ def _cell_count(step: Step, graph: Graph, access: dict[int, Access], domain: tup
     arrays = [(f"out{step.outputs.index(id)}", graph.node(id).type.numel) for id in outputs]
     for k, value in enumerate(step.inputs):
         if graph.node(value).type.shape == domain and access[value].is_contiguous(domain):
-            arrays.append((f"in{k}", graph.node(access[value].root).type.numel))
+            arrays.append((f"in{k}", access.lengths[value]))
     return length_of(cells, arrays)
 
 
@@ -254,7 +256,7 @@ def _fused_members(step: Step, graph: Graph, access: dict[int, Access], domain: 
     return body, local
 
 
-def _render_elementwise(step: Step, graph: Graph, access: dict[int, Access]) -> Kernels:
+def _render_elementwise(step: Step, graph: Graph, access: StepReads) -> Kernels:
     """The fused group's kernel over its cells, and for each epilogue sum its own kernel
     (_epilogue_sum_kernel): no atomics, so every sum has the same bits every run."""
     domain = elementwise_domain(graph, step.nodes)

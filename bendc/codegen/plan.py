@@ -41,6 +41,9 @@ class Step:
     check: str = ""
     value: float | None = None  # a cuda source step's constant (the cubin runtime uploads it; plan.json)
     phase: str = ""  # collective steps: "start", "poll" or "wait" (bendc/ops/collective.py)
+    # cuda: [input position, first element, elements] of each input whose kernel argument is a window
+    # of its root's flat array rather than the whole (bendc/codegen/views.py StepReads)
+    windows: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

@@ -10,11 +10,13 @@ the memory plan then gives a buffer.
 """
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import dataclass, field
 
 from bendc.codegen.plan import KernelPlan
 from bendc.ir.graph import Graph
 from bendc.kernels.access import Access, dense, expanded, indexed, permuted, reshaped
+from runtime.dtypes import numel
 
 
 @dataclass
@@ -76,3 +78,42 @@ def view_access(graph: Graph, value: int, operand: Access) -> Access | None:
     if node.op == "reshape":
         return reshaped(operand, source, node.type.shape)
     raise AssertionError(f"no strided view for {node.op}")
+
+
+# ------------------------------------------------------------------ argument windows
+def window(access: Access, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(first element, elements) of the root's flat array that a read of ``shape`` through ``access``
+    can touch: from the lowest flat index to the highest."""
+    if numel(shape) == 0:
+        return 0, 0
+    low = access.offset + sum((size - 1) * stride for size, stride in zip(shape, access.strides) if stride < 0)
+    high = access.offset + sum((size - 1) * stride for size, stride in zip(shape, access.strides) if stride > 0)
+    return low, high - low + 1
+
+
+class StepReads(ChainMap):
+    """The accesses as one step's kernels read them, and the elements of each input's argument.
+
+    A kernel argument is the window of its root's flat array that the step reads (``window``), not
+    the whole root: a view at an offset (a slice of a packed output, one of several results in one
+    buffer) is passed from its first element, so the kernel's source holds no offset that depends
+    on the batch, and a dense view of a longer root is an argument of exactly its cells, whose
+    length the kernel can read its cell count from (kit.length_of). ``windows`` gives the runtime
+    (runtime/cuda.py, runtime/cuda_graph.py) each input whose argument is not its root's whole
+    array: (input position, first element, elements)."""
+
+    def __init__(self, step, graph: Graph, access: dict[int, Access]) -> None:
+        rebased: dict[int, Access] = {}
+        self.lengths: dict[int, int] = {}
+        self.windows: list[list[int]] = []
+        for position, value in enumerate(step.inputs):
+            read = access[value]
+            root = graph.node(read.root).type.numel
+            first, cells = window(read, graph.node(value).type.shape)
+            if (first, cells) == (0, root):
+                self.lengths[value] = root
+                continue
+            rebased[value] = Access(read.root, read.offset - first, read.strides)
+            self.lengths[value] = cells
+            self.windows.append([position, first, cells])
+        super().__init__(rebased, access)

@@ -90,7 +90,7 @@ class CudaNode:
     accesses: tuple[Access, ...]         # where each operand's elements are in that argument
     arguments: str
     checked_arguments: str
-    lengths: tuple[int, ...] = ()        # the elements of each operand's argument (its root's flat array)
+    lengths: tuple[int, ...] = ()        # the elements of each operand's argument (the window of its root it reads)
     # The argument list with a float32 scratch array after the outputs, and its name, for kernels that
     # return ``Kernels(scratch=cells)``: the memory plan gives the step that many cells of a temporary
     # buffer, live during the step only (bendc/codegen/cuda.py render_step). No index check with it.

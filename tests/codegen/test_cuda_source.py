@@ -16,7 +16,8 @@ from bendc.codegen.cuda import render_cuda_plan
 from bendc.kernels.cuda_kit import MAX_BLOCK, MAX_GRID, grid_stride_launch, tree_block
 from bendc.ops.matmul import matmul_tile
 from bendc.codegen.plan import build_plan
-from bendc.kernels.access import dense, expanded, indexed, permuted, reshaped
+from bendc.codegen.views import window
+from bendc.kernels.access import Access, dense, expanded, indexed, permuted, reshaped
 
 
 def numpy_elements(array: np.ndarray) -> list[int]:
@@ -74,6 +75,28 @@ def test_index_and_expand_views_match_numpy() -> None:
     assert access_elements(view, (2, 2)) == numpy_elements(base[1, 0:4:2, 1:5:3])
     broadcast = expanded(dense(0, (4, 1)), (4, 1), (2, 4, 3))
     assert access_elements(broadcast, (2, 4, 3)) == [i for _ in range(2) for i in range(4) for _ in range(3)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.booleans()), min_size=1, max_size=3),
+       st.integers(0, 3))
+def test_an_arguments_window_holds_exactly_the_elements_a_view_reads(axes, lead) -> None:
+    """StepReads passes a view as the window of its root from the lowest to the highest element it
+    reads, reversed axes (negative strides) included: every element read falls inside, both ends
+    are read, and the rebased offset reads the same elements from the window's start."""
+    shape = tuple(lead + size * step for size, step, _ in axes)
+    spec = tuple((lead + size * step - 1, lead - 1 if lead else None, -step) if reverse else (lead, None, step)
+                 for size, step, reverse in axes)
+    base = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    array = base[tuple(slice(*entry) for entry in spec)]
+    view = indexed(dense(0, shape), tuple((start, stop, step) for start, stop, step in spec))
+    read = access_elements(view, array.shape)
+    assert read == [int(v) for v in array.reshape(-1)]
+    first, cells = window(view, array.shape)
+    assert (first, first + cells - 1) == (min(read), max(read))
+    rebased = access_elements(Access(0, view.offset - first, view.strides), array.shape)
+    assert rebased == [element - first for element in read] and 0 <= min(rebased) <= max(rebased) < cells
+    assert window(dense(0, (3, 0)), (3, 0)) == (0, 0)
 
 
 def test_launch_configurations() -> None:

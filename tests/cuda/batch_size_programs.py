@@ -49,7 +49,7 @@ def spec(batch: int) -> str:
 
 
 # ------------------------------------------------------------------ the row and image ops (item 7's rest)
-ROW_LEAVES, IMAGE_LEAVES, CONV_LEAVES = ("x",), ("img",), ("img", "w")
+ROW_LEAVES, IMAGE_LEAVES, CONV_LEAVES = ("x",), ("img", "w", "b"), ("img", "w")
 
 
 def row_ops(x, cos, sin, g):
@@ -61,13 +61,15 @@ def row_ops(x, cos, sin, g):
     return loss, x.grad
 
 
-def image_ops(img, g):
-    """group_norm, the max, average and adaptive pools, and their gradients."""
-    n = F.group_norm(img, 2)
+def image_ops(img, g, w, b):
+    """group_norm, the max, average and adaptive pools, and their gradients; an SGD update of the
+    norm's weight and bias, whose gradients are read at offsets of group_norm_grad's one output
+    after the batch-sized dx (a kernel argument that starts there: codegen/views.py StepReads)."""
+    n = F.group_norm(img, 2, w, b)
     p = (F.max_pool2d(img, 2) * F.avg_pool2d(img, 2)).sum() + (F.adaptive_avg_pool2d(img, 3) ** 2).sum()
     loss = (n * g).sum() + p
     loss.backward()
-    return loss, img.grad
+    return loss, img.grad, w - 0.1 * w.grad, b - 0.1 * b.grad
 
 
 def conv_ops(img, w):
@@ -82,7 +84,7 @@ def row_spec(batch: int) -> str:
 
 
 def image_spec(batch: int) -> str:
-    return f"img=f32[{batch},4,6,6]:leaf g=f32[{batch},4,6,6]"
+    return f"img=f32[{batch},4,6,6]:leaf g=f32[{batch},4,6,6] w=f32[4]:leaf b=f32[4]:leaf"
 
 
 def conv_spec(batch: int) -> str:
@@ -100,4 +102,5 @@ def row_inputs(batch: int, seed: int = 0) -> tuple:
 
 def image_inputs(batch: int, seed: int = 0) -> tuple:
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((batch, 4, 6, 6)).astype(np.float32) for _ in range(2))
+    return (*(rng.standard_normal((batch, 4, 6, 6)).astype(np.float32) for _ in range(2)),
+            *(rng.standard_normal(4).astype(np.float32) for _ in range(2)))

@@ -107,8 +107,18 @@ def test_constants_are_in_the_plan(constant_artifact: Path) -> None:
         assert np.float32(step["value"]) == eval(line.split("=", 1)[1], {"np": np, "math": __import__("math")})
 
 
-def test_packed_words_point_at_each_values_memory(artifact: Path) -> None:
+@pytest.mark.parametrize("windowed", [False, True])
+def test_packed_words_point_at_each_values_memory(artifact: Path, windowed: bool) -> None:
+    """Each argument's words point at its value's memory: a view at its root's, an input with a
+    window (codegen/views.py StepReads: a slice of a packed output) at the window's first element,
+    its length the window's (windowed: every kernel step's first input given one, as the renders of
+    a group_norm_grad's weight gradient or a rope of one of several heads are)."""
     plan = plan_of(artifact)
+    if windowed:
+        for step in plan["steps"]:
+            if step["launches"] and step["inputs"]:
+                dims = plan["values"][str(step["inputs"][0])][1]
+                step["windows"] = [[0, 1, numel(dims) - 1]] if numel(dims) > 1 else []
     allocations: list[tuple[int, int]] = []
 
     def allocate(nbytes: int) -> tuple[int, None]:
@@ -124,16 +134,21 @@ def test_packed_words_point_at_each_values_memory(artifact: Path) -> None:
         return root(views[value]) if value in views else value
 
     buffers = {int(v): b for v, b in plan["storage"].items()}
+    checked_windows = 0
     for call in static.hoisted + static.calls:
         step = next(s for s in plan["steps"] if s["name"] == call.step)
         values = step["inputs"] + step["outputs"]
         words = [call.words[k:k + 7] for k in range(0, len(call.words), 7)]
         assert len(words) == len(values) + bool(step["check"])
-        for value, (meminfo, parent, count, itemsize, data, shape, stride) in zip(values, words):
+        windows = {position: (first, cells) for position, first, cells in step.get("windows", ())}
+        assert windowed or not windows  # the build itself windows nothing of this mlp
+        checked_windows += len(windows)
+        for position, (value, (meminfo, parent, count, itemsize, data, shape, stride)) in enumerate(zip(values, words)):
             dtype, dims = plan["values"][str(root(value))]  # a view passes its operand's flat array
+            first, cells = windows.get(position, (0, numel(dims)))
             assert (meminfo, parent) == (0, 0)
-            assert count == shape == numel(dims) and itemsize == stride == DTYPES[dtype].itemsize
-            assert data == static.pointer[root(value)]
+            assert count == shape == cells and itemsize == stride == DTYPES[dtype].itemsize
+            assert data == static.pointer[root(value)] + first * itemsize
             base, size = next((b, s) for b, s in allocations if b <= data < b + s)
             assert data + max(count * itemsize, 1) <= base + max(size, 8)
             if root(value) in buffers:  # a planned temporary: its buffer's memory
@@ -142,6 +157,7 @@ def test_packed_words_point_at_each_values_memory(artifact: Path) -> None:
             assert words[-1][2:] == (2, 8, words[-1][4], 2, 8)
     assert [p for p, _, _ in static.inputs] == [static.pointer[p] for p in plan["params"]]
     assert len({p for p, _, _ in static.inputs}) == len(plan["params"])  # each input its own buffer
+    assert (checked_windows > 5) == windowed
 
 
 def rewrite_plan(folder: Path, change) -> None:
@@ -195,9 +211,9 @@ def test_an_older_format_is_refused_saying_what_it_lacks(artifact: Path, tmp_pat
     manifest["content_hash"] = content_hash(manifest)
     manifest["signature"] = trust.sign(manifest["content_hash"], trust.load_key())
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactInvalid, match=r"format 3; this runtime reads format 6 \(it lacks the cuda launches' "
+    with pytest.raises(ArtifactInvalid, match=r"format 3; this runtime reads format 7 \(it lacks the cuda launches' "
                                               r"entry symbols .*; a signature; the lifted constants "
-                                              r"\(constants/\*\.npy\)\): rebuild"):
+                                              r"\(constants/\*\.npy\); the cuda steps' argument windows .*\): rebuild"):
         read_manifest(str(copy))
 
 
