@@ -274,6 +274,34 @@ SOURCE = HEADER + textwrap.dedent('''
     def not_native(a, out):
         for i in range(a.shape[0]):
             out[i] = a[i:i + 1].sum()
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def selects(x, g, n, out):
+        for i in range(x.shape[0]):
+            r = x[i]
+            s = g[i]
+            c = r <= np.float32(0.0)
+            out[i, 0] = np.float32(0.0) if c else s
+            out[i, 1] = s if r > s else r
+            out[i, 2] = -1.0 if r != r else s
+            out[i, 3] = np.float32(1) if c else 2
+            k = i if r < s else n
+            out[i, 4] = k
+            out[i, 5] = np.float32(-0.0) if c else np.float32(0.0)
+            out[i, 6] = (s if c else r) + (r if c else s)
+            out[i, 7] = g[i + 1] if i + 1 < g.shape[0] else np.float32(5.0)
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def relu_backward(x, g, out, sums):
+        total = np.float64(0.0)
+        for i in range(out.shape[0]):
+            r0 = x[i]
+            v0 = (r0 <= np.float32(0.0))
+            r1 = g[i]
+            v1 = (np.float32(0.0) if v0 else r1)
+            total += np.float64(v1)
+            out[i] = v1
+        sums[0] = np.float32(total)
 ''')
 
 SPECIAL_F32 = np.array([0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.0, 7.0, 1e-40, -1e-40, 1e30, -1e30, 3.4e38, np.inf,
@@ -387,6 +415,32 @@ def test_indices_that_cannot_be_negative_skip_the_wraparound_and_the_rest_keep_i
     expected[:, -2] += 3
     expected[np.arange(8), np.arange(8)] += 5
     assert np.array_equal(native[2], expected)
+
+
+def test_conditional_expressions_of_names_and_numbers_are_selects(module, tmp_path, monkeypatch):
+    """``a if c else b`` whose sides are names or numbers reads both and selects (no effect, cannot
+    raise): a branch let LLVM sink an array load into one side, and a relu's backward ran at one
+    mispredicted branch per element; a side that reads an array (``g[i + 1]``, past the end on the
+    last element) keeps its branch, so only the chosen side runs. numba's bits either way, NaN
+    conditions, signed zeros and mixed types included."""
+    import ast
+
+    from runtime.native.translate import _operand_only
+
+    def side(text: str) -> bool:
+        return _operand_only(ast.parse(text, mode="eval").body)
+
+    assert all(side(t) for t in ("s", "2", "-1.0", "np.float32(0.0)", "np.float32(-0.0)", "np.int64(-3)", "True"))
+    assert not any(side(t) for t in ("g[i]", "math.exp(r)", "r + s", "np.float32(r)", "f(0)", "'text'"))
+    a, b = pairs_f32()
+    monkeypatch.setenv("BENDC_NATIVE_DUMP", str(tmp_path))
+    native, reference = both(module.selects, a, b, np.int64(-4), np.zeros((a.size, 8), np.float32))
+    assert_same_bits(native, reference)
+    native, reference = both(module.relu_backward, a, b, np.zeros(a.size, np.float32), np.zeros(1, np.float32))
+    assert_same_bits(native, reference)
+    (path,) = [p for p in tmp_path.glob("*.opt.ll") if "relu_backward" in p.read_text()]
+    loop = path.read_text()
+    assert "select" in loop and "ifx.else" not in loop, "relu's backward is a select, not a branch"
 
 
 def test_arrays_made_in_loops_while_break_continue_and_none(module):
