@@ -123,6 +123,17 @@ def test_max_pool2d_ties_go_to_the_first_max(case):
     parity(lambda F, x: F.max_pool2d(x, **kwargs), {"x": x}, ("x",), exact=True)
 
 
+@pytest.mark.parametrize("case", ["two", "three_stride2_pad1"])
+def test_max_pool2d_nan_wins_and_routes_the_gradient(case):
+    """A NaN in a window is its max, and the last NaN takes the gradient, as torch's CPU kernel
+    (``val > max || isnan(val)``; the cpu kernels select on that test, branch-free)."""
+    shape, kwargs = MAX_POOL_CASES[case]
+    x = normal(shape, 322)
+    flat = x.reshape(-1)
+    flat[np.random.default_rng(323).choice(flat.size, flat.size // 7, replace=False)] = np.nan
+    parity(lambda F, x: F.max_pool2d(x, **kwargs), {"x": x}, ("x",), exact=True)
+
+
 def test_max_pool2d_all_equal_and_negative_infinity():
     x = np.full((1, 1, 4, 4), -np.inf, np.float32)
     x[0, 0, 3, 3] = 2.0
