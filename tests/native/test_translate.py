@@ -443,6 +443,27 @@ def test_conditional_expressions_of_names_and_numbers_are_selects(module, tmp_pa
     assert "select" in loop and "ifx.else" not in loop, "relu's backward is a select, not a branch"
 
 
+def test_the_native_check_matches_any_nan_and_nothing_else() -> None:
+    """BENDC_NATIVE_CHECK compares bytes, except that a NaN matches any NaN (IEEE 754 leaves an
+    operation's NaN sign and payload unspecified: pow(-2, x) * -nan gave -nan natively and +nan by
+    numba); a signed zero, a number against a NaN, a shape or a dtype still differ."""
+    from runtime.native.jit import same_bits
+
+    x = np.array([1.0, -0.0, np.nan, 3.0], np.float32)
+    y = x.copy()
+    y[2] = -y[2]
+    assert same_bits(x, y) and same_bits(x.reshape(2, 2), y.reshape(2, 2))
+    assert same_bits(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))
+    z = x.copy()
+    z[1] = 0.0
+    assert not same_bits(x, z)
+    z = x.copy()
+    z[2] = 0.0
+    assert not same_bits(x, z) and not same_bits(x, x.reshape(2, 2)) and not same_bits(x, x.astype(np.float64))
+    assert same_bits(np.array([5, -1], np.int64), np.array([5, -1], np.int64))
+    assert not same_bits(np.array([5, -1], np.int64), np.array([5, 1], np.int64))
+
+
 def test_arrays_made_in_loops_while_break_continue_and_none(module):
     x = np.random.default_rng(1).standard_normal((7, 30)).astype(np.float32) * 20
     assert_same_bits(*both(module.scratch_in_loop, x, None, np.zeros(7, np.float32)))
@@ -507,6 +528,8 @@ def test_a_wrong_argument_is_refused_not_read(module):
 def test_launch_lists_call_a_builtin_function_over_the_entry(module):
     """The launcher of an all-array entry is a CPython builtin (METH_FASTCALL): None on success, the
     entry's status as an int otherwise, TypeError for a wrong argument count."""
+    if jit.checking():
+        pytest.skip("BENDC_NATIVE_CHECK=1 routes every call through the checking wrapper")
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     scale, out = np.array(2.0, np.float32), np.zeros((2, 3), np.float32)
     module.collapsed(x, scale, out)
