@@ -328,11 +328,10 @@ class MaskedSelection:
 
 
 # ------------------------------------------------------------------ x[key] = value
-def _refuse_leaf(x, loc, what: str) -> None:
+def _refuse_leaf(x, loc, what: str, op: str) -> None:
     if x.id in x.tracer.leaves:
         raise GradientError(f"{what} on a leaf {x.type}: PyTorch refuses an in-place write to a leaf that "
-                            "requires grad; write into a copy (x.clone())", loc=loc,
-                            op="index_put" if what == "x[...] = value" else what)
+                            "requires grad; write into a copy (x.clone())", loc=loc, op=op)
 
 
 def _aliases(x) -> set[int]:
@@ -374,7 +373,7 @@ def _numpy_key(x, key, loc):
 
 def setitem(x, key, value, loc):
     """The tensor ``x`` names after ``x[key] = value`` (the module docstring states the rules)."""
-    _refuse_leaf(x, loc, "x[...] = value")
+    _refuse_leaf(x, loc, "x[...] = value", "index_put")
     aliases = _aliases(x)
     result = _written(x, key, value, loc)
     _mark_stale(x.tracer, aliases - {result.id}, loc, "x[...] = value")
@@ -388,7 +387,7 @@ def in_place(x, result, loc, what: str):
     x's storage in PyTorch are stale, as after ``x[key] = value``. A leaf is refused (PyTorch's
     autograd refuses it), and so are a result of another shape or of a dtype PyTorch cannot cast to
     x's in place (an integer x += a float)."""
-    _refuse_leaf(x, loc, what)
+    _refuse_leaf(x, loc, what, what)
     if tuple(result.shape) != tuple(x.shape):
         raise ShapeError(f"{what}: output with shape {list(x.shape)} doesn't match the broadcast shape "
                          f"{list(result.shape)} (an in-place op keeps its tensor's shape)", loc=loc, op=what)

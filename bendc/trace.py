@@ -588,19 +588,19 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
 
     def fill_(self, value: Any) -> Tensor:
         """x.fill_(value): every element ``value`` (a number or a 0-d tensor), in x's dtype."""
-        return self._in_place("fill_", lambda: self._spread(value))
+        return self._in_place("fill_", lambda: self._spread(value, "fill_"))
 
     def zero_(self) -> Tensor:
-        return self._in_place("zero_", lambda: self._spread(0))
+        return self._in_place("zero_", lambda: self._spread(0, "zero_"))
 
     def copy_(self, src: Any, non_blocking: bool = False) -> Tensor:
         """x.copy_(src): src broadcast to x's shape and cast to x's dtype (PyTorch's copy casts)."""
-        return self._in_place("copy_", lambda: self._spread(src))
+        return self._in_place("copy_", lambda: self._spread(src, "copy_"))
 
-    def _spread(self, value: Any) -> Tensor:
+    def _spread(self, value: Any, op: str) -> Tensor:
         """``value`` cast to this tensor's dtype and broadcast to its shape, as a value of its own
         (not a view of ``value``: a later write into this tensor leaves ``value`` alone)."""
-        value = self.tracer.value(value, "copy_")
+        value = self.tracer.value(value, op)
         if value.type.dtype != self.type.dtype:
             value = {"f32": value.float, "i64": value.long, "i32": value.int}.get(self.type.dtype, lambda: value != 0)()
         if tuple(value.shape) != tuple(self.shape):

@@ -809,19 +809,18 @@ def _pool_cell_lines(kind: str, attrs, read: str) -> list[str]:
         return ["best = np.float32(-np.inf)", "bi = lo0", "bj = lo1",
                 "for ih in range(lo0, hi0, step0):",
                 "    for iw in range(lo1, hi1, step1):",
-                f"        value = {read}"] + _select_lines("ih", "iw")
+                f"        value = {read}"] + _select_lines(("bi", "ih"), ("bj", "iw"))
     return (["total = np.float32(0.0)", "for ih in range(lo0, hi0):", "    for iw in range(lo1, hi1):",
              f"        total += {read}"] + pool_scale_lines(kind, attrs, "total"))
 
 
-def _select_lines(*where: str) -> list[str]:
+def _select_lines(*positions: tuple[str, str]) -> list[str]:
     """The window loop's step of a max: ``value`` wins when it is greater, or NaN (the first max; a
-    NaN wins, torch's rule), and ``best`` and the position (``bi``, ``bj`` from ``where``, or ``tap``)
-    follow it, as selects: on random data a branch here is mispredicted every other tap (cpu: the
-    native translator selects a conditional expression of names, runtime/native/translate.py)."""
-    names = ("bi", "bj") if len(where) == 2 else ("tap",)
+    NaN wins, torch's rule), and ``best`` and each (name, position) pair follow it, as selects: on
+    random data a branch here is mispredicted every other tap (cpu: the native translator selects a
+    conditional expression of names, runtime/native/translate.py)."""
     return (["        wins = (value > best) | (value != value)", "        best = value if wins else best"]
-            + [f"        {name} = {at} if wins else {name}" for name, at in zip(names, where)])
+            + [f"        {name} = {at} if wins else {name}" for name, at in positions])
 
 
 # the common non-overlapping max pool (2x2, stride 2): its own unrolled loops
@@ -838,7 +837,7 @@ def _tiled_max_cell(attrs) -> list[str]:
     kh, kw = attrs["kernel_size"]
     return ["best = np.float32(-np.inf)", "tap = 0",
             f"for a in range({kh}):", f"    for b in range({kw}):",
-            f"        value = x[plane, oh * {kh} + a, ow * {kw} + b]", f"        k = a * {kw} + b"] + _select_lines("k")
+            f"        value = x[plane, oh * {kh} + a, ow * {kw} + b]", f"        k = a * {kw} + b"] + _select_lines(("tap", "k"))
 
 
 def _cpu_tiled_max_pool(attrs, ins, out) -> str:

@@ -14,8 +14,8 @@ import numpy as np
 from bendc.ir.types import DTYPES, TensorType
 from bendc.kernels import cpu_policy as policy
 from bendc.kernels.cpu_kit import lines_call, njit_decorator
-from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op, normalize_dims
-from bendc.ops.reduce import cuda_line_sum
+from bendc.ops.base import InferError, Lowering, broadcast_shapes, define_op
+from bendc.ops.reduce import cuda_line_sum, summed_shape
 
 
 def _result_dtype(types) -> str:
@@ -126,11 +126,7 @@ def _infer_int_sum(types, attrs):
     (x,) = types
     if not (x.is_index or x.dtype == "bool"):
         raise InferError(f"int_sum needs an integer or bool operand, got {x}", unsupported=True)
-    dims = tuple(attrs["dims"])
-    if normalize_dims(dims, x.ndim) != dims:
-        raise InferError(f"int_sum dims {dims} must be sorted, distinct and non-negative")
-    return TensorType("i64", tuple(1 if axis in dims else d for axis, d in enumerate(x.shape)) if attrs["keepdim"]
-                      else tuple(d for axis, d in enumerate(x.shape) if axis not in dims))
+    return TensorType("i64", summed_shape(x, attrs, "int_sum"))
 
 
 def _reference_int_sum(values, attrs):

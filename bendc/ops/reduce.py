@@ -21,12 +21,18 @@ def _keepdim_shape(shape, dims):
 def _infer_sum(types, attrs):
     (x,) = types
     require_float(types, "sum")
+    return x.with_shape(summed_shape(x, attrs, "sum"))
+
+
+def summed_shape(x, attrs, op: str) -> tuple[int, ...]:
+    """The shape of x summed over ``attrs["dims"]`` (sorted, distinct, non-negative), kept as size 1
+    with ``attrs["keepdim"]`` (sum and int_sum)."""
     dims = tuple(attrs["dims"])
     if normalize_dims(dims, x.ndim) != dims:
-        raise InferError(f"sum dims {dims} must be sorted, distinct and non-negative")
+        raise InferError(f"{op} dims {dims} must be sorted, distinct and non-negative")
     if attrs["keepdim"]:
-        return x.with_shape(_keepdim_shape(x.shape, dims))
-    return x.with_shape(tuple(d for axis, d in enumerate(x.shape) if axis not in dims))
+        return _keepdim_shape(x.shape, dims)
+    return tuple(d for axis, d in enumerate(x.shape) if axis not in dims)
 
 
 def _reference_sum(values, attrs):
