@@ -195,16 +195,13 @@ def _tile(graph: Graph, site: Node, backward: list[Node]) -> str:
     batch, heads, t, depth = operands[0].shape
     kv_heads, width = operands[1].shape[1], operands[2].shape[3]
     made = [saved.id, _view(graph, saved, _full((batch, heads, t)), site, site.vjp_of).id]
-    vjps = {node.attr["wrt"]: node for node in backward if node.op == "attention_vjp"}
-    if vjps:
-        grad = next(n.inputs[2] if n.op == "attention_score_grad" else n.inputs[1] for n in backward
-                    if n.op == "attention_score_grad" or (n.op == "attention_vjp" and n.attr["wrt"] == "v"))
+    heads_of = {"q": (0, heads, depth), "k": (heads, heads + kv_heads, depth),
+                "v": (heads + kv_heads, heads + 2 * kv_heads, width)}
+    for grad, vjps in _backward_calls(backward).items():  # one attention_tiled_grad per backward call
         operands = [graph.node(i).type for i in (q, k, v, saved.id, grad)]
         grads = graph.add("attention_tiled_grad", (q, k, v, saved.id, grad), attrs,
                           OPS["attention_tiled_grad"].infer(operands, attrs), loc=site.loc, vjp_of=saved.id)
         made.append(grads.id)
-        heads_of = {"q": (0, heads, depth), "k": (heads, heads + kv_heads, depth),
-                    "v": (heads + kv_heads, heads + 2 * kv_heads, width)}
         for wrt in ("q", "k", "v"):
             if wrt in vjps:
                 first, end, columns = heads_of[wrt]
@@ -215,6 +212,25 @@ def _tile(graph: Graph, site: Node, backward: list[Node]) -> str:
         graph.remove(node.id)
     graph.remove(site.id)
     return ", ".join(f"%{i}" for i in made)
+
+
+def _backward_calls(backward: list[Node]) -> dict[int, dict[str, Node]]:
+    """A site's attention_vjp nodes per backward call through it (two losses' .backward() give two
+    sets, which may share the recomputed attention_probs): keyed by the output gradient the call
+    reads (attention_score_grad's third operand, the v vjp's second), the q and k vjps found by the
+    score gradient they read; each set maps "q", "k", "v" to its vjp nodes."""
+    calls: dict[int, dict[str, Node]] = {}
+    scores: dict[int, int] = {}  # attention_score_grad id -> its output gradient
+    for node in backward:
+        if node.op == "attention_score_grad":
+            scores[node.id] = node.inputs[2]
+            calls.setdefault(node.inputs[2], {})
+        elif node.op == "attention_vjp" and node.attr["wrt"] == "v":
+            calls.setdefault(node.inputs[1], {})["v"] = node
+    for node in backward:
+        if node.op == "attention_vjp" and node.attr["wrt"] != "v":
+            calls[scores[node.inputs[0]]][node.attr["wrt"]] = node
+    return {grad: vjps for grad, vjps in calls.items() if vjps}
 
 
 def attention_schedule(graph: Graph, context: PassContext, options: ScheduleOptions) -> Graph:

@@ -96,6 +96,38 @@ def test_frozen_operands(leaves):
     assert ops.count("attention_tiled_grad") == 1 and not {"attention_probs", "attention_vjp"} & set(ops)
 
 
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+@pytest.mark.parametrize("leaves", [("q", "k", "v"), ("q", "v")])
+def test_two_backward_calls_through_one_site(target, leaves):
+    """Two losses' .backward() through one attention call: two sets of attention_vjp nodes, which
+    may share the recomputed probabilities; each set is its own attention_tiled_grad, the gradients
+    accumulated as torch's (found by make fuzz N=2000 SEED=20261214: the pass kept only the last set
+    and failed with "%20 still has users")."""
+    import torch
+
+    import bendc
+    import bendc.functional as F
+
+    def step(q, k, v):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        F.relu(o).sum().backward()
+        (o * o).mean().backward()
+        named = {"q": q, "k": k, "v": v}
+        return tuple(named[name].grad for name in leaves)
+
+    given = inputs(1, 2, 2, 9, 4, seed=5)
+    arrays = [given[name] for name in "qkv"]
+    got = bendc.jit(step, leaves=leaves, target=target, passes=TILED)(*arrays)
+    tensors = [torch.tensor(a, requires_grad=name in leaves) for name, a in zip("qkv", arrays)]
+    o = torch.nn.functional.scaled_dot_product_attention(*tensors, is_causal=True)
+    torch.relu(o).sum().backward(retain_graph=True)
+    (o * o).mean().backward()
+    want = [t.grad.numpy() for t in tensors if t.grad is not None]
+    assert len(got) == len(want) == len(leaves)
+    for name, a, b in zip(leaves, got, want):
+        assert_relative(a, b, f"d{name} ({target})")
+
+
 def test_forward_only():
     """No gradient: attention_tiled and the view of O, no backward."""
     import bendc
