@@ -260,6 +260,9 @@ class MathMethods:
     def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False, dtype: Any = None):
         """torch.norm / Tensor.norm as a vector norm over ``dim`` (all dims by default): p "fro" or 2,
         1, inf, -inf or any positive number (vector_norm)."""
+        if p == "fro" and isinstance(dim, (tuple, list)) and len(dim) > 2:
+            raise ShapeError(f"norm: the Frobenius norm (p='fro', the default) takes at most 2 dims, got dim={dim!r} "
+                             "(as torch's); give p=2 for a vector norm over more", loc=user_location(), op="norm")
         return vector_norm(as_dtype(self, dtype, "norm"), 2.0 if p == "fro" else p, dim, keepdim)
 
 

@@ -79,3 +79,14 @@ def test_dtype_is_torch_s_and_refusals_name_the_line():
 
     with pytest.raises(bendc.UnsupportedError, match="ord 0"):
         zero_norm(np.ones(2, np.float32))
+
+    @bendc.jit(target="reference")
+    def frobenius_of_three_dims(x):
+        return torch.norm(x, dim=(0, 1, 2))
+
+    x = np.ones((1, 2, 3), np.float32)
+    with pytest.raises(RuntimeError, match="2-tuple"):  # torch's own refusal
+        torch.norm(torch.tensor(x), dim=(0, 1, 2))
+    with pytest.raises(bendc.ShapeError, match="at most 2 dims") as caught:
+        frobenius_of_three_dims(x)
+    assert "test_torch_idioms.py:" in str(caught.value)

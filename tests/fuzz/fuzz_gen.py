@@ -2223,9 +2223,11 @@ def _composites_family(self: Builder) -> bool:
                else [d for a, d in enumerate(x.shape) if a not in axes])
         order = draw(st.sampled_from(["2", "1", "math.inf", "3", "-math.inf"]))
         spelled = "None" if dim is None else repr(dim)
-        expr = draw(st.sampled_from([f"torch.linalg.vector_norm({x.name}, {order}, {spelled}, {keepdim})",
-                                     f"{x.name}.norm({order}, {spelled}, {keepdim})",
-                                     f"torch.norm({x.name}, dim={spelled}, keepdim={keepdim})"]))
+        spellings = [f"torch.linalg.vector_norm({x.name}, {order}, {spelled}, {keepdim})",
+                     f"{x.name}.norm({order}, {spelled}, {keepdim})"]
+        if not isinstance(dim, (tuple, list)) or len(dim) <= 2:  # torch's default p="fro": at most 2 dims
+            spellings.append(f"torch.norm({x.name}, dim={spelled}, keepdim={keepdim})")
+        expr = draw(st.sampled_from(spellings))
         self.emit(expr, out, x.bound * max(1, _numel(x.shape)), (x,), "composites", exact=False)
         return True
     if form == "roll":
