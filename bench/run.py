@@ -826,7 +826,7 @@ def bench_data_parallel(runs: int) -> dict:
     """bench/data_parallel.py under ``mpiexec -n 1``, ``2``, ``4`` and ``8`` (the venv's mpiexec,
     loopback only: 4 and 8 ranks oversubscribe a machine of fewer cores) with DDP's 25 MB buckets
     (one bucket for this model: nothing to overlap), and on 2 ranks with 1 MB ones."""
-    from bendc.distributed import LOOPBACK_ENV, loopback_command, mpiexec
+    from bendc.distributed import LOOPBACK_ENV, loopback_command, mpiexec, remove_stale_shared_memory
 
     if not mpiexec().exists():
         return {"name": "data_parallel", "skipped": "no mpiexec beside python: pip install -e '.[distributed]'"}
@@ -834,6 +834,7 @@ def bench_data_parallel(runs: int) -> dict:
     measured = {}
     for ranks, bucket_mb in ((1, 25.0), (2, 25.0), (2, 1.0), (4, 25.0), (8, 25.0)):
         command = loopback_command(ranks, [str(ROOT / "bench" / "data_parallel.py"), str(runs), str(bucket_mb)])
+        remove_stale_shared_memory()  # killed ranks' regions: a rank reusing their pid fails in MPI_Init
         output = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800, check=True).stdout
         measured[(ranks, bucket_mb)] = json.loads(output.strip().splitlines()[-1])
     one, two, small = measured[(1, 25.0)], measured[(2, 25.0)], measured[(2, 1.0)]

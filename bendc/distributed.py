@@ -23,6 +23,7 @@ job (MPI_Abort), so the other ranks exit within the collective timeout at worst,
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,68 @@ def mpiexec() -> Path:
 def loopback_command(ranks: int, arguments: list[str]) -> list[str]:
     """``mpiexec -n ranks <this python> arguments...`` on this machine only (with LOOPBACK_ENV)."""
     return [str(mpiexec()), "-launcher", "fork", "-iface", "lo", "-n", str(ranks), sys.executable, *arguments]
+
+
+def remove_stale_shared_memory(folder: str | Path = "/dev/shm", quiet_s: float = 60.0) -> list[str]:
+    """Remove the shared-memory regions that MPI ranks killed by a signal left in ``folder``; returns
+    their names. A rank that ends normally removes its own; one killed by SIGKILL (a test's kill, a
+    scheduler's, the OOM killer) leaves libfabric's shm provider's ``<pid>:...`` regions (13 MB each
+    here) and MPICH's ``mpich_shm_*``. A later rank that gets the dead rank's pid opens the stale region
+    as its peers' mailbox: MPI_Init or the first collective fails ("Message ... truncated") or a rank
+    takes signal 11. Removed: ``<pid>:...`` regions whose pid is not a live process, and
+    ``mpich_shm_*`` regions no live process maps, untouched for ``quiet_s`` seconds (a starting job
+    maps its own within that). Only this user's regions; a live job's are never touched."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    mapped = _mapped_paths(folder)
+    removed = []
+    uid = os.getuid()
+    now = time.time()
+    for path in folder.iterdir():
+        name = path.name
+        parts = name.split(":")
+        stale = False
+        try:
+            info = path.stat()
+            if info.st_uid != uid or not path.is_file():
+                continue
+            if len(parts) > 1 and all(part.isdigit() for part in parts):  # <pid>:<endpoint>:...
+                stale = not _alive(int(parts[0]))
+            elif name.startswith("mpich_shm_"):
+                stale = str(path) not in mapped and now - info.st_mtime > quiet_s
+            if stale:
+                path.unlink()
+                removed.append(name)
+        except (FileNotFoundError, PermissionError):
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _mapped_paths(folder: Path) -> set[str]:
+    """The files under ``folder`` that some process of this machine maps (/proc/*/maps)."""
+    prefix = str(folder) + "/"
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            at = line.find(prefix)
+            if at >= 0:
+                mapped.add(line[at:].removesuffix(" (deleted)"))
+    return mapped
 
 
 def init(abort_on_error: bool = True) -> tuple[int, int]:

@@ -239,3 +239,31 @@ def test_the_all_gather_starts_at_the_wait_never_at_a_poll(world):
     np.testing.assert_array_equal(out[0], 3 * np.arange(5, dtype=np.float32))
     np.testing.assert_array_equal(out[1], [3.0, 3.0])
     assert collective.world().traffic[bucket.key] == ("ordered", 28, 4 * (4 + 3 * 2), 4 * (3 * 2 + 4))
+
+
+# ------------------------------------------------------------------ stale shared memory of killed ranks
+def test_stale_shared_memory_of_dead_ranks_is_removed_and_a_live_jobs_is_kept(tmp_path):
+    """libfabric's shm regions are named by their rank's pid; those of dead pids go, a live pid's stay.
+    MPICH's mpich_shm_* regions go when no process maps them and they are older than quiet_s."""
+    import mmap
+    import os
+    import subprocess
+    import sys
+
+    from bendc.distributed import remove_stale_shared_memory
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead = int(finished.stdout)
+    names = [f"{dead}:0:0", f"{dead}:1:0:787278833", f"{os.getpid()}:0:0", "mpich_shm_old", "mpich_shm_mapped",
+             "mpich_shm_new", "someone_elses_file", "12:notapid"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    for name in ("mpich_shm_old", "mpich_shm_mapped"):
+        os.utime(tmp_path / name, (1, 1))
+    with open(tmp_path / "mpich_shm_mapped", "r+b") as file, mmap.mmap(file.fileno(), 4096):
+        removed = remove_stale_shared_memory(tmp_path, quiet_s=60)
+    assert sorted(removed) == sorted([f"{dead}:0:0", f"{dead}:1:0:787278833", "mpich_shm_old"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{os.getpid()}:0:0", "mpich_shm_mapped", "mpich_shm_new", "someone_elses_file", "12:notapid"])
+    assert remove_stale_shared_memory(tmp_path / "absent") == []
