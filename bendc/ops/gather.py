@@ -4,11 +4,14 @@ index_add_ and scatter_add_. On cuda scatter_add keeps that order (one thread pe
 output element: the same bits every run); index_add adds with atomics."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.access import dense
+from bendc.kernels.cpu_kit import njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op
 
 # The one message for an index outside its dimension: the reference, the CPU kernels and the
@@ -148,10 +151,21 @@ def _cpu_index_select(attrs, ins, out):
 
 
 def _cpu_index_add(attrs, ins, out):
+    """The source's lines added into the cleared output in index order (np.add.at's order, and
+    torch's CPU index_add_'s): out as (before dim, dim, after dim), one row of ``after`` at a time.
+    np.add.at took 2.3 ms for a GPT's embedding gradient (1024 tokens of 128 into 65 rows); this
+    loop 0.03 ms."""
     dim = attrs["dim"]
-    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("index_add", out.shape[dim])
+    before, after = math.prod(out.shape[:dim]), math.prod(out.shape[dim + 1:])
+    lines = [njit_decorator(False), "def _add_lines(source, index, out):",
+             "    for p in range(source.shape[0]):", "        for k in range(source.shape[1]):",
+             "            t = index[k]", "            for q in range(source.shape[2]):",
+             "                out[p, t, q] = out[p, t, q] + source[p, k, q]"]
+    return ("\n".join(lines) + "\n\n\n"
+            "def kernel(in0, in1, out0):\n" + _cpu_range_check("index_add", out.shape[dim])
             + f"    out0[...] = np.float32({_word(attrs)})\n"
-            + f"    np.add.at(out0, (slice(None),) * {dim} + (in1.reshape(-1),), in0)\n")
+            + f"    _add_lines(np.ascontiguousarray(in0).reshape({before}, in1.size, {after}), in1.reshape(-1),\n"
+            + f"               out0.reshape({before}, {out.shape[dim]}, {after}))\n")
 
 
 def _cpu_gather(attrs, ins, out):

@@ -489,3 +489,26 @@ def test_torch_tensor_inputs():
     product, total = step(torch.from_numpy(x), leaf(w))
     assert_bitwise(product, x * w)
     assert_close(total, w.sum())
+
+
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+@pytest.mark.parametrize("dim, shape", [(0, (65, 48)), (1, (3, 7, 5)), (2, (2, 3, 9))])
+def test_index_select_gradient_adds_repeats_in_index_order(target, dim, shape):
+    """index_select's gradient (index_add) sums each position's repeats in index order, as torch's
+    CPU index_add_ does: the same bits, with summands of mixed magnitudes (where the order shows)."""
+    rng = _rng(48 + dim)
+    x = normal(shape, 49)
+    index = rng.integers(0, shape[dim], 3 * shape[dim])
+    index[:4] = 1  # a position summed at least four times
+    grad_shape = list(shape)
+    grad_shape[dim] = index.size
+    g = (normal(grad_shape, 50) * 10.0 ** rng.uniform(-4, 4, grad_shape)).astype(np.float32)
+
+    @bendc.jit(leaves=("x",), target=target)
+    def step(x, index, g):
+        (F.index_select(x, dim, index) * g).sum().backward()
+        return x.grad
+
+    tx = leaf(x)
+    (torch.index_select(tx, dim, torch.from_numpy(index)) * const(g)).sum().backward()
+    assert_bitwise(step(x, index, g), tx.grad.numpy(), f"d index_select dim {dim} ({target})")
