@@ -204,6 +204,7 @@ class ModuleTranslator:
     def __init__(self, source: str, numba_functions: set[str], offsets: dict[str, int], symbol_prefix: str) -> None:
         self.tree = ast.parse(source)
         self.defs = {node.name: node for node in self.tree.body if isinstance(node, ast.FunctionDef)}
+        self.intrinsics = _module_intrinsics(self.tree)
         self.numba_functions = numba_functions
         self.globals = _module_constants(self.tree)
         self.offsets = offsets
@@ -392,6 +393,20 @@ class ArrayArg(Array):
 
     layout: str = "C"
     type_num: int = 0
+
+
+# The numba intrinsics a generated module may define (templates/cpu_math.py), by name: the LLVM
+# intrinsic each call becomes. Only a def decorated with the template's own intrinsic decorator counts.
+INTRINSICS = {"bendc_fma": "fma"}
+
+
+def _module_intrinsics(tree: ast.Module) -> dict[str, str]:
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in INTRINSICS and any(
+                isinstance(d, ast.Name) and d.id == "bendc_intrinsic" for d in node.decorator_list):
+            found[node.name] = INTRINSICS[node.name]
+    return found
 
 
 def _module_constants(tree: ast.Module) -> dict[str, Any]:
@@ -1117,6 +1132,8 @@ class FunctionTranslator:
         if name in self.module.globals:
             value = self.module.globals[name]
             return self._e_Constant(ast.Constant(value))
+        if name in self.module.intrinsics:
+            return Obj(Function("intrinsic:" + self.module.intrinsics[name]))
         if name in self.module.defs:
             return Obj(Function("helper:" + name))
         if self.dry:
@@ -1843,6 +1860,10 @@ class FunctionTranslator:
         name = what.name
         if name.startswith("helper:"):
             return self._helper(name[7:], args)
+        if name == "intrinsic:fma":
+            if len(args) != 3 or not all(isinstance(a, Scal) and a.type == FLOAT32 for a in args):
+                raise self.fail("bendc_fma of values that are not three float32 numbers")
+            return self._call_intrinsic("fma", FLOAT32, args)
         if name == "float":
             return self._convert(args, FLOAT64)
         if name == "int":

@@ -565,3 +565,47 @@ def test_objects_are_cached_and_signed(module, tmp_path):
                               function.numba_functions)
     tampered(x, np.zeros((3, 3), np.float32))
     assert not any(record.cached for record in tampered.compiles.values())
+
+
+def _float32_nearest(exact) -> np.float32:
+    """The float32 nearest a Fraction (ties to even): the correctly rounded result."""
+    from fractions import Fraction
+
+    guess = np.float32(float(exact))
+    candidates = [guess, np.nextafter(guess, np.float32(np.inf)), np.nextafter(guess, np.float32(-np.inf))]
+    finite = [c for c in candidates if np.isfinite(c)]
+    best = min(finite, key=lambda c: (abs(Fraction(float(c)) - exact), int(np.float32(c).view(np.int32)) & 1))
+    return np.float32(best)
+
+
+def test_bendc_fma_rounds_once_natively_and_by_numba(tmp_path):
+    """templates/cpu_math.py's bendc_fma is llvm.fma.f32 both ways: a * b + c rounded once (the
+    correctly rounded value of the exact sum), never a multiply and an add."""
+    from fractions import Fraction
+
+    from bendc.kernels.cpu_kit import math_prelude
+
+    source = HEADER + math_prelude() + textwrap.dedent('''
+        @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+        def fused(a, b, c, out):
+            for i in range(out.shape[0]):
+                out[i] = bendc_fma(a[i], b[i], c[i])
+    ''')
+    name = module_name(source)
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    fused = load_module(str(path), name).fused
+    rng = np.random.default_rng(7)
+    a, b, c = (rng.standard_normal(2000).astype(np.float32) * np.float32(2.0) ** rng.integers(-20, 20, 2000)
+               .astype(np.float32) for _ in range(3))
+    near = np.float32(1.0 + 2.0 ** -12)  # near * near = 1 + 2^-11 + 2^-24: a tie, rounded to 1 + 2^-11
+    a[:3], b[:3], c[:3] = near, near, [-(1.0 + 2.0 ** -11), 0.0, np.inf]
+    c[3:5] = -a[3:5] * b[3:5]  # the product's rounding error, which only a fused sum keeps
+    native, reference = both(fused, a, b, c, np.zeros(a.size, np.float32))
+    assert_same_bits(native, reference)
+    out = native[3]
+    assert out[0] == np.float32(2.0 ** -24) and np.float32(near * near + c[0]) == 0.0
+    assert out[1] == np.float32(1.0 + 2.0 ** -11) and out[2] == np.inf
+    exact = [_float32_nearest(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+             for x, y, z in zip(a[3:], b[3:], c[3:])]
+    assert np.array_equal(out[3:].view(np.int32), np.array(exact, np.float32).view(np.int32))

@@ -2,7 +2,12 @@
 that call them (libm's expf/tanhf/erff are opaque calls, one element at a time).
 
 Each function is plain float32 arithmetic, integer bit operations on the float's bits and
-selects (``a if c else b`` on floats compiles to a select); no fastmath, no FMA contraction.
+selects (``a if c else b`` on floats compiles to a select); no fastmath, no FMA contraction. The
+polynomials' Horner steps are written as ``bendc_fma(p, r, c)``: a * b + c rounded once, always
+(llvm.fma: the FMA instruction where the CPU has one, libm's correctly rounded fmaf where not), so
+the bits do not depend on the machine; numba's compile and the native translator
+(runtime/native/translate.py) emit the same intrinsic. Half the instructions of a multiply and an
+add: gelu's forward on 1024 x 512 floats 0.88 -> 0.53 ms at 1 thread.
 Range reduction follows Cephes (x = n ln2 + r with ln2 split in two; log's mantissa in
 [sqrt(1/2), sqrt(2))); 2^n is built from the exponent bits in two factors so that denormal
 results round once. Measured against torch's CPU results and float64 in
@@ -16,6 +21,21 @@ import numpy as np
 from numba import njit
 
 # ---------------------------------------------------------------- TEMPLATE
+from numba.core import types as bendc_types
+from numba.extending import intrinsic as bendc_intrinsic
+
+
+@bendc_intrinsic
+def bendc_fma(typingctx, a, b, c):
+    """a * b + c for float32 a, b, c, rounded once (llvm.fma.f32)."""
+    single = bendc_types.float32
+    if (a, b, c) != (single, single, single):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return single(single, single, single), codegen
+
 @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_exp(x):
     """e^x for float32 x: Cephes expf's polynomial on |r| <= ln2/2, 2^n in two factors."""
@@ -26,12 +46,12 @@ def bendc_exp(x):
     r = x - n * np.float32(0.693359375)
     r = r - n * np.float32(-2.12194440e-4)
     z = r * r
-    p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    p = p * z + r + np.float32(1.0)
+    p = bendc_fma(np.float32(1.9875691500e-4), r, np.float32(1.3981999507e-3))
+    p = bendc_fma(p, r, np.float32(8.3334519073e-3))
+    p = bendc_fma(p, r, np.float32(4.1665795894e-2))
+    p = bendc_fma(p, r, np.float32(1.6666665459e-1))
+    p = bendc_fma(p, r, np.float32(5.0000001201e-1))
+    p = bendc_fma(p, z, r) + np.float32(1.0)
     # n as an integer from the shifted float's bits (numba widens int32 arithmetic: narrow back)
     k = np.int32(np.float32(shifted).view(np.int32) - np.int32(0x4B400000))
     half = np.int32(k >> np.int32(1))
@@ -54,14 +74,14 @@ def bendc_log(x):
     m = (m + m - np.float32(1.0)) if low else (m - np.float32(1.0))
     fe = np.float32(e)
     z = m * m
-    y = np.float32(7.0376836292e-2) * m - np.float32(1.1514610310e-1)
-    y = y * m + np.float32(1.1676998740e-1)
-    y = y * m - np.float32(1.2420140846e-1)
-    y = y * m + np.float32(1.4249322787e-1)
-    y = y * m - np.float32(1.6668057665e-1)
-    y = y * m + np.float32(2.0000714765e-1)
-    y = y * m - np.float32(2.4999993993e-1)
-    y = y * m + np.float32(3.3333331174e-1)
+    y = bendc_fma(np.float32(7.0376836292e-2), m, np.float32(-1.1514610310e-1))
+    y = bendc_fma(y, m, np.float32(1.1676998740e-1))
+    y = bendc_fma(y, m, np.float32(-1.2420140846e-1))
+    y = bendc_fma(y, m, np.float32(1.4249322787e-1))
+    y = bendc_fma(y, m, np.float32(-1.6668057665e-1))
+    y = bendc_fma(y, m, np.float32(2.0000714765e-1))
+    y = bendc_fma(y, m, np.float32(-2.4999993993e-1))
+    y = bendc_fma(y, m, np.float32(3.3333331174e-1))
     y = y * m * z
     y = y + fe * np.float32(-2.12194440e-4)
     y = y - np.float32(0.5) * z
@@ -77,10 +97,10 @@ def bendc_tanh(x):
     """tanh(x) for float32 x: Cephes tanhf (an odd polynomial below 0.625, else 1 - 2/(e^2|x| + 1))."""
     a = np.abs(x)
     z = x * x
-    small = np.float32(-5.70498872745e-3) * z + np.float32(2.06390887954e-2)
-    small = small * z - np.float32(5.37397155531e-2)
-    small = small * z + np.float32(1.33314422036e-1)
-    small = small * z - np.float32(3.33332819422e-1)
+    small = bendc_fma(np.float32(-5.70498872745e-3), z, np.float32(2.06390887954e-2))
+    small = bendc_fma(small, z, np.float32(-5.37397155531e-2))
+    small = bendc_fma(small, z, np.float32(1.33314422036e-1))
+    small = bendc_fma(small, z, np.float32(-3.33332819422e-1))
     small = small * z * x + x
     small = x if x == np.float32(0.0) else small  # tanh(-0) is -0 (the sum above gives +0)
     large = np.float32(1.0) - np.float32(2.0) / (bendc_exp(a + a) + np.float32(1.0))
@@ -100,23 +120,23 @@ def bendc_erf(x):
     (least-squares fits, refined towards minimax, of degree 6 in x^2 and 9 in |x|)."""
     a = np.abs(x)
     s = x * x
-    small = np.float32(8.159370190696791e-05) * s - np.float32(0.000808154814876616)
-    small = small * s + np.float32(0.005194210913032293)
-    small = small * s - np.float32(0.026855744421482086)
-    small = small * s + np.float32(0.11283600330352783)
-    small = small * s - np.float32(0.376126229763031)
-    small = small * s + np.float32(1.1283791065216064)
+    small = bendc_fma(np.float32(8.159370190696791e-05), s, np.float32(-0.000808154814876616))
+    small = bendc_fma(small, s, np.float32(0.005194210913032293))
+    small = bendc_fma(small, s, np.float32(-0.026855744421482086))
+    small = bendc_fma(small, s, np.float32(0.11283600330352783))
+    small = bendc_fma(small, s, np.float32(-0.376126229763031))
+    small = bendc_fma(small, s, np.float32(1.1283791065216064))
     small = small * x
     t = np.float32(4.0) if a > np.float32(4.0) else a  # erf(4) rounds to 1; NaN passes through
-    q = np.float32(1.2099523019060143e-06) * t - np.float32(1.9398114091018215e-05)
-    q = q * t + np.float32(0.0001137419167207554)
-    q = q * t - np.float32(9.921417949954048e-05)
-    q = q * t - np.float32(0.0028447480872273445)
-    q = q * t + np.float32(0.022971538826823235)
-    q = q * t - np.float32(0.10601179301738739)
-    q = q * t - np.float32(0.6348544359207153)
-    q = q * t - np.float32(1.1289423704147339)
-    q = q * t + np.float32(7.98897526692599e-05)
+    q = bendc_fma(np.float32(1.2099523019060143e-06), t, np.float32(-1.9398114091018215e-05))
+    q = bendc_fma(q, t, np.float32(0.0001137419167207554))
+    q = bendc_fma(q, t, np.float32(-9.921417949954048e-05))
+    q = bendc_fma(q, t, np.float32(-0.0028447480872273445))
+    q = bendc_fma(q, t, np.float32(0.022971538826823235))
+    q = bendc_fma(q, t, np.float32(-0.10601179301738739))
+    q = bendc_fma(q, t, np.float32(-0.6348544359207153))
+    q = bendc_fma(q, t, np.float32(-1.1289423704147339))
+    q = bendc_fma(q, t, np.float32(7.98897526692599e-05))
     large = np.float32(1.0) - bendc_exp(q)
     large = -large if x < np.float32(0.0) else large
     return small if a < np.float32(0.9) else large
