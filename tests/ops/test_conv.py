@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import bendc
 import bendc.functional as BF
@@ -77,21 +76,6 @@ def test_conv2d_weight_only_leaf():
     """A frozen input: no input-gradient product is built, the weight still gets its gradient."""
     inputs = {"x": normal((2, 3, 6, 6), 306), "w": normal((4, 3, 3, 3), 307)}
     conv_parity(lambda F, x, w: F.conv2d(x, w, padding=1), inputs, ("w",))
-
-
-@pytest.mark.parametrize("case", ["stride2_pad1", "groups", "depthwise"])
-def test_conv2d_weight_gradient_over_chunks_of_samples(case, monkeypatch):
-    """The weight gradient's columns a chunk of samples at a time (conv.COLUMN_CHUNK_BYTES): here
-    three samples a chunk over a batch of 7 (3, 3 and 1), against torch as any conv."""
-    from bendc.ops import conv
-
-    x_shape, w_shape, kwargs = CONV2D_CASES[case]
-    x_shape = (7,) + x_shape[1:]
-    inputs = {"x": normal(x_shape, 308), "w": normal(w_shape, 309, 0.5)}
-    out = torch.nn.functional.conv2d(torch.from_numpy(inputs["x"]), torch.from_numpy(inputs["w"]), **kwargs)
-    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * out.shape[2] * out.shape[3] * 4  # its columns' bytes
-    monkeypatch.setattr(conv, "COLUMN_CHUNK_BYTES", 3 * per_sample)
-    conv_parity(lambda F, x, w: F.conv2d(x, w, **kwargs), inputs, ("x", "w"))
 
 
 # ------------------------------------------------------------------ conv1d
