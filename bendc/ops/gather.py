@@ -153,8 +153,8 @@ def _cpu_index_select(attrs, ins, out):
 def _cpu_index_add(attrs, ins, out):
     """The source's lines added into the cleared output in index order (np.add.at's order, and
     torch's CPU index_add_'s): out as (before dim, dim, after dim), one row of ``after`` at a time.
-    np.add.at took 2.3 ms for a GPT's embedding gradient (1024 tokens of 128 into 65 rows); this
-    loop 0.03 ms."""
+    The kernel took 2.29 ms with np.add.at for a GPT's embedding gradient (1024 tokens of 128 into 65
+    rows), 0.13 ms with this loop (bendc profile, 1 thread)."""
     dim = attrs["dim"]
     before, after = math.prod(out.shape[:dim]), math.prod(out.shape[dim + 1:])
     lines = [njit_decorator(False), "def _add_lines(source, index, out):",
