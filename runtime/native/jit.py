@@ -5,8 +5,9 @@ A generated kernel module's njit functions that Python code calls (``kernel``, o
 Python wrapper calls) become :class:`NativeFunction` objects when the module is imported
 (runtime/artifact.py ``load_module``). Each specialization (numba's type of every argument: dtype,
 rank, layout) is translated to LLVM IR, optimized as numba optimizes (the O3 pipeline with loop
-vectorization, no SLP, no interleaving; the host CPU's features, no fastmath) and compiled to an object file, which
-is loaded into one MCJIT engine per process and called through ctypes. The object file is cached
+vectorization, no SLP; the host CPU's features, no fastmath), except that loops are not interleaved
+(``_Llvm.compile``), and compiled to an object file, which is loaded into one MCJIT engine per
+process and called through ctypes. The object file is cached
 beside numba's files of the same module (``kernels/__pycache__``, or an artifact's ``numba/``
 folder: runtime/machine.py), named by what determines it (module, function, signature, translator,
 host CPU) and signed like numba's (an HMAC ``.sig``; an artifact's by its manifest's sha256), so a

@@ -36,6 +36,7 @@ def bendc_fma(typingctx, a, b, c):
         return builder.fma(*args)
     return single(single, single, single), codegen
 
+
 @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def bendc_exp(x):
     """e^x for float32 x: Cephes expf's polynomial on |r| <= ln2/2, 2^n in two factors."""
