@@ -4,10 +4,14 @@ Each run calls the program's steps one at a time (runtime/cpu.py:
 CpuProgram.time_steps), timing each launch with ``time.perf_counter_ns``
 (cuda: CUDA events around each step's launches, runtime/cuda.py);
 output arrays are allocated outside the timed spans and reused between runs
-as the fast path recycles them. The step's time is the wall time of the whole
-stepped call; what the kernels do not account for (the launch list's own
-Python) is the ``(launch overhead)`` row, so the shares sum to 1. Rows are
-sorted by total time, like torch.profiler's ``key_averages()`` table.
+as the fast path recycles them, and a native kernel is called as the launch
+list calls it (its entry, not the function object). The ``(launch overhead)``
+row is the launch list's own Python: on the cpu, the launch list itself run
+with every kernel a no-op (CpuProgram.time_launch_list; the stepping loop is
+the profiler's and is not counted); on cuda, the stepped call's wall time
+less its kernels'. The step's time is the kernels' plus that row, so the
+shares sum to 1. Rows are sorted by total time, like torch.profiler's
+``key_averages()`` table.
 
 Kernel names say what a kernel is: the ops it holds (a fused kernel:
 ``fused_`` and its first distinct ops), ``_bwd`` when every node is part of a
@@ -77,7 +81,7 @@ class Profile:
 
     function: str
     runs: int
-    step_ms: float  # mean wall time of one stepped call
+    step_ms: float  # one call: its kernels' time and the launch list's own
     rows: list[dict[str, Any]]
     events: list[dict[str, Any]] = field(default_factory=list, repr=False)  # Chrome trace events
 
@@ -137,6 +141,11 @@ def profile_executable(function: str, executable: Any, inputs: Sequence[np.ndarr
             events.append({"name": kernel_name(graph, step), "ph": "X", "ts": begin / 1e3,
                            "dur": (finish - begin) / 1e3, "pid": 0, "tid": 1, "cat": step["kind"],
                            "args": {"step": name, "lines": step.get("lines", []), "nodes": step["nodes"]}})
+    if hasattr(program, "time_launch_list"):
+        # cpu: the step is its kernels plus the launch list's own Python, timed with the kernels off (the
+        # stepped call's loop above is the profiler's, not the step's)
+        own = program.time_launch_list([np.array(a) for a in inputs], time.perf_counter_ns, max(runs, 20))
+        wall = sum(totals.values()) + own * runs
     wall = max(wall, sum(totals.values()))  # cuda: device clocks against the host's; the shares still sum to 1
     rows = []
     for name, total in totals.items():

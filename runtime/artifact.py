@@ -415,9 +415,10 @@ def read_plan(folder: str, manifest: dict) -> dict:
 class LiftedConstants:
     """A bound program whose last parameters are lifted constants (large tensors the traced function
     captured: a causal mask), held here and passed after the caller's inputs: ``run(inputs)``,
-    ``run_steps`` and ``time_steps`` take the inputs alone. Everything else is the program's."""
+    ``run_steps``, ``time_steps`` and ``time_launch_list`` take the inputs alone. Everything else is the
+    program's."""
 
-    STEPPED = ("run_steps", "time_steps")
+    STEPPED = ("run_steps", "time_steps", "time_launch_list")
 
     def __init__(self, program: Any, constants: Sequence[np.ndarray]) -> None:
         self.bound = program  # (not ``program``: a CpuProgram's own attribute, its launch list)

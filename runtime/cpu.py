@@ -129,6 +129,7 @@ class CpuProgram:
         call per kernel, with no loop, list building or lookups by name."""
         namespace: dict[str, Any] = {"recycled": _recycled, "array": np.array, "KernelError": KernelError,
                                      "KernelFailure": KernelFailure, "returned": self.returned}
+        self._namespace = namespace  # the bound kernels and buffers (time_launch_list runs the same source)
         bound = {index for index, value in enumerate(self.values) if value is not None}
 
         def ref(index: int) -> str:
@@ -215,13 +216,40 @@ class CpuProgram:
                         reuse[index] = np.empty(shape, dtype)
                     values[index] = reuse[index]
             args = [values[i] for i in ins]
-            start = clock()
             if view:
+                start = clock()
                 values[outs[0]] = kernel(*args)
             else:
-                kernel(*args, *[values[o] for o in outs])
+                # the call the launch list makes: a native entry itself (a status: 0 when it ran)
+                launcher = getattr(kernel, "launcher", None)
+                every = [*args, *[values[o] for o in outs]]
+                start = clock()
+                if launcher is None:
+                    kernel(*every)
+                elif launcher(*every):
+                    kernel(*every)
             spans.append((name, start, clock()))
         return spans
+
+    def time_launch_list(self, inputs: Sequence[np.ndarray], clock: Callable[[], int], runs: int) -> int:
+        """The launch list's own time per call (the profiler's overhead row): the driver's source run
+        ``runs`` times with every kernel a no-op, so what remains is its Python (argument binding,
+        output allocation, the calls themselves, the copies of returned buffers; not a returned
+        view's copy: views are no-ops too); the median, in ``clock``'s units."""
+        namespace = dict(self._namespace)
+        namespace["returned"] = [None] * len(self.returned)
+        for number in range(len(self.program)):
+            # a builtin taking any arguments and returning a false value (a launcher's "ran"); views
+            # too (the profiler times them as steps)
+            namespace[f"k{number}"] = namespace[f"f{number}"] = "".format
+        exec(compile(self.source, "<bendc launch list, kernels off>", "exec"), namespace)  # noqa: S102
+        run = namespace["run"]
+        times = []
+        for _ in range(runs):
+            start = clock()
+            run(inputs)
+            times.append(clock() - start)
+        return sorted(times)[len(times) // 2]
 
     def _run_step(self, entry, values: list | None = None) -> None:
         name, kernel, ins, outs, view, fresh = entry

@@ -67,3 +67,41 @@ def test_bendc_profile_writes_a_chrome_trace(tmp_path, capsys, monkeypatch) -> N
     kernels = [e for e in events if e.get("cat") != "step"]
     assert all(e["ph"] == "X" and e["dur"] >= 0 and "step" in e["args"] for e in kernels)
     assert sum(1 for e in events if e.get("cat") == "step") == 2
+
+
+def test_overhead_row_is_the_launch_list_run_with_its_kernels_off(step) -> None:
+    """The (launch overhead) row times the launch list's own code (CpuProgram.time_launch_list): the
+    driver's source with every kernel a no-op, so it writes nothing; and the stepped spans call a native
+    kernel through the entry the launch list calls, not through the function object."""
+    from bendc.profile import OVERHEAD
+
+    inputs = mlp_inputs()
+    step(*inputs)
+    binding = step._bind(tuple(inputs), {})
+    program = step._executable().run.program
+    # other numbers than the call's: a kernel that ran would write other values into the buffers
+    arrays = [value * 1.5 + 0.25 if value.dtype == np.float32 else np.array(value) for _, value in binding.arrays]
+    buffers = [value for value in program.values if isinstance(value, np.ndarray)]
+    before = [array.copy() for array in arrays + buffers]
+    ticks = iter(range(0, 10**6, 7))  # a clock whose every call returns 7 more: each run 7 ticks
+    assert program.time_launch_list(arrays, lambda: next(ticks), 5) == 7
+    for array, copy in zip(arrays + buffers, before):
+        np.testing.assert_array_equal(array, copy)  # no kernel ran: no input or bound buffer written
+
+    natives = [kernel for _, kernel, _, _, view, _ in program.program
+               if not view and getattr(kernel, "launcher", None) is not None and kernel.launcher is not kernel]
+    assert natives, "the mlp has native kernels"
+    calls = []  # the steps' native kernels called as function objects (a Python kernel's helpers may be)
+    original = type(natives[0]).__call__  # (a call looks __call__ up on the type)
+    type(natives[0]).__call__ = lambda self, *args: (calls.append(self) if self in natives else None, original(self, *args))[1]
+    try:
+        spans = program.time_steps(arrays, lambda: 0)
+    finally:
+        type(natives[0]).__call__ = original
+    assert [name for name, _, _ in spans] == [name for name, *_ in program.program]
+    assert not calls  # every native step ran through its entry, as the launch list runs it
+
+    table = step.profile(*inputs, runs=2)
+    overhead = next(row for row in table.rows if row["kernel"] == OVERHEAD)
+    kernels = sum(row["total_ms"] for row in table.rows if row["kernel"] != OVERHEAD)
+    assert table.step_ms == pytest.approx((kernels + overhead["total_ms"]) / 2)
