@@ -135,6 +135,21 @@ def lane_sum(total: str, term: str, index: str, extent: str, indent: str = "") -
             + [f"{indent}{total} = {lane_tree(names)}"])
 
 
+def lane_max(top: str, term: str, index: str, extent: str, indent: str = "") -> list[str]:
+    """Lines setting ``top`` to the largest ``term`` over ``index`` in range(extent) (-inf when none is
+    larger, NaNs skipped), in SUM_LANES independent chains combined in lane order: a row's maximum
+    without one compare-and-select chain through the whole row. Which of equal values wins can differ
+    from one chain (+0.0 against -0.0), never the value."""
+    names = lane_names(top, SUM_LANES)
+    lines = [f"{indent}# {top}: {SUM_LANES} lanes, lane l over {index} = l, l+{SUM_LANES}, ... (the rest: lane 0)",
+             indent + " = ".join(names) + " = np.float32(-np.inf)"]
+    lines += lane_loop(index, "0", extent, SUM_LANES,
+                       [f"{top}_{LANE} = {term} if {term} > {top}_{LANE} else {top}_{LANE}"], indent)
+    lines.append(f"{indent}{top} = {names[0]}")
+    lines += [f"{indent}{top} = {name} if {name} > {top} else {top}" for name in names[1:]]
+    return lines
+
+
 @dataclass(frozen=True)
 class SumLayout:
     """How a loop nest that sums runs: its parallel loop, whether that loop is split in chunks (when

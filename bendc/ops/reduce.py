@@ -7,7 +7,7 @@ import numpy as np
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels import cpu_policy as policy
-from bendc.kernels.cpu_kit import lane_sum, njit_decorator, sum_kernel
+from bendc.kernels.cpu_kit import lane_max, lane_sum, njit_decorator, sum_kernel
 from bendc.kernels.access import dense
 from bendc.ops.base import OPS, InferError, Lowering, define_op, normalize_dims, require_float
 
@@ -242,7 +242,10 @@ def vjp_log_softmax(b, node, grad, needs):
 
 
 def _cpu_row(log: bool):
-    """Rows of the reduced dim: max, sum of exp(x - max) (float64 lanes, rounded once), then the result."""
+    """Rows of the reduced dim: max (in lanes), exp(x - max) into the output row (a loop LLVM vectorizes), their
+    sum (float64 lanes, rounded once), then the result. The output row holds the exponentials
+    between the passes, so ``out`` must not overlap ``x`` (the memory plan never gives a row op's
+    output its input's buffer; the wrapper copies an overlapping input)."""
     def render(attrs, ins, out):
         shape = ins[0].shape
         dim = attrs["dim"]
@@ -251,19 +254,19 @@ def _cpu_row(log: bool):
         parallel = policy.parallel("rows", ins[0].numel) and rows > 1
         loop = "prange" if parallel else "range"
         finish = ("            out[r, c] = (x[r, c] - m) - log_total\n" if log else
-                  "            out[r, c] = math.exp(x[r, c] - m) / total\n")
+                  "            out[r, c] = e[c] / total\n")
         moved = dim != len(shape) - 1
         source = (
             njit_decorator(parallel) + "\n"
             f"def _rows(x, out):\n"
             f"    for r in {loop}(x.shape[0]):\n"
-            f"        m = x[r, 0]\n"
-            f"        for c in range(1, {columns}):\n"
-            f"            if x[r, c] > m:\n"
-            f"                m = x[r, c]\n"
+            # the max in lanes (a NaN anywhere makes the row NaN through the sum, whatever the max)
+            + "".join(f"        {line}\n" for line in lane_max("m", "x[r, c]", "c", "x.shape[1]"))
+            + f"        e = out[r]\n"
+            f"        for c in range({columns}):\n"
+            f"            e[c] = math.exp(x[r, c] - m)\n"
             # the sum of exp(x - max) in float64 lanes (cpu_kit.lane_sum), rounded once to float32
-            + "".join(f"        {line}\n" for line in lane_sum("wide", "np.float64(math.exp(x[r, c] - m))", "c",
-                                                                 "x.shape[1]"))
+            + "".join(f"        {line}\n" for line in lane_sum("wide", "np.float64(e[c])", "c", "x.shape[1]"))
             + "        total = np.float32(wide)\n"
             + ("        log_total = math.log(total)\n" if log else "")
             + f"        for c in range({columns}):\n" + finish + "\n\n"
@@ -272,7 +275,10 @@ def _cpu_row(log: bool):
             return source + (
                 "def kernel(in0, out0):\n"
                 f"    rows = in0.size // {max(columns, 1)}  # from the shape: one source for every batch size\n"
-                f"    _rows(np.ascontiguousarray(in0).reshape((rows, {columns})), out0.reshape((rows, {columns})))\n")
+                "    x = np.ascontiguousarray(in0)\n"
+                "    if np.may_share_memory(x, out0):  # (the output row holds the exponentials)\n"
+                "        x = x.copy()\n"
+                f"    _rows(x.reshape((rows, {columns})), out0.reshape((rows, {columns})))\n")
         return source + (
             "def kernel(in0, out0):\n"
             f"    moved = np.ascontiguousarray(np.moveaxis(in0, {dim}, -1))\n"

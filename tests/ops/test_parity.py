@@ -520,6 +520,28 @@ def test_softmax_method(fn):
     parity(lambda F, x: getattr(x, fn)(-1), {"x": normal((3, 4), 111, 3.0)}, ("x",))
 
 
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+def test_softmax_rows_with_special_values(fn):
+    """Rows longer than the kernels' 8 lanes (and not a multiple of them) with masked cells (-inf), a
+    row all -inf, a NaN, +inf, zeros of both signs tying for the max, and the max in the last lane
+    or the remainder: NaN where torch has NaN, the other values as torch's."""
+    x = normal((9, 21), 115, 3.0)
+    x[0, 5:] = -np.inf             # a causal-style masked row
+    x[1, :] = -np.inf              # nothing left: NaN
+    x[2, 7] = np.nan               # a NaN anywhere: the row is NaN
+    x[3, 3] = np.inf               # +inf: NaN (inf - inf)
+    x[4, :] = -5.0
+    x[4, 2], x[4, 11] = 0.0, -0.0  # the max a tie of +0.0 and -0.0
+    x[5, :] = -200.0
+    x[5, 19] = -0.0                # the max alone in a lane past the first block; the rest underflows
+    x[6, 20] = 100.0               # the max in the remainder (lane 0's tail): exp overflows if missed
+    x[7, 15] = 100.0               # the max in the last lane
+    got = np.asarray(bendc.jit(lambda x: getattr(BF, fn)(x, 1), target="cpu")(x))
+    expected = getattr(torch, fn)(torch.from_numpy(x), 1).numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_allclose(got[~np.isnan(got)], expected[~np.isnan(expected)], rtol=2e-6, atol=1e-7)
+
+
 def test_softmax_large_logits():
     """The max shift keeps exp finite for logits near 100."""
     x = normal((3, 5), 112, 3.0) + np.float32(100.0)
