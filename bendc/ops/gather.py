@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from bendc.ir.types import TensorType, numel
+from bendc.kernels import cpu_policy as policy
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.access import dense
 from bendc.kernels.cpu_kit import njit_decorator
@@ -47,6 +48,95 @@ def _cpu_range_check(op: str, size: int) -> str:
     return (f"    if in1.size and (in1.min() < 0 or in1.max() >= {size}):\n"
             f"        bad = int(in1[(in1 < 0) | (in1 >= {size})].flat[0])\n"
             f"        raise IndexError(f'{message}')\n")
+
+
+# The CPU index kernels as numba loops over (before dim, dim, after dim) lines: one native call
+# where numpy's take / take_along_axis / add.at (and the range check's min and max) made several,
+# each with its own overhead on the small index arrays of a training step. LOOP is ``prange`` where
+# the execution policy makes the kernel parallel (bendc/kernels/cpu_policy.py, by its output's cells).
+_LINES = {
+    "first_outside": ["def _first_outside(index, size, found):",
+                      "    # found[0]: the first index outside [0, size) in C order (its flat position), or -1",
+                      "    found[0] = -1",
+                      "    for p in range(index.shape[0]):",
+                      "        if index[p] < 0 or index[p] >= size:",
+                      "            found[0] = p",
+                      "            return"],
+    # select and gather: a body run for each (p, k) line of out (see _cpu_lines)
+    "select": ["def _select_lines(source, index, out):",
+               "t = index[k]",
+               "for q in range(out.shape[2]):",
+               "    out[p, k, q] = source[p, t, q]"],
+    "gather": ["def _gather_lines(source, index, out):",
+               "for q in range(out.shape[2]):",
+               "    out[p, k, q] = source[p, index[p, k, q], q]"],
+    "scatter": ["def _scatter_lines(source, index, out):",
+                "    # out cleared, then each (p, q) line's sources added in index order (k ascending: np.add.at's",
+                "    # order, and torch's scatter_add_'s); a work item adds `columns` of them, of one p",
+                "    cells = out.reshape(out.shape[0] * out.shape[1] * out.shape[2])",
+                "    for i in LOOP(cells.shape[0]):",
+                "        cells[i] = np.float32(0.0)",
+                "    columns = COLUMNS",
+                "    chunks = (out.shape[2] + columns - 1) // columns",
+                "    for item in LOOP(index.shape[0] * chunks):",
+                "        p = item // chunks",
+                "        # max(..., 0): never negative, and saying so keeps numba's wraparound out of the loop",
+                "        first = max((item - p * chunks) * columns, 0)",
+                "        last = min(first + columns, out.shape[2])",
+                "        for k in range(index.shape[1]):",
+                "            for q in range(first, last):",
+                "                t = index[p, k, q]",
+                "                out[p, t, q] = out[p, t, q] + source[p, k, q]"],
+}
+SCATTER_COLUMNS = 64  # after-dim lines a parallel scatter's work item adds (whole cache lines of out's rows)
+
+
+def _columns(parallel: bool) -> str:
+    """A scatter work item's after-dim lines: SCATTER_COLUMNS in parallel, else all (one item a p)."""
+    return f"{SCATTER_COLUMNS}  # after-dim lines a work item adds" if parallel else \
+        "max(out.shape[2], 1)  # one work item a p: all its after-dim lines"
+
+
+def _cpu_lines(parallel: bool, *names: str) -> str:
+    """The helpers ``names`` of _LINES, their loops ``prange`` when ``parallel``. The (p, k) lines of
+    select and gather run as one prange over both when parallel (a gather along dim 0 has one p),
+    else as two plain loops (no division per line)."""
+    if parallel:
+        head, indent = ["    for pk in prange(out.shape[0] * out.shape[1]):", "        p = pk // out.shape[1]",
+                        "        k = max(pk - p * out.shape[1], 0)"], " " * 8
+    else:
+        head, indent = ["    for p in range(out.shape[0]):", "        for k in range(out.shape[1]):"], " " * 12
+    loop = "prange" if parallel else "range"
+    text = ""
+    for name in names:
+        signature, *body = _LINES[name]
+        if name in ("select", "gather"):
+            body = head + [indent + row for row in body]
+        source = "\n".join([signature] + body).replace("LOOP(", f"{loop}(")
+        text += (njit_decorator(parallel and name != "first_outside") + "\n"
+                 + source.replace("COLUMNS", _columns(parallel)) + "\n\n\n")
+    return text
+
+
+def _cpu_checked(size: int) -> str:
+    """Kernel source lines (after _cpu_lines("first_outside")) that raise IndexError for an index
+    outside [0, size), naming the first one in C order; ``flat`` is the index as one line."""
+    message = INDEX_RANGE.format(index="{int(flat[bad])}", size=size)
+    return ("    flat = np.ascontiguousarray(in1).reshape(-1)\n"
+            "    found = np.empty(1, np.int64)\n"
+            f"    _first_outside(flat, {size}, found)\n"
+            "    bad = found[0]\n"
+            "    if bad >= 0:\n"
+            f"        raise IndexError(f'{message}')\n")
+
+
+def _lines_shape(array: str, ndim: int, dim: int) -> str:
+    """``array``'s shape as (before dim, dim, after dim): source text read from the array at run time
+    (one source for every batch size)."""
+    def product(axes: range) -> str:
+        return " * ".join(f"{array}.shape[{axis}]" for axis in axes) or "1"
+
+    return f"({product(range(dim))}, {array}.shape[{dim}], {product(range(dim + 1, ndim))})"
 
 
 # ------------------------------------------------------------------ cuda kernels
@@ -146,42 +236,85 @@ def _word(attrs) -> str:
 
 def _cpu_index_select(attrs, ins, out):
     dim = attrs["dim"]
-    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("index_select", ins[0].shape[dim])
-            + f"    np.take(in0, in1.reshape(-1), axis={dim}, out=out0)\n")
+    if ins[0].ndim == 0:
+        return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("index_select", ins[0].shape[dim])
+                + f"    np.take(in0, in1.reshape(-1), axis={dim}, out=out0)\n")
+    x = ins[0].shape
+    parallel = policy.parallel("rows", out.numel)
+    return (_cpu_lines(parallel, "first_outside", "select") + "def kernel(in0, in1, out0):\n" + _cpu_checked(x[dim])
+            + "    if out0.size:\n"
+            + f"        _select_lines(np.ascontiguousarray(in0).reshape({_lines_shape('in0', len(x), dim)}), flat,\n"
+            + f"                      out0.reshape({_lines_shape('out0', len(x), dim)}))\n")
 
 
 def _cpu_index_add(attrs, ins, out):
     """The source's lines added into the cleared output in index order (np.add.at's order, and
-    torch's CPU index_add_'s): out as (before dim, dim, after dim), one row of ``after`` at a time.
-    The kernel took 2.29 ms with np.add.at for a GPT's embedding gradient (1024 tokens of 128 into 65
-    rows), 0.13 ms with this loop (bendc profile, 1 thread)."""
+    torch's CPU index_add_'s): out as (before dim, dim, after dim), each (p, q) line's sources added
+    with k ascending: in parallel (where the policy says so) a work item takes SCATTER_COLUMNS of one
+    p's lines, else all of them. The kernel took 2.29 ms with np.add.at for a GPT's embedding gradient (1024 tokens of
+    128 into 65 rows), 0.13 ms with a numba loop (bendc profile, 1 thread)."""
     dim = attrs["dim"]
-    before, after = math.prod(out.shape[:dim]), math.prod(out.shape[dim + 1:])
-    lines = [njit_decorator(False), "def _add_lines(source, index, out):",
-             "    for p in range(source.shape[0]):", "        for k in range(source.shape[1]):",
-             "            t = index[k]", "            for q in range(source.shape[2]):",
+    parallel = policy.parallel("rows", out.numel)
+    loop = "prange" if parallel else "range"
+    lines = [njit_decorator(parallel), "def _add_lines(source, index, out):",
+             "    cells = out.reshape(out.shape[0] * out.shape[1] * out.shape[2])",
+             f"    for i in {loop}(cells.shape[0]):",
+             f"        cells[i] = np.float32({_word(attrs)})",
+             f"    columns = {_columns(parallel)}",
+             "    chunks = (out.shape[2] + columns - 1) // columns",
+             f"    for item in {loop}(out.shape[0] * chunks):",
+             "        p = item // chunks",
+             "        first = max((item - p * chunks) * columns, 0)",
+             "        last = min(first + columns, out.shape[2])",
+             "        for k in range(source.shape[1]):",
+             "            t = index[k]",
+             "            for q in range(first, last):",
              "                out[p, t, q] = out[p, t, q] + source[p, k, q]"]
-    return ("\n".join(lines) + "\n\n\n"
-            "def kernel(in0, in1, out0):\n" + _cpu_range_check("index_add", out.shape[dim])
-            + f"    out0[...] = np.float32({_word(attrs)})\n"
-            + f"    _add_lines(np.ascontiguousarray(in0).reshape({before}, in1.size, {after}), in1.reshape(-1),\n"
-            + f"               out0.reshape({before}, {out.shape[dim]}, {after}))\n")
+    return (_cpu_lines(False, "first_outside") + "\n".join(lines) + "\n\n\n"
+            "def kernel(in0, in1, out0):\n" + _cpu_checked(out.shape[dim])
+            + "    if not out0.size:\n"
+            + "        return\n"
+            + f"    _add_lines(np.ascontiguousarray(in0).reshape({_lines_shape('in0', len(ins[0].shape), dim)}), flat,\n"
+            + f"               out0.reshape({_lines_shape('out0', len(out.shape), dim)}))\n")
 
 
 def _cpu_gather(attrs, ins, out):
+    """Lines of the index's shape along ``dim`` read from the source (a numba loop); an index smaller
+    than the source across dim (torch allows it) takes numpy's take_along_axis of the window."""
     dim = attrs["dim"]
+    x, index = ins[0].shape, ins[1].shape
     window = ", ".join(":" if axis == dim else f":in1.shape[{axis}]" for axis in range(ins[1].ndim))
-    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("gather", ins[0].shape[dim])
-            + f"    out0[...] = np.take_along_axis(in0[{window},], in1, axis={dim})\n")
+    if not x or [n for axis, n in enumerate(x) if axis != dim] != [n for axis, n in enumerate(index) if axis != dim]:
+        return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("gather", x[dim] if x else 1)
+                + f"    out0[...] = np.take_along_axis(in0[{window},], in1, axis={dim})\n")
+    lines = _lines_shape("in1", len(index), dim)
+    parallel = policy.parallel("rows", out.numel)
+    return (_cpu_lines(parallel, "first_outside", "gather") + "def kernel(in0, in1, out0):\n" + _cpu_checked(x[dim])
+            + "    if out0.size:\n"
+            + f"        _gather_lines(np.ascontiguousarray(in0).reshape({_lines_shape('in0', len(x), dim)}),\n"
+            + f"                      flat.reshape({lines}), out0.reshape({lines}))\n")
 
 
 def _cpu_scatter_add(attrs, ins, out):
+    """The source's cells added into the cleared output in C order over the index (np.add.at's
+    order): a numba loop where the output matches the index across ``dim``, else np.add.at."""
     dim = attrs["dim"]
-    return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("scatter_add", out.shape[dim])
-            + "    out0[...] = np.float32(0.0)\n"
-            + f"    grids = list(np.indices(in1.shape, sparse=True))\n"
-            + f"    grids[{dim}] = in1\n"
-            + "    np.add.at(out0, tuple(grids), in0)\n")
+    source, index, y = ins[0].shape, ins[1].shape, out.shape
+    if not y or source != index or [n for axis, n in enumerate(y) if axis != dim] != \
+            [n for axis, n in enumerate(index) if axis != dim]:
+        return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("scatter_add", y[dim] if y else 1)
+                + "    out0[...] = np.float32(0.0)\n"
+                + f"    grids = list(np.indices(in1.shape, sparse=True))\n"
+                + f"    grids[{dim}] = in1\n"
+                + "    np.add.at(out0, tuple(grids), in0)\n")
+    lines = _lines_shape("in1", len(index), dim)
+    parallel = policy.parallel("rows", out.numel)
+    return (_cpu_lines(parallel, "first_outside", "scatter") + "def kernel(in0, in1, out0):\n" + _cpu_checked(y[dim])
+            + "    if not in1.size:\n"
+            + "        out0[...] = np.float32(0.0)\n"
+            + "        return\n"
+            + f"    _scatter_lines(np.ascontiguousarray(in0).reshape({lines}), flat.reshape({lines}),\n"
+            + f"                   out0.reshape({_lines_shape('out0', len(y), dim)}))\n")
 
 
 # ------------------------------------------------------------------ index_select / index_add

@@ -492,7 +492,7 @@ def test_torch_tensor_inputs():
 
 
 @pytest.mark.parametrize("target", ["reference", "cpu"])
-@pytest.mark.parametrize("dim, shape", [(0, (65, 48)), (1, (3, 7, 5)), (2, (2, 3, 9))])
+@pytest.mark.parametrize("dim, shape", [(0, (65, 48)), (1, (3, 7, 5)), (2, (2, 3, 9)), (0, (65, 1100))])
 def test_index_select_gradient_adds_repeats_in_index_order(target, dim, shape):
     """index_select's gradient (index_add) sums each position's repeats in index order, as torch's
     CPU index_add_ does: the same bits, with summands of mixed magnitudes (where the order shows)."""
@@ -512,3 +512,49 @@ def test_index_select_gradient_adds_repeats_in_index_order(target, dim, shape):
     tx = leaf(x)
     (torch.index_select(tx, dim, torch.from_numpy(index)) * const(g)).sum().backward()
     assert_bitwise(step(x, index, g), tx.grad.numpy(), f"d index_select dim {dim} ({target})")
+
+
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+@pytest.mark.parametrize("dim, shape, index_shape", [(1, (64, 65), (64, 1)), (0, (5, 7), (12, 7)),
+                                                     (1, (3, 6, 4), (3, 9, 4)), (2, (2, 3, 9), (2, 3, 20)),
+                                                     (1, (4, 5), (3, 2)), (0, (300, 260), (310, 260))])
+def test_gather_gradient_adds_repeats_in_index_order(target, dim, shape, index_shape):
+    """gather reads its lines, and its gradient (scatter_add) sums each position's repeats in C order
+    over the index, as torch's CPU scatter_add_ does: the same bits, with summands of mixed magnitudes.
+    The (4, 5) case's index is smaller than the source across dim (torch allows it); the last case's
+    kernels are parallel (over the policy's threshold)."""
+    rng = _rng(60 + dim)
+    x = normal(shape, 61)
+    index = rng.integers(0, shape[dim], index_shape)
+    index.reshape(-1)[:4] = 1  # repeats (a position summed several times where lines share it)
+    g = (normal(index_shape, 62) * 10.0 ** rng.uniform(-4, 4, index_shape)).astype(np.float32)
+
+    @bendc.jit(leaves=("x",), target=target)
+    def step(x, index, g):
+        y = F.gather(x, dim, index)
+        (y * g).sum().backward()
+        return y, x.grad
+
+    tx = leaf(x)
+    ty = torch.gather(tx, dim, torch.from_numpy(index))
+    (ty * const(g)).sum().backward()
+    y, dx = step(x, index, g)
+    assert_bitwise(y, ty.detach().numpy(), f"gather dim {dim} ({target})")
+    assert_bitwise(dx, tx.grad.numpy(), f"d gather dim {dim} ({target})")
+
+
+@pytest.mark.parametrize("op", ["gather", "index_select"])
+def test_cpu_index_kernels_name_the_first_index_outside_in_c_order(op):
+    """The CPU kernels check every index before reading: the first one outside [0, size) in C order
+    is the one named (torch's message), negative ones included."""
+    def program(x, index):
+        return F.gather(x, 1, index) if op == "gather" else F.index_select(x, 1, index.reshape(-1))
+
+    step = bendc.jit(program, target="cpu")
+    x = normal((2, 4), 63)
+    good = np.array([[0, 3], [1, 2]], dtype=np.int64)
+    expected = np.take_along_axis(x, good, 1) if op == "gather" else np.take(x, good.reshape(-1), 1)
+    assert_bitwise(step(x, good), expected)
+    for bad, named in (([[0, 7], [-1, 9]], "7"), ([[0, 1], [-2, 9]], "-2")):
+        with pytest.raises(bendc.RuntimeCheckError, match=f"index {named} is out of range for a dimension of size 4"):
+            step(x, np.array(bad, dtype=np.int64))
