@@ -249,9 +249,13 @@ def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, ot, top, total
             _rows_down_from_chunk(line, v, w, t, st, tp)
         else:
             _rows_down(line, v, w, t, st, 0, tp)
+    for w in range(width):  # the divisions along O^T's rows (vectorized), then O copied out
+        line = ot[w]
+        for r in range(t):
+            line[r] = line[r] / total[r]
     for r in range(t):
         for w in range(width):
-            out[r, w] = ot[w, r] / total[r]
+            out[r, w] = ot[w, r]
         lse[r] = top[r] + math.log(total[r])
 
 
