@@ -61,6 +61,7 @@ def test_head_dims_and_groups(depth, heads, kv_heads):
     (40, 3, 5, 4, 1, True),      # D and Dv not multiples of 4 (the products' single-source tail), t not of 16
     (17, 64, 64, 2, 2, False),   # one cell past a lane chunk, no grouping
     (48, 16, 8, 8, 2, True),     # whole lane chunks, groups of 4, Dv < D
+    (23, 5, 7, 2, 1, False),     # odd D and Dv unmasked: rows added two a pass and the last one alone
 ])
 def test_fused_small_heads(t, depth, width, heads, kv_heads, causal):
     """Up to SMALL positions the cpu kernels run each head fused (templates/tiled.py
