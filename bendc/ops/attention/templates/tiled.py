@@ -253,14 +253,27 @@ def _rows_down_all(dests, weights, count, sources, lo, hi, from_chunk):
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _small_scores(k, qt, st, c, causal):
-    """Row c of S^T = K Q^T (keys by queries), from the start of c's lane chunk when causal."""
-    tp = st.shape[1]
-    first = (c // LANES) * LANES if causal else 0
-    row = st[c]
-    for r in range(first, tp):
-        row[r] = np.float32(0.0)
-    _rows_across(row, k, c, k.shape[1], qt, first, tp)
+def _small_scores(k, qt, st):
+    """S^T = K Q^T (keys by queries), row c from the start of c's lane chunk when causal (the cells
+    before are left as they are), two rows a pass (rows 2i and 2i+1 share a chunk)."""
+    t, tp = st.shape
+    for c in range(0, t, 2):
+        first = (c // LANES) * LANES if CAUSAL else 0
+        for r in range(first, tp):
+            st[c, r] = np.float32(0.0)
+        if c + 1 < t:
+            for r in range(first, tp):
+                st[c + 1, r] = np.float32(0.0)
+            whole = k.shape[1] // 4 * 4
+            for s in range(0, whole, 4):
+                _add_four_pair(st[c], st[c + 1], first, tp, k[c, s], k[c, s + 1], k[c, s + 2], k[c, s + 3],
+                               k[c + 1, s], k[c + 1, s + 1], k[c + 1, s + 2], k[c + 1, s + 3], qt[s], qt[s + 1],
+                               qt[s + 2], qt[s + 3])
+            for s in range(whole, k.shape[1]):
+                _add_one(st[c], first, tp, k[c, s], qt[s])
+                _add_one(st[c + 1], first, tp, k[c + 1, s], qt[s])
+        else:
+            _rows_across(st[c], k, c, k.shape[1], qt, first, tp)
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
@@ -275,8 +288,8 @@ def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, ot, top, total
     for r in range(tp):
         top[r] = np.float32(-np.inf)
         total[r] = np.float32(0.0)
+    _small_scores(k, qt, st)
     for c in range(t):
-        _small_scores(k, qt, st, c, causal)
         first = (c // LANES) * LANES if causal else 0
         row = st[c]
         for r in range(first, tp):
@@ -340,8 +353,8 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt
             s += g[r, w] * o[r, w]
         delta[r] = s
         logsum[r] = lse[r]
+    _small_scores(k, qt, st)
     for c in range(t):
-        _small_scores(k, qt, st, c, causal)
         first = (c // LANES) * LANES if causal else 0
         row = st[c]
         for r in range(first, t):
