@@ -4,8 +4,6 @@ index_add_ and scatter_add_. On cuda scatter_add keeps that order (one thread pe
 output element: the same bits every run); index_add adds with atomics."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from bendc.ir.types import TensorType, numel
@@ -42,18 +40,11 @@ def _check_range(index: np.ndarray, size: int, op: str) -> None:
         raise IndexRangeError(INDEX_RANGE.format(index=int(bad), size=size))
 
 
-def _cpu_range_check(op: str, size: int) -> str:
-    """Kernel source lines that raise IndexError for an index outside [0, size)."""
-    message = INDEX_RANGE.format(index="{bad}", size=size)
-    return (f"    if in1.size and (in1.min() < 0 or in1.max() >= {size}):\n"
-            f"        bad = int(in1[(in1 < 0) | (in1 >= {size})].flat[0])\n"
-            f"        raise IndexError(f'{message}')\n")
-
-
 # The CPU index kernels as numba loops over (before dim, dim, after dim) lines: one native call
 # where numpy's take / take_along_axis / add.at (and the range check's min and max) made several,
-# each with its own overhead on the small index arrays of a training step. LOOP is ``prange`` where
-# the execution policy makes the kernel parallel (bendc/kernels/cpu_policy.py, by its output's cells).
+# each with its own overhead on the small index arrays of a training step. Their loops are
+# ``prange`` where the execution policy makes the kernel parallel (bendc/kernels/cpu_policy.py, by
+# its output's cells).
 _LINES = {
     "first_outside": ["def _first_outside(index, size, found):",
                       "    # found[0]: the first index outside [0, size) in C order (its flat position), or -1",
@@ -70,52 +61,56 @@ _LINES = {
     "gather": ["def _gather_lines(source, index, out):",
                "for q in range(out.shape[2]):",
                "    out[p, k, q] = source[p, index[p, k, q], q]"],
-    "scatter": ["def _scatter_lines(source, index, out):",
-                "    # out cleared, then each (p, q) line's sources added in index order (k ascending: np.add.at's",
-                "    # order, and torch's scatter_add_'s); a work item adds `columns` of them, of one p",
-                "    cells = out.reshape(out.shape[0] * out.shape[1] * out.shape[2])",
-                "    for i in LOOP(cells.shape[0]):",
-                "        cells[i] = np.float32(0.0)",
-                "    columns = COLUMNS",
-                "    chunks = (out.shape[2] + columns - 1) // columns",
-                "    for item in LOOP(index.shape[0] * chunks):",
-                "        p = item // chunks",
-                "        # max(..., 0): never negative, and saying so keeps numba's wraparound out of the loop",
-                "        first = max((item - p * chunks) * columns, 0)",
-                "        last = min(first + columns, out.shape[2])",
-                "        for k in range(index.shape[1]):",
-                "            for q in range(first, last):",
-                "                t = index[p, k, q]",
-                "                out[p, t, q] = out[p, t, q] + source[p, k, q]"],
 }
-SCATTER_COLUMNS = 64  # after-dim lines a parallel scatter's work item adds (whole cache lines of out's rows)
-
-
-def _columns(parallel: bool) -> str:
-    """A scatter work item's after-dim lines: SCATTER_COLUMNS in parallel, else all (one item a p)."""
-    return f"{SCATTER_COLUMNS}  # after-dim lines a work item adds" if parallel else \
-        "max(out.shape[2], 1)  # one work item a p: all its after-dim lines"
+SCATTER_COLUMNS = 64  # after-dim lines a parallel ordered add's work item adds (whole cache lines of out's rows)
 
 
 def _cpu_lines(parallel: bool, *names: str) -> str:
-    """The helpers ``names`` of _LINES, their loops ``prange`` when ``parallel``. The (p, k) lines of
-    select and gather run as one prange over both when parallel (a gather along dim 0 has one p),
-    else as two plain loops (no division per line)."""
+    """The helpers ``names`` of _LINES. The (p, k) lines of select and gather run as one prange over
+    both when ``parallel`` (a gather along dim 0 has one p), else as two plain loops (no division per
+    line)."""
     if parallel:
         head, indent = ["    for pk in prange(out.shape[0] * out.shape[1]):", "        p = pk // out.shape[1]",
                         "        k = max(pk - p * out.shape[1], 0)"], " " * 8
     else:
         head, indent = ["    for p in range(out.shape[0]):", "        for k in range(out.shape[1]):"], " " * 12
-    loop = "prange" if parallel else "range"
     text = ""
     for name in names:
         signature, *body = _LINES[name]
         if name in ("select", "gather"):
             body = head + [indent + row for row in body]
-        source = "\n".join([signature] + body).replace("LOOP(", f"{loop}(")
-        text += (njit_decorator(parallel and name != "first_outside") + "\n"
-                 + source.replace("COLUMNS", _columns(parallel)) + "\n\n\n")
+        text += njit_decorator(parallel and name != "first_outside") + "\n" + "\n".join([signature] + body) + "\n\n\n"
     return text
+
+
+def _ordered_adds(name: str, per_cell: bool, word: str, parallel: bool) -> str:
+    """The numba function ``name(source, index, out)`` of scatter_add (``per_cell``: an index per source
+    cell, index[p, k, q]) and index_add (an index per line, index[k]): out cleared to ``word``, then
+    each (p, q) line's sources added with k ascending (np.add.at's order, and torch's scatter_add_ and
+    index_add_'s). index_add reads its index once per k: read in the q loop, the loop did not
+    vectorize (125 us against 25 us for a GPT's embedding gradient). In parallel a work item adds
+    SCATTER_COLUMNS of one p's lines, else all of them."""
+    loop = "prange" if parallel else "range"
+    columns = (f"{SCATTER_COLUMNS}  # after-dim lines a work item adds" if parallel else
+               "max(out.shape[2], 1)  # one work item a p: all its after-dim lines")
+    lines = [njit_decorator(parallel), f"def {name}(source, index, out):",
+             "    cells = out.reshape(out.shape[0] * out.shape[1] * out.shape[2])",
+             f"    for i in {loop}(cells.shape[0]):",
+             f"        cells[i] = np.float32({word})",
+             f"    columns = {columns}",
+             "    chunks = (out.shape[2] + columns - 1) // columns",
+             f"    for item in {loop}(out.shape[0] * chunks):",
+             "        p = item // chunks",
+             "        # max(..., 0): never negative, and saying so keeps numba's wraparound out of the loop",
+             "        first = max((item - p * chunks) * columns, 0)",
+             "        last = min(first + columns, out.shape[2])",
+             "        for k in range(source.shape[1]):"]
+    if per_cell:
+        lines += ["            for q in range(first, last):", "                t = index[p, k, q]"]
+    else:
+        lines += ["            t = index[k]", "            for q in range(first, last):"]
+    lines.append("                out[p, t, q] = out[p, t, q] + source[p, k, q]")
+    return "\n".join(lines) + "\n\n\n"
 
 
 def _cpu_checked(size: int) -> str:
@@ -237,7 +232,7 @@ def _word(attrs) -> str:
 def _cpu_index_select(attrs, ins, out):
     dim = attrs["dim"]
     if ins[0].ndim == 0:
-        return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("index_select", ins[0].shape[dim])
+        return (_cpu_lines(False, "first_outside") + "def kernel(in0, in1, out0):\n" + _cpu_checked(ins[0].shape[dim])
                 + f"    np.take(in0, in1.reshape(-1), axis={dim}, out=out0)\n")
     x = ins[0].shape
     parallel = policy.parallel("rows", out.numel)
@@ -248,30 +243,13 @@ def _cpu_index_select(attrs, ins, out):
 
 
 def _cpu_index_add(attrs, ins, out):
-    """The source's lines added into the cleared output in index order (np.add.at's order, and
-    torch's CPU index_add_'s): out as (before dim, dim, after dim), each (p, q) line's sources added
-    with k ascending: in parallel (where the policy says so) a work item takes SCATTER_COLUMNS of one
-    p's lines, else all of them. The kernel took 2.29 ms with np.add.at for a GPT's embedding gradient (1024 tokens of
-    128 into 65 rows), 0.13 ms with a numba loop (bendc profile, 1 thread)."""
+    """The source's lines added into the cleared output in index order (_ordered_adds). The kernel
+    took 2.29 ms with np.add.at for a GPT's embedding gradient (1024 tokens of 128 into 65 rows),
+    0.13 ms with a numba loop (bendc profile, 1 thread)."""
     dim = attrs["dim"]
-    parallel = policy.parallel("rows", out.numel)
-    loop = "prange" if parallel else "range"
-    lines = [njit_decorator(parallel), "def _add_lines(source, index, out):",
-             "    cells = out.reshape(out.shape[0] * out.shape[1] * out.shape[2])",
-             f"    for i in {loop}(cells.shape[0]):",
-             f"        cells[i] = np.float32({_word(attrs)})",
-             f"    columns = {_columns(parallel)}",
-             "    chunks = (out.shape[2] + columns - 1) // columns",
-             f"    for item in {loop}(out.shape[0] * chunks):",
-             "        p = item // chunks",
-             "        first = max((item - p * chunks) * columns, 0)",
-             "        last = min(first + columns, out.shape[2])",
-             "        for k in range(source.shape[1]):",
-             "            t = index[k]",
-             "            for q in range(first, last):",
-             "                out[p, t, q] = out[p, t, q] + source[p, k, q]"]
-    return (_cpu_lines(False, "first_outside") + "\n".join(lines) + "\n\n\n"
-            "def kernel(in0, in1, out0):\n" + _cpu_checked(out.shape[dim])
+    return (_cpu_lines(False, "first_outside")
+            + _ordered_adds("_add_lines", False, _word(attrs), policy.parallel("rows", out.numel))
+            + "def kernel(in0, in1, out0):\n" + _cpu_checked(out.shape[dim])
             + "    if not out0.size:\n"
             + "        return\n"
             + f"    _add_lines(np.ascontiguousarray(in0).reshape({_lines_shape('in0', len(ins[0].shape), dim)}), flat,\n"
@@ -285,7 +263,7 @@ def _cpu_gather(attrs, ins, out):
     x, index = ins[0].shape, ins[1].shape
     window = ", ".join(":" if axis == dim else f":in1.shape[{axis}]" for axis in range(ins[1].ndim))
     if not x or [n for axis, n in enumerate(x) if axis != dim] != [n for axis, n in enumerate(index) if axis != dim]:
-        return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("gather", x[dim] if x else 1)
+        return (_cpu_lines(False, "first_outside") + "def kernel(in0, in1, out0):\n" + _cpu_checked(x[dim] if x else 1)
                 + f"    out0[...] = np.take_along_axis(in0[{window},], in1, axis={dim})\n")
     lines = _lines_shape("in1", len(index), dim)
     parallel = policy.parallel("rows", out.numel)
@@ -302,14 +280,15 @@ def _cpu_scatter_add(attrs, ins, out):
     source, index, y = ins[0].shape, ins[1].shape, out.shape
     if not y or source != index or [n for axis, n in enumerate(y) if axis != dim] != \
             [n for axis, n in enumerate(index) if axis != dim]:
-        return ("def kernel(in0, in1, out0):\n" + _cpu_range_check("scatter_add", y[dim] if y else 1)
+        return (_cpu_lines(False, "first_outside") + "def kernel(in0, in1, out0):\n" + _cpu_checked(y[dim] if y else 1)
                 + "    out0[...] = np.float32(0.0)\n"
                 + f"    grids = list(np.indices(in1.shape, sparse=True))\n"
                 + f"    grids[{dim}] = in1\n"
                 + "    np.add.at(out0, tuple(grids), in0)\n")
     lines = _lines_shape("in1", len(index), dim)
-    parallel = policy.parallel("rows", out.numel)
-    return (_cpu_lines(parallel, "first_outside", "scatter") + "def kernel(in0, in1, out0):\n" + _cpu_checked(y[dim])
+    return (_cpu_lines(False, "first_outside")
+            + _ordered_adds("_scatter_lines", True, "0.0", policy.parallel("rows", out.numel))
+            + "def kernel(in0, in1, out0):\n" + _cpu_checked(y[dim])
             + "    if not in1.size:\n"
             + "        out0[...] = np.float32(0.0)\n"
             + "        return\n"

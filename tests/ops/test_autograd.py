@@ -543,17 +543,18 @@ def test_gather_gradient_adds_repeats_in_index_order(target, dim, shape, index_s
     assert_bitwise(dx, tx.grad.numpy(), f"d gather dim {dim} ({target})")
 
 
-@pytest.mark.parametrize("op", ["gather", "index_select"])
+@pytest.mark.parametrize("op", ["gather", "gather_window", "index_select"])
 def test_cpu_index_kernels_name_the_first_index_outside_in_c_order(op):
     """The CPU kernels check every index before reading: the first one outside [0, size) in C order
-    is the one named (torch's message), negative ones included."""
+    is the one named (torch's message), negative ones included. gather_window's index has fewer rows
+    than the source (numpy's path, with the same check)."""
     def program(x, index):
-        return F.gather(x, 1, index) if op == "gather" else F.index_select(x, 1, index.reshape(-1))
+        return F.index_select(x, 1, index.reshape(-1)) if op == "index_select" else F.gather(x, 1, index)
 
     step = bendc.jit(program, target="cpu")
-    x = normal((2, 4), 63)
+    x = normal((3 if op == "gather_window" else 2, 4), 63)
     good = np.array([[0, 3], [1, 2]], dtype=np.int64)
-    expected = np.take_along_axis(x, good, 1) if op == "gather" else np.take(x, good.reshape(-1), 1)
+    expected = np.take(x, good.reshape(-1), 1) if op == "index_select" else np.take_along_axis(x[:2], good, 1)
     assert_bitwise(step(x, good), expected)
     for bad, named in (([[0, 7], [-1, 9]], "7"), ([[0, 1], [-2, 9]], "-2")):
         with pytest.raises(bendc.RuntimeCheckError, match=f"index {named} is out of range for a dimension of size 4"):

@@ -253,12 +253,12 @@ def _rows_down_all(dests, weights, count, sources, lo, hi, from_chunk):
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _small_scores(k, qt, st):
+def _small_scores(k, qt, st, causal):
     """S^T = K Q^T (keys by queries), row c from the start of c's lane chunk when causal (the cells
     before are left as they are), two rows a pass (rows 2i and 2i+1 share a chunk)."""
     t, tp = st.shape
     for c in range(0, t, 2):
-        first = (c // LANES) * LANES if CAUSAL else 0
+        first = (c // LANES) * LANES if causal else 0
         for r in range(first, tp):
             st[c, r] = np.float32(0.0)
         if c + 1 < t:
@@ -288,7 +288,7 @@ def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, ot, top, total
     for r in range(tp):
         top[r] = np.float32(-np.inf)
         total[r] = np.float32(0.0)
-    _small_scores(k, qt, st)
+    _small_scores(k, qt, st, causal)
     for c in range(t):
         first = (c // LANES) * LANES if causal else 0
         row = st[c]
@@ -353,7 +353,7 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt
             s += g[r, w] * o[r, w]
         delta[r] = s
         logsum[r] = lse[r]
-    _small_scores(k, qt, st)
+    _small_scores(k, qt, st, causal)
     for c in range(t):
         first = (c // LANES) * LANES if causal else 0
         row = st[c]
