@@ -170,6 +170,7 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
     out_of = {id: f"out{k}" for k, id in enumerate(step.outputs)}
     prologue: list[str] = []
     epilogue: list[str] = []
+    row_sums: list[int] = []
     for number, id in enumerate(step.nodes):
         if id not in sums:
             cells.member(number, id)
@@ -182,6 +183,8 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
         prologue += source.prologue
         epilogue += source.epilogue
         body.append(source.body)
+        if source.row is not None:
+            row_sums.append(source.row)
         for axis, text in source.before.items():
             before.setdefault(axis, []).extend(text)
         for axis, text in source.after.items():
@@ -195,7 +198,7 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
     lines = [njit_decorator(layout.parallel_axis is not None), f"def kernel({args}):"]
     lines.extend("    " + line for line in cells.hoisted + prologue)
     lines.extend(loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
-                           before=before, after=after))
+                           before=before, after=after, row_sums=row_sums))
     lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"
 

@@ -45,7 +45,7 @@ def element(array: str, index: Sequence[str]) -> str:
 
 def loop_nest(domain: Sequence[int | str], loops: Sequence[str], parallel_axis: int | None, body: list[str],
               indent: str = "    ", *, chunks: int = 0, lanes: int = 0, before: Mapping[int, list[str]] | None = None,
-              after: Mapping[int, list[str]] | None = None) -> list[str]:
+              after: Mapping[int, list[str]] | None = None, row_sums: Sequence[int] = ()) -> list[str]:
     """``for`` loops over ``domain`` (``prange`` on ``parallel_axis``) around ``body``; an extent is
     a literal or an expression (``out0.shape[0]``: the source then serves every size).
 
@@ -53,9 +53,22 @@ def loop_nest(domain: Sequence[int | str], loops: Sequence[str], parallel_axis: 
     the chunk's part of its range (chunk c: [c*d//chunks, (c+1)*d//chunks)). ``lanes``: the
     innermost loop runs ``lanes`` cells an iteration (``lane_loop``). ``before`` / ``after``: lines
     placed just before / after the loop of an axis, at its indentation (a row's lane sums start
-    before the loops they run across and are stored after them)."""
-    before, after = before or {}, after or {}
+    before the loops they run across and are stored after them). ``row_sums``: the numbers n of
+    sums whose body writes each cell's term into the float64 row ``t<n>`` (sum_lines, vector
+    lanes): the innermost loop is then a plain loop and each row is added into the lanes
+    ``s<n>_*`` after it (bendc_lanes8); the rows are allocated where no two threads share one."""
+    before, after = dict(before or {}), dict(after or {})
+    inner_axis = len(domain) - 1
     lines = []
+    if row_sums:
+        allocation = [f"t{n} = np.empty({ROW_BLOCK}, np.float64)  # sum {n}'s terms, a block of the row at a time"
+                      for n in row_sums]
+        if parallel_axis is None:  # serial: one for the kernel
+            lines += [indent + line for line in allocation]
+        elif chunks:  # one a chunk
+            before[parallel_axis] = allocation + list(before.get(parallel_axis, []))
+        else:  # one a cell of the parallel loop
+            before[parallel_axis + 1] = allocation + list(before.get(parallel_axis + 1, []))
     if chunks:
         lines.append(f"{indent}for chunk in prange({chunks}):")
         indent += "    "
@@ -67,7 +80,9 @@ def loop_nest(domain: Sequence[int | str], loops: Sequence[str], parallel_axis: 
         start, stop = "0", str(size)
         if chunks and axis == parallel_axis:
             start, stop = f"chunk * {size} // {chunks}", f"(chunk + 1) * {size} // {chunks}"
-        if lanes and axis == len(domain) - 1:
+        if row_sums and axis == inner_axis:
+            inner = row_sum_loop(loops[axis], start, stop, body, row_sums, indent)
+        elif lanes and axis == inner_axis:
             inner = lane_loop(loops[axis], start, stop, lanes, body, indent)
         else:
             loop = "prange" if axis == parallel_axis and not chunks else "range"
@@ -89,6 +104,14 @@ def loop_nest(domain: Sequence[int | str], loops: Sequence[str], parallel_axis: 
 # the lanes stay scalar registers). The order is set by the shape alone: no thread count, no CPU.
 SUM_LANES = 8
 LANE = "@LANE@"  # in a lane loop's body: replaced by the lane's number
+# VECTOR_LANES: the innermost loop is a plain loop (LLVM vectorizes it with the rest of the body) that
+# writes each cell's float64 term into a row block (t<n>, ROW_BLOCK cells), and after each block
+# bendc_lanes8 adds it into the lanes (templates/lanes.py: one <8 x double> add a block of 8 cells in
+# native code). Blocks are a multiple of SUM_LANES, so each cell keeps its lane: the order, and so
+# the bits, are the unrolled form's. gpt's layer norm backward row sums ([1024, 128], two sums):
+# 300 -> 105 us a kernel at 1 thread.
+VECTOR_LANES = True
+ROW_BLOCK = 512  # cells of a row block (4 KiB of float64 a sum: in L1)
 
 
 def lane_names(prefix: str, count: int) -> list[str]:
@@ -101,6 +124,26 @@ def lane_tree(names: Sequence[str]) -> str:
     while len(terms) > 1:
         terms = [f"({terms[k]} + {terms[k + 1]})" for k in range(0, len(terms) - 1, 2)] + terms[len(terms) // 2 * 2:]
     return terms[0][1:-1] if len(names) > 1 else terms[0]  # the outermost pair needs no parentheses
+
+
+def row_sum_loop(index: str, start: str, stop: str, body: list[str], row_sums: Sequence[int], indent: str) -> list[str]:
+    """The innermost loop ``for index in range(start, stop)`` of a nest whose sums write their terms
+    into rows (loop_nest's ``row_sums``): blocks of ROW_BLOCK cells (a multiple of SUM_LANES, so
+    every cell keeps its lane), each a plain loop LLVM vectorizes, then each sum's block added into
+    its lanes by bendc_lanes8. Every index is a sum of loop counters (never negative: no wraparound)."""
+    first, count, cell = f"{index}_first", f"{index}_count", f"{index}_cell"
+    length = stop if start == "0" else f"({stop} - {start})"
+    base = "" if start == "0" else f"{start} + "
+    lines = [f"{indent}for {index}_block in range(({length} + {ROW_BLOCK - 1}) // {ROW_BLOCK}):",
+             f"{indent}    {first} = {base}{ROW_BLOCK} * {index}_block",
+             f"{indent}    {count} = min({ROW_BLOCK}, {stop} - {first})",
+             f"{indent}    for {cell} in range({count}):",
+             f"{indent}        {index} = {first} + {cell}"]
+    lines += [f"{indent}        {line}" for line in body]
+    for n in row_sums:
+        names = ", ".join(lane_names(f"s{n}", SUM_LANES))
+        lines.append(f"{indent}    {names} = bendc_lanes8(t{n}, 0, {count}, {names})")
+    return lines
 
 
 def lane_loop(index: str, start: str, stop: str, lanes: int, body: list[str], indent: str) -> list[str]:
@@ -159,6 +202,7 @@ class SumLayout:
     chunks: int                     # the parallel loop in this many chunks, summed apart (0: unsplit)
     runs: tuple[int | None, ...]    # per sum: the first of the trailing loops it sums in lanes, or None
     lanes: int                      # lanes of the innermost loop (0: no sum runs over it)
+    vector: bool = False            # the lanes added a row at a time by bendc_lanes8 (sum_lines)
 
 
 def sum_layout(domain: Sequence[int], reduced: Sequence[set[int]], kind: str = "rows") -> SumLayout:
@@ -189,7 +233,7 @@ def sum_layout(domain: Sequence[int], reduced: Sequence[set[int]], kind: str = "
     if any(first is not None for first in runs):
         tiny = len(domain) > 1 and domain[-1] <= UNROLLED_EXTENT and parallel_axis != inner
         lanes = domain[-1] if tiny else SUM_LANES
-    return SumLayout(parallel_axis, chunks, tuple(runs), lanes)
+    return SumLayout(parallel_axis, chunks, tuple(runs), lanes, vector=lanes == SUM_LANES and VECTOR_LANES)
 
 
 @dataclass
@@ -201,6 +245,7 @@ class SumLines:
     before: dict[int, list[str]] = field(default_factory=dict)
     after: dict[int, list[str]] = field(default_factory=dict)
     epilogue: list[str] = field(default_factory=list)
+    row: int | None = None  # its number, where its terms go through a row (loop_nest's row_sums)
 
 
 def sum_lines(number: int, value: str, out: str, kept: Sequence[str], axes: set[int], loops: Sequence[str],
@@ -210,14 +255,15 @@ def sum_lines(number: int, value: str, out: str, kept: Sequence[str], axes: set[
     the pairwise sums of numpy and PyTorch: ~100x their error over 65536 cells). ``number`` names
     its temporaries; ``what`` labels its lines.
 
-    With chunks, each chunk sums into its own float64 partial output, added in chunk order after
-    the loops; a sum in lanes whose run covers all its axes stores each output cell once; other
+    With chunks, a sum over the split loop sums each chunk into its own float64 partial output,
+    added in chunk order after the loops (a sum that keeps that loop writes cells no other chunk
+    writes, as without chunks); a sum in lanes whose run covers all its axes stores each output cell once; other
     sums add into a float64 copy of the output, rounded after the loops."""
     lines = SumLines()
     wide = f"np.float64({value})"
     flat, partial = f"z{number}", f"w{number}"
     cell = None
-    if layout.chunks:
+    if layout.chunks and layout.parallel_axis in axes:  # (a sum that keeps the split axis has cells of its own)
         total, chunks = f"p{number}", layout.chunks
         cell = element(total, ["chunk", *kept])
         lines.prologue.append(f"{total} = np.zeros(({chunks},) + {out}.shape, np.float64)")
@@ -237,7 +283,11 @@ def sum_lines(number: int, value: str, out: str, kept: Sequence[str], axes: set[
                          "after the loop", " = ".join(names) + " = np.float64(0.0)"]
     tree = lane_tree(names)
     lines.after[run] = [f"{element(out, kept)} = np.float32({tree})" if cell is None else f"{cell} += {tree}"]
-    lines.body = f"s{number}_{LANE} += {wide}  # {what}, lane {LANE}"
+    if layout.vector:
+        lines.body = f"t{number}[{loops[-1]}_cell] = {wide}  # {what}: the cell's term"
+        lines.row = number
+    else:
+        lines.body = f"s{number}_{LANE} += {wide}  # {what}, lane {LANE}"
     return lines
 
 
@@ -255,7 +305,7 @@ def sum_kernel(shape: Sequence[int], axes: Sequence[int], kept: Sequence[str], w
     source = [njit_decorator(layout.parallel_axis is not None), "def kernel(in0, out0):"]
     source += ["    " + line for line in lines.prologue]
     source += loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
-                        before=lines.before, after=lines.after)
+                        before=lines.before, after=lines.after, row_sums=[] if lines.row is None else [lines.row])
     source += ["    " + line for line in lines.epilogue]
     return "\n".join(source) + "\n"
 

@@ -7,7 +7,7 @@ import numpy as np
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels import cpu_policy as policy
-from bendc.kernels.cpu_kit import lane_max, lane_sum, njit_decorator, sum_kernel
+from bendc.kernels.cpu_kit import SUM_LANES, lane_max, lane_names, lane_tree, njit_decorator, sum_kernel
 from bendc.kernels.access import dense
 from bendc.ops.base import OPS, InferError, Lowering, define_op, normalize_dims, require_float
 
@@ -256,6 +256,7 @@ def _cpu_row(log: bool):
         finish = ("            out[r, c] = (x[r, c] - m) - log_total\n" if log else
                   "            out[r, c] = e[c] / total\n")
         moved = dim != len(shape) - 1
+        lanes, zeros = ", ".join(lane_names("s", SUM_LANES)), ", ".join(["0.0"] * SUM_LANES)
         source = (
             njit_decorator(parallel) + "\n"
             f"def _rows(x, out):\n"
@@ -265,9 +266,10 @@ def _cpu_row(log: bool):
             + f"        e = out[r]\n"
             f"        for c in range({columns}):\n"
             f"            e[c] = math.exp(x[r, c] - m)\n"
-            # the sum of exp(x - max) in float64 lanes (cpu_kit.lane_sum), rounded once to float32
-            + "".join(f"        {line}\n" for line in lane_sum("wide", "np.float64(e[c])", "c", "x.shape[1]"))
-            + "        total = np.float32(wide)\n"
+            # the sum of exp(x - max) in float64 lanes (cpu_kit.lane_sum's, through bendc_lanes8), rounded
+            # once to float32
+            + f"        {lanes} = bendc_lanes8(e, 0, {columns}, {zeros})\n"
+            + f"        total = np.float32({lane_tree(lane_names('s', SUM_LANES))})\n"
             + ("        log_total = math.log(total)\n" if log else "")
             + f"        for c in range({columns}):\n" + finish + "\n\n"
         )

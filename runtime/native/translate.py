@@ -26,6 +26,7 @@ the ``STATUS_*`` codes below.
 from __future__ import annotations
 
 import ast
+import hashlib
 import math
 import struct
 from dataclasses import dataclass, field
@@ -407,6 +408,87 @@ def _module_intrinsics(tree: ast.Module) -> dict[str, str]:
                 isinstance(d, ast.Name) and d.id == "bendc_intrinsic" for d in node.decorator_list):
             found[node.name] = INTRINSICS[node.name]
     return found
+
+
+def function_digest(node: ast.FunctionDef) -> str:
+    """A function's statements, docstring and decorators aside, as a hash (what VECTOR_HELPERS checks)."""
+    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) and \
+        isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str) else node.body
+    text = ast.dump(ast.Module(body=list(body), type_ignores=[])) + ast.dump(node.args)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# bendc_lanes8's statements in bendc/kernels/templates/lanes.py (tests/native/test_translate.py
+# checks that the template still hashes to this): a module function of that name with other
+# statements is translated as written.
+LANES8_DIGEST = "8a5ce3deb2b8fc4e"
+
+
+def _lanes8_vector(module: "ModuleTranslator", generic: Compiled, args: list) -> Compiled | None:
+    """bendc_lanes8 (bendc/kernels/templates/lanes.py) over a contiguous float32/float64 row as one
+    ``<8 x double>`` add a block of 8 cells: vector lane l is the function's lane l, the same adds
+    in the same order, then the rest into lane 0. Any other argument types (or a range outside the
+    row, where numba's indexing would wrap), or a function of that name that is not the template's,
+    take the translated body. None: not this form."""
+    values, *numbers = args
+    if function_digest(module.defs["bendc_lanes8"]) != LANES8_DIGEST:
+        return None
+    if not (isinstance(values, Arr) and values.type.ndim == 1 and values.layout == "C"
+            and values.type.dtype in (FLOAT32, FLOAT64) and len(numbers) == 10
+            and all(isinstance(n, Scal) and n.type == INT64 for n in numbers[:2])
+            and all(isinstance(n, Scal) and n.type == FLOAT64 for n in numbers[2:])
+            and generic.returns == Tuple((FLOAT64,) * 8)):
+        return None
+    name = f"{generic.name}.vector"
+    returns = generic.returns.llvm
+    if name not in module.declarations:
+        element = values.type.dtype.llvm
+        lanes = [f"%s{k}" for k in range(8)]
+        params = ", ".join(["ptr %data", "i64 %len", "i64 %start", "i64 %stop"]
+                           + [f"double {s}" for s in lanes] + ["ptr %status.out"])
+        lines = [f"define internal {returns} @\"{name}\"({params}) alwaysinline {{", "entry:",
+                 "  %ok.start = icmp sge i64 %start, 0", "  %ok.order = icmp sle i64 %start, %stop",
+                 "  %ok.stop = icmp sle i64 %stop, %len", "  %ok.two = and i1 %ok.start, %ok.order",
+                 "  %ok = and i1 %ok.two, %ok.stop", "  br i1 %ok, label %fast, label %slow", "slow:",
+                 f"  %generic = call {returns} @\"{generic.name}\"({params})", f"  ret {returns} %generic",
+                 "fast:", "  %n = sub i64 %stop, %start", "  %blocks = lshr i64 %n, 3"]
+        previous = "undef"
+        for k in range(8):
+            lines.append(f"  %in{k} = insertelement <8 x double> {previous}, double %s{k}, i32 {k}")
+            previous = f"%in{k}"
+        vector_load = ["  %x = load <8 x float>, ptr %p, align 4", "  %w = fpext <8 x float> %x to <8 x double>"] \
+            if element == "float" else ["  %w = load <8 x double>, ptr %p, align 8"]
+        scalar_load = ["  %y = load float, ptr %q, align 4", "  %yw = fpext float %y to double"] \
+            if element == "float" else ["  %yw = load double, ptr %q, align 8"]
+        lines += ["  %any = icmp ugt i64 %blocks, 0", "  br i1 %any, label %loop, label %after", "loop:",
+                  "  %b = phi i64 [0, %fast], [%b.next, %loop]",
+                  "  %acc = phi <8 x double> [%in7, %fast], [%acc.next, %loop]",
+                  "  %b8 = shl i64 %b, 3", "  %c = add i64 %start, %b8",
+                  f"  %p = getelementptr {element}, ptr %data, i64 %c"] + vector_load + [
+                  "  %acc.next = fadd <8 x double> %acc, %w", "  %b.next = add i64 %b, 1",
+                  "  %more = icmp ult i64 %b.next, %blocks", "  br i1 %more, label %loop, label %after", "after:",
+                  "  %lanes = phi <8 x double> [%in7, %fast], [%acc.next, %loop]"]
+        lines += [f"  %e{k} = extractelement <8 x double> %lanes, i32 {k}" for k in range(8)]
+        lines += ["  %whole = shl i64 %blocks, 3", "  %rest = add i64 %start, %whole",
+                  "  %has = icmp slt i64 %rest, %stop", "  br i1 %has, label %tail, label %done", "tail:",
+                  "  %t = phi i64 [%rest, %after], [%t.next, %tail]",
+                  "  %l0 = phi double [%e0, %after], [%l0.next, %tail]",
+                  f"  %q = getelementptr {element}, ptr %data, i64 %t"] + scalar_load + [
+                  "  %l0.next = fadd double %l0, %yw", "  %t.next = add i64 %t, 1",
+                  "  %more.t = icmp slt i64 %t.next, %stop", "  br i1 %more.t, label %tail, label %done", "done:",
+                  "  %lane0 = phi double [%e0, %after], [%l0.next, %tail]"]
+        packed = "undef"
+        for k in range(8):
+            lines.append(f"  %out{k} = insertvalue {returns} {packed}, double {'%lane0' if k == 0 else f'%e{k}'}, {k}")
+            packed = f"%out{k}"
+        lines += ["  store i32 0, ptr %status.out", f"  ret {returns} %out7", "}"]
+        module.declare(name, "\n".join(lines) + "\n")
+    return Compiled(name, generic.args, generic.returns, generic.statuses)
+
+
+# Module helpers the translator emits as vector code for the argument types it covers (the body
+# otherwise), by name: generated modules copy them from bendc/kernels/templates.
+VECTOR_HELPERS = {"bendc_lanes8": _lanes8_vector}
 
 
 def _module_constants(tree: ast.Module) -> dict[str, Any]:
@@ -1907,6 +1989,8 @@ class FunctionTranslator:
             else:
                 raise self.fail(f"passing {type(arg).__name__} to {name}")
         compiled = self.module.function(name, tuple(types))
+        if name in VECTOR_HELPERS and not self.dry:
+            compiled = VECTOR_HELPERS[name](self.module, compiled, args) or compiled
         body = self.body
         pieces = []
         for arg, type_ in zip(args, types):

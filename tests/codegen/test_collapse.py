@@ -34,10 +34,11 @@ def is_collapsed(text):
 
 
 def loop_counts(text):
-    """The number of ``for`` loops of the njit function over cells (the wrapper's body or kernel)."""
+    """The number of ``for`` loops of the njit function over cells (the wrapper's body or kernel); an
+    innermost loop whose sums go through row blocks counts once (its ``_cell`` loop)."""
     njit = text[text.index("@njit"):]
     njit = njit[:njit.index("\n\n\ndef kernel(")] if "\n\n\ndef kernel(" in njit else njit
-    return len(re.findall(r"^\s+for i\d+ in", njit, re.M))
+    return len(re.findall(r"^\s+for i\d+(?:_cell)? in", njit, re.M))
 
 
 def kernel_over(step, domain):

@@ -23,7 +23,7 @@ import torch
 
 import bendc
 import bendc.functional as F
-from bendc.kernels.cpu_kit import SUM_LANES, lane_row_sums, lane_tree
+from bendc.kernels.cpu_kit import ROW_BLOCK, SUM_LANES, lane_row_sums, lane_tree
 from conftest import assert_bitwise, assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,8 +84,9 @@ def test_lane_row_sums_is_the_lane_order(columns):
 
 # ------------------------------------------------------------------ kernel source
 def test_an_epilogue_sum_over_the_innermost_loop_uses_lanes():
-    """layer_norm's backward on (64, 128): the two row sums dx needs run in lanes over the row and
-    are stored once per row; dweight and dbias sum over the outer loop into float64 cells."""
+    """layer_norm's backward on (64, 128): the two row sums dx needs write each cell's term into a
+    row block (a plain loop LLVM vectorizes), added into the lanes by bendc_lanes8 after each block,
+    and are stored once per row; dweight and dbias sum over the outer loop into float64 cells."""
     def step(x, w, b):
         (F.layer_norm(x, (128,), w, b) * x).sum().backward()
         return x.grad, w.grad, b.grad
@@ -96,12 +97,47 @@ def test_an_epilogue_sum_over_the_innermost_loop_uses_lanes():
     fused = [source for source in lane_kernels(jitted).values() if "sum_to_size" in source and "_rows" not in source]
     assert fused, jitted.kernels()
     source = next(s for s in fused if re.search(r"a\d+\[i1\] \+= np\.float64", s))
-    assert re.search(r"for i1_block in range\(\w+\.shape\[\d\] // 8\):", source), source  # sizes from shapes
-    assert re.search(r"for i1 in range\(\w+\.shape\[\d\] // 8 \* 8, \w+\.shape\[\d\]\):  # the rest: lane 0",
-                     source), source
-    assert re.search(r"s(\d+)_7 \+= np\.float64\(v\d+\)  # %\d+ = sum_to_size, lane 7", source), source
+    block = ROW_BLOCK
+    assert re.search(rf"for i1_block in range\(\(\w+\.shape\[\d\] \+ {block - 1}\) // {block}\):", source), source
+    assert re.search(rf"i1_count = min\({block}, \w+\.shape\[\d\] - i1_first\)", source), source  # sizes from shapes
+    term = re.search(r"t(\d+)\[i1_cell\] = np\.float64\(v\d+\)  # %\d+ = sum_to_size: the cell's term", source)
+    assert term, source
+    lanes = ", ".join(f"s{term.group(1)}_{k}" for k in range(SUM_LANES))
+    assert f"{lanes} = bendc_lanes8(t{term.group(1)}, 0, i1_count, {lanes})" in source, source
     # one store per row, rounded once: out[i0, 0] = np.float32(<the lane tree>)
     assert re.search(r"out\d\[i0, 0\] = np\.float32\(\(\(s\d+_0 \+ s\d+_1\)", source), source
+
+
+def test_sums_through_row_blocks_give_the_unrolled_lanes_bits(monkeypatch, tmp_path):
+    """The row-block form (cpu_kit.VECTOR_LANES: terms written a block of ROW_BLOCK cells at a time,
+    added by bendc_lanes8) gives the bits of the unrolled lanes, cell for cell the same order: rows
+    longer than a block with a tail of every length, a sum running across two loops, a chunked
+    parallel sum (its chunks start off any multiple of 8) and a row sum beside it."""
+    from bendc.kernels import cpu_kit
+
+    def step(x, y, z, big):
+        return ((x * y).sum(1), (x - y).sum(), (z * 3.0).sum((1, 2)), (big * 2.0).sum(), (big * 3.0).sum(1))
+
+    def cancelling(shape, seed):
+        """Small values with +1e20 at cells 16k and -1e20 at 16k + 1 of each row: lanes 0 and 1, which
+        the tree adds first, so they cancel there; a cell in another lane would leave a 1e20."""
+        values = data(shape, seed)
+        pairs = shape[-1] // 16 - 1
+        values[..., 0:16 * pairs:16], values[..., 1:1 + 16 * pairs:16] = 1e20, -1e20
+        return values
+
+    x, z, big = cancelling((9, 1100), 21), cancelling((5, 3, 515), 23), cancelling((1001, 1043), 24)
+    y = np.full((9, 1100), 2.0, np.float32)  # keeps the cancellation exact
+    results = []
+    for vector in (True, False):
+        monkeypatch.setattr(cpu_kit, "VECTOR_LANES", vector)
+        jitted = bendc.jit(step, target="cpu", cache_dir=str(tmp_path / str(vector)))
+        results.append(jitted(x, y, z, big))
+        sources = "".join(jitted.kernels().values())
+        assert sources.count("= bendc_lanes8(t") == (5 if vector else 0), sources
+        assert ("] // 8):" in sources) != vector, sources  # the unrolled lane blocks
+    for got, unrolled in zip(*results):
+        assert_bitwise(got, unrolled)
 
 
 def test_statistics_and_unfused_sums_use_lanes():
@@ -115,14 +151,14 @@ def test_statistics_and_unfused_sums_use_lanes():
     kernels = jitted.kernels()
     for op in ("norm_mean", "norm_rstd", "sum", "log_softmax", "logsumexp"):
         sources = [s for name, s in kernels.items() if name.startswith(op) and name[len(op):].isdigit()]
-        assert sources and any(LANES.search(s) for s in sources), (op, list(kernels))
+        assert sources and any(LANES.search(s) or "bendc_lanes8(" in s for s in sources), (op, list(kernels))
     sums = [s for name, s in kernels.items() if name.startswith("sum")]
     assert len(sums) == 2 and sum(bool(LANES.search(s)) for s in sums) == 1, sums
     # over the outer loop (the innermost kept): float64 cells, in order
     assert any("a0[i1] += np.float64(r0)  # sum" in s for s in sums), sums
     assert not any("np.sum(" in s for s in kernels.values())  # no numpy sum left on the cpu
     rstd = next(s for name, s in kernels.items() if name.startswith("norm_rstd"))
-    assert "range(x.shape[1] // 8)" in rstd and "squares / x.shape[1]" in rstd, rstd  # sizes from the shape
+    assert "bendc_lanes8(squares, 0, x.shape[1], " in rstd and ") / x.shape[1] + 1e-05" in rstd, rstd  # sizes from the shape
 
 
 def test_a_tiny_innermost_loop_is_one_lane_a_cell():

@@ -609,3 +609,97 @@ def test_bendc_fma_rounds_once_natively_and_by_numba(tmp_path):
     exact = [_float32_nearest(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
              for x, y, z in zip(a[3:], b[3:], c[3:])]
     assert np.array_equal(out[3:].view(np.int32), np.array(exact, np.float32).view(np.int32))
+
+
+def _lanes_in_order(values: np.ndarray, start: int, stop: int, lanes: list[float]) -> list[float]:
+    """bendc_lanes8's contract in Python floats: whole blocks of 8 from start lane by lane, the rest into lane 0."""
+    lanes = list(lanes)
+    blocks = (stop - start) // 8
+    for cell in range(start, start + 8 * blocks):
+        lanes[(cell - start) % 8] += float(values[cell])
+    for cell in range(start + 8 * blocks, stop):
+        lanes[0] += float(values[cell])
+    return lanes
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bendc_lanes8_is_one_vector_add_a_block_with_numbas_bits(tmp_path, monkeypatch, dtype):
+    """templates/lanes.py's bendc_lanes8 over a contiguous row is one <8 x double> add a block
+    natively (runtime/native/translate.py _lanes8_vector), and gives numba's bits and the lane
+    order cpu_kit's unrolled lanes use: cells start + 8b + l into lane l, the rest into lane 0,
+    lanes carried in from the caller. Values of 1e30 and -1e30 beside small ones make any other
+    order or grouping visible; a negative start (numba's wraparound) takes the translated body."""
+    from bendc.kernels.cpu_kit import lane_row_sums
+    from bendc.kernels.templates import helper_functions
+
+    body = textwrap.dedent('''
+        @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+        def lanes(x, starts, stops, out):
+            for r in range(x.shape[0]):
+                s0, s1, s2, s3, s4, s5, s6, s7 = bendc_lanes8(x[r], starts[r], stops[r], 0.5, -0.0, 1.0, 0.0,
+                                                               0.0, 0.0, 0.0, -3.0)
+                out[r, 0], out[r, 1], out[r, 2], out[r, 3] = s0, s1, s2, s3
+                out[r, 4], out[r, 5], out[r, 6], out[r, 7] = s4, s5, s6, s7
+    ''')
+    source = HEADER + helper_functions(body, "cpu") + body + f"# {np.dtype(dtype)} rows\n"
+    name = module_name(source)
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    monkeypatch.setenv("BENDC_NATIVE_DUMP", str(tmp_path / "dump"))
+    lanes = load_module(str(path), name).lanes
+    rng = np.random.default_rng(3)
+    columns = 45
+    x = (rng.standard_normal((12, columns)) * 10.0 ** rng.integers(-8, 8, (12, columns))).astype(dtype)
+    x[:, 3::7] = 1e30
+    x[:, 5::11] = -1e30
+    x[1, 9], x[2, 17], x[3, 40] = np.inf, np.nan, -np.inf
+    starts = np.array([0, 0, 3, 5, 0, 44, 7, 45, 1, 0, -4, 2], np.int64)
+    stops = np.array([45, 40, 45, 20, 7, 45, 7, 45, 9, 8, 3, 44], np.int64)
+    native, reference = both(lanes, x, starts, stops, np.zeros((12, 8), np.float64))
+    assert_same_bits(native, reference)
+    out = native[3]
+    for r in range(12):
+        if starts[r] < 0:
+            continue  # numba's wraparound: checked against numba above
+        expected = _lanes_in_order(x[r], starts[r], stops[r], [0.5, -0.0, 1.0, 0.0, 0.0, 0.0, 0.0, -3.0])
+        assert np.array_equal(out[r], np.array(expected), equal_nan=True), r
+        assert np.copysign(1.0, out[r, 1]) == np.copysign(1.0, expected[1])
+    plain, _ = both(lanes, x, np.zeros(12, np.int64), np.full(12, columns, np.int64), np.zeros((12, 8)))
+    tree = plain[3]
+    tree[:, 0] -= 0.5
+    tree[:, 2] -= 1.0
+    tree[:, 7] += 3.0
+    wide = x.astype(np.float64)
+    finite = np.isfinite(wide).all(axis=1)
+    assert finite.sum() >= 9
+    totals = ((tree[:, 0] + tree[:, 1]) + (tree[:, 2] + tree[:, 3])) + ((tree[:, 4] + tree[:, 5]) + (tree[:, 6] + tree[:, 7]))
+    assert np.array_equal(totals[finite], lane_row_sums(wide)[finite]) or not finite.any()
+    optimized = "".join(p.read_text() for p in (tmp_path / "dump").glob("*.opt.ll"))
+    assert "fadd <8 x double>" in optimized, "the lanes are one vector add a block"
+
+
+def test_only_the_templates_bendc_lanes8_becomes_vector_code(tmp_path):
+    """The translator's vector form stands for templates/lanes.py's statements (LANES8_DIGEST); a
+    module function of the same name with other statements is translated as written."""
+    import ast
+
+    from bendc.kernels.templates import helper_functions, template_text
+    from runtime.native.translate import LANES8_DIGEST, function_digest
+
+    (template,) = [n for n in ast.parse(template_text("lanes.py")).body if isinstance(n, ast.FunctionDef)]
+    assert function_digest(template) == LANES8_DIGEST, "lanes.py changed: update the translator's vector form"
+    body = textwrap.dedent('''
+        @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+        def lanes(x, out):
+            s0, s1, s2, s3, s4, s5, s6, s7 = bendc_lanes8(x, 0, x.shape[0], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            out[0], out[1], out[7] = s0, s1, s7
+    ''')
+    changed = helper_functions(body, "cpu").replace("s1 += np.float64(values[c + 1])", "s1 -= np.float64(values[c + 1])")
+    assert "s1 -= " in changed
+    source = HEADER + changed + body
+    name = module_name(source)
+    (tmp_path / f"{name}.py").write_text(source)
+    x = np.arange(1.0, 18.0, dtype=np.float32)
+    native, reference = both(load_module(str(tmp_path / f"{name}.py"), name).lanes, x, np.zeros(8))
+    assert_same_bits(native, reference)
+    assert native[1][1] == -(2.0 + 10.0) and native[1][0] == 1.0 + 9.0 + 17.0

@@ -27,7 +27,7 @@ _CUDA_DECORATOR = '@cuda.jit(device=True, inline="always")'  # inlined: PTX buil
 CUDA_SPELLINGS = {"np.fmod(": "math.fmod("}
 
 # helper function name -> the template file that defines it
-HELPERS: dict[str, str] = {"bendc_philox": "philox.py", "bendc_floor_divide": "floordiv.py"}
+HELPERS: dict[str, str] = {"bendc_philox": "philox.py", "bendc_floor_divide": "floordiv.py", "bendc_lanes8": "lanes.py"}
 
 
 @lru_cache(maxsize=None)
