@@ -115,7 +115,7 @@ class _Cells:
         operands = [operand_reference(self.graph, o, node, self.local, self.domain, self.loops, self.read)
                     for o in node.inputs]
         self.local[id] = f"v{number}"
-        self.body.append(f"v{number} = {member_expression(node, operands, self.domain, self.loops)}  "
+        self.body.append(f"v{number} = {member_expression(node, operands, self.domain, self.loops, cpu=True)}  "
                          f"# %{id} = {node.op}")
 
     def accumulate(self, id: int, total: str, lead: list[str]) -> None:

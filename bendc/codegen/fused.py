@@ -64,13 +64,19 @@ def cell_index(node: Node, domain: tuple[int, ...], loops: list[str]) -> str:
     return expression
 
 
-def member_expression(node: Node, operands: list[str], domain: tuple[int, ...], loops: list[str]) -> str:
+def member_expression(node: Node, operands: list[str], domain: tuple[int, ...], loops: list[str],
+                      cpu: bool = False) -> str:
     """One fused member's value over its operands' names: expand and size-1 reshape just read
     their operand (at the index ``operand_reference`` chose); other ops render their scalar (given
-    the element's linear index too where the op's value depends on it: Lowering.cell_index)."""
+    the element's linear index too where the op's value depends on it: Lowering.cell_index), on
+    the CPU its ``cpu_scalar`` where it has one for the node's attrs."""
     if node.op in ("expand", "reshape"):
         return operands[0]
     lowering = OPS[node.op].lowering
+    if cpu and lowering.cpu_scalar is not None:
+        expression = lowering.cpu_scalar(*operands, **node.attr)
+        if expression is not None:
+            return expression
     if lowering.cell_index:
         return lowering.scalar(*operands, index=cell_index(node, domain, loops), **node.attr)
     return lowering.scalar(*operands, **node.attr)

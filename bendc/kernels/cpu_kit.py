@@ -340,6 +340,7 @@ def sum_partials(partial: str, out: str, chunks: int | str, name: str) -> list[s
 
 # ------------------------------------------------------------------ transcendentals
 _LIBM_CALL = re.compile(r"\bmath\.(exp|log|tanh|erf)\(")
+_KIT_CALL = re.compile(r"\bbendc_(gelu|gelu_vjp)\(")  # kit helpers a CPU scalar renderer calls by name
 
 
 @lru_cache(maxsize=None)
@@ -354,7 +355,8 @@ def vectorizable_math(body: str) -> tuple[str, str]:
     write ``math.*`` (CUDA keeps those: libdevice is vectorized per thread already); on the CPU
     libm calls are opaque to LLVM's loop vectorizer, the kit's helpers are not."""
     replaced, count = _LIBM_CALL.subn(lambda match: f"bendc_{match.group(1)}(", body)
-    return replaced, (math_prelude() if count else "")
+    calls_kit = count or _KIT_CALL.search(replaced)  # a CPU scalar renderer's own call (gelu's)
+    return replaced, (math_prelude() if calls_kit else "")
 
 
 def lines_call(shape: tuple[int, ...], axes: tuple[int, ...]) -> str:

@@ -81,6 +81,11 @@ class Lowering:
     # numbers): its ``scalar`` also takes ``index``, an integer expression for the row-major linear
     # index of the op's own result element at the cell (bendc/codegen/fused.py, ``cell_index``).
     cell_index: bool = False
+    # An elementwise op's CPU-only scalar renderer (same arguments as ``scalar``), where the kit's
+    # float32 helpers (bendc/kernels/templates/cpu_math.py) compute it in fewer vector operations
+    # than the shared expression with its libm calls would (gelu: one exp for the cdf and the pdf).
+    # It returns None where it does not cover the attrs; then ``scalar`` renders the cell.
+    cpu_scalar: Callable[..., str | None] | None = None
     # An op whose CPU kernel can apply the elementwise work that follows it (bendc/kernels/epilogue.py):
     # the fusion pass folds the elementwise group reading its result into its step on the cpu target,
     # and its ``cpu`` renderer is then also given ``epilogue=`` (an Epilogue) to call on each block of

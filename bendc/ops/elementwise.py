@@ -259,12 +259,22 @@ def _scalar_gelu_vjp(grad, a, *, approximate):
     return f"({grad} * ({cdf} + {a} * {pdf}))"
 
 
+def _cpu_gelu(a, *, approximate):
+    """The CPU's gelu: templates/cpu_math.py bendc_gelu (Phi through erfc's scaled form, one exp)."""
+    return f"bendc_gelu({a})" if approximate == "none" else None
+
+
+def _cpu_gelu_vjp(grad, a, *, approximate):
+    """The CPU's gelu backward: bendc_gelu_vjp, whose cdf and pdf share one exp."""
+    return f"bendc_gelu_vjp({grad}, {a})" if approximate == "none" else None
+
+
 define_op(
     name="gelu",
     arity=1,
     infer=_infer_gelu,
     reference=_reference_gelu,
-    lowering=Lowering("elementwise", scalar=_scalar_gelu),
+    lowering=Lowering("elementwise", scalar=_scalar_gelu, cpu_scalar=_cpu_gelu),
     vjp=vjp_gelu,
     attr_names=("approximate",),
     doc="`%1 = gelu[approximate=\"none\"] %0`: x * Phi(x), or the tanh approximation.",
@@ -284,7 +294,7 @@ define_op(
     arity=2,
     infer=_infer_gelu_vjp,
     reference=_reference_gelu_vjp,
-    lowering=Lowering("elementwise", scalar=_scalar_gelu_vjp),
+    lowering=Lowering("elementwise", scalar=_scalar_gelu_vjp, cpu_scalar=_cpu_gelu_vjp),
     no_vjp="second derivatives of gelu are not supported (bendc has no create_graph)",
     attr_names=("approximate",),
     doc="`%2 = gelu_vjp[approximate=\"none\"] %g, %x`: PyTorch's gelu_backward.",

@@ -111,3 +111,71 @@ def test_a_loop_over_a_helper_vectorizes(name):
     assembly = loop.inspect_asm(loop.signatures[0])
     assert re.search(r"%[yz]mm\d", assembly), f"{name}: no vector registers in the loop"
     assert not re.search(r"\b(expf|logf|tanhf|erff)\b", assembly), f"{name}: a libm call remains"
+
+
+def _gelu_float64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """gelu and its derivative in float64 (scipy's erfc keeps the negative tail's relative accuracy)."""
+    from scipy.special import erfc
+
+    wide = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        cdf = np.where(wide > 0, 1.0 - 0.5 * erfc(wide / math.sqrt(2.0)), 0.5 * erfc(-wide / math.sqrt(2.0)))
+        pdf = np.exp(-0.5 * wide * wide) / math.sqrt(2.0 * math.pi)
+        return wide * cdf, cdf + wide * pdf
+
+
+def test_gelu_and_its_gradient_through_one_exp():
+    """bendc_gelu / bendc_gelu_vjp (gelu's CPU kernels): within 10 ulp of float64 wherever gelu is
+    a normal float (the negative tail included, where 1 + erf cancels: the erf-based form was
+    ~1e6 ulp off there, torch's is too), the gradient within 2.5e-7 of float64 absolutely (it
+    crosses 0 near x = -0.75), both within 1.5e-6 * max(1, |x|) of torch; the special values are
+    the erf-based form's: gelu(inf) = inf, gelu(-inf) = NaN (-inf * 0, as torch's formula),
+    gelu(-1e30) = -0.0, the gradient 1 and 0 at +-1e30 and NaN at +-inf (inf * 0)."""
+    rng = np.random.default_rng(5)
+    x = np.concatenate([np.linspace(-16.0, 16.0, 400_001, dtype=np.float32),
+                        rng.standard_normal(300_000).astype(np.float32) * np.float32(3.0),
+                        np.float32([0.0, -0.0, 1e-30, -1e-30, 1e-45, -0.7518, 5.5, -5.5, 12.9, -12.9])])
+
+    @njit(error_model="numpy")
+    def both(x, value, grad):
+        for i in range(x.shape[0]):
+            value[i] = cpu_math.bendc_gelu(x[i])
+            grad[i] = cpu_math.bendc_gelu_vjp(np.float32(1.0), x[i])
+
+    value, grad = np.empty_like(x), np.empty_like(x)
+    both(x, value, grad)
+    exact_value, exact_grad = _gelu_float64(x)
+    normal = np.abs(exact_value) >= np.float32(1.17549435e-38)
+    assert _ulp(value[normal], exact_value[normal].astype(np.float32)).max() <= 10
+    assert np.abs(grad - exact_grad).max() <= 2.5e-7
+    tx = torch.from_numpy(x)
+    scale = np.maximum(1.0, np.abs(x))
+    assert (np.abs(value - torch.nn.functional.gelu(tx).numpy()) / scale).max() <= 1.5e-6
+    assert (np.abs(grad - torch.ops.aten.gelu_backward(torch.ones_like(tx), tx).numpy()) / scale).max() <= 1.5e-6
+    special = np.float32([np.inf, -np.inf, np.nan, 1e30, -1e30, 3e38, -3e38])
+    value, grad = np.empty_like(special), np.empty_like(special)
+    both(special, value, grad)
+    assert np.array_equal(value, np.float32([np.inf, np.nan, np.nan, 1e30, -0.0, 3e38, -0.0]), equal_nan=True)
+    assert np.signbit(value[4]) and np.signbit(value[6])
+    assert np.array_equal(grad, np.float32([np.nan, np.nan, np.nan, 1.0, 0.0, 1.0, 0.0]), equal_nan=True)
+
+
+def test_gelu_kernels_call_the_kits_gelu_on_the_cpu_only_for_the_erf_form():
+    """Lowering.cpu_scalar: the cpu's fused kernels call bendc_gelu / bendc_gelu_vjp for
+    approximate="none" (tanh keeps the shared expression); the cuda renderer keeps math.erf."""
+    import bendc
+    import bendc.functional as F
+    from bendc.ops import OPS
+
+    def step(x):
+        (F.gelu(x) * F.gelu(x * 2.0, approximate="tanh")).sum().backward()
+        return x.grad
+
+    jitted = bendc.jit(step, leaves=("x",), target="cpu")
+    jitted(np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6))
+    cells = "\n".join(line for source in jitted.kernels().values() for line in source.splitlines()
+                      if re.match(r"\s+v\d+ = ", line))  # the kernels' cell statements
+    assert "bendc_gelu(" in cells and "bendc_gelu_vjp(" in cells, cells
+    assert "bendc_tanh(" in cells and "math.erf" not in cells and "bendc_erf(" not in cells, cells
+    assert "math.erf(" in OPS["gelu"].lowering.scalar("a", approximate="none")
+    assert OPS["gelu"].lowering.cpu_scalar("a", approximate="tanh") is None
