@@ -332,36 +332,45 @@ def vjp_rope(b, node, grad, needs):
 
 
 def _cpu_rope(attrs, ins, out):
-    """One cell per row of the last dim: each output pair reads its partner element."""
+    """One cell per row of the last dim: each output pair reads its partner element. The loops run
+    over x's own axes (its strides: the attention layout's transposed q and k are not copied), the
+    pair loop over a literal half that LLVM unrolls, so the row loop vectorizes; inputs with rows
+    longer than ROPE_STRIDED_HALF pairs are copied contiguous first. Measured (1 thread, x a
+    transposed (4, 4, 64, D) view): D=16 23 -> 11 us, D=32 52 -> 44 us (the copy and a flat row
+    loop before)."""
     x = ins[0]
     half = x.shape[-1] // 2
-    rows = x.numel // max(x.shape[-1], 1)
-    parallel = policy.parallel("rows", x.numel) and rows > 1
-    loop = "prange" if parallel else "range"
+    parallel = policy.parallel("rows", x.numel) and x.numel // max(x.shape[-1], 1) > 1
+    lead = [f"i{axis}" for axis in range(x.ndim - 2)] + ["t"]
+    # the parallel loop: the first axis of more than one row
+    parallel_axis = next((axis for axis, size in enumerate(x.shape[:-1]) if size > 1), 0) if parallel else None
     if attrs["inverse"]:
         # PyTorch's slice backward accumulates each half into +0.0 words: -0.0 becomes +0.0.
         first = "(a * c + p * s) + np.float32(0.0)"
         second = "(p * c - a * s) + np.float32(0.0)"
     else:
         first, second = "a * c - p * s", "p * c + a * s"
+    cell, partner = ", ".join(lead + ["j"]), ", ".join(lead + [f"j + {half}"])
+    lines = []
+    for axis, name in enumerate(lead):
+        loop = "prange" if axis == parallel_axis else "range"
+        lines.append("    " * (axis + 1) + f"for {name} in {loop}(x.shape[{axis}]):")
+    inner = "    " * (len(lead) + 1)
+    lines += [inner + f"for j in range({half}):"] + [inner + "    " + line for line in (
+        f"a = x[{cell}]", f"p = x[{partner}]", "c = cos[t, j]", "s = sin[t, j]",
+        f"out[{cell}] = {first}", f"out[{partner}] = {second}")]
+    copy = "in0" if half <= ROPE_STRIDED_HALF else "in0 if in0.flags.c_contiguous else np.ascontiguousarray(in0)"
     return (
         njit_decorator(parallel) + "\n"
-        "def _rows(x, cos, sin, out):\n"
-        f"    for r in {loop}(x.shape[0]):\n"
-        "        t = r % cos.shape[0]\n"
-        f"        for j in range({half}):\n"
-        "            a = x[r, j]\n"
-        f"            p = x[r, j + {half}]\n"
-        "            c = cos[t, j]\n"
-        "            s = sin[t, j]\n"
-        f"            out[r, j] = {first}\n"
-        f"            out[r, j + {half}] = {second}\n"
-        "\n\n"
+        "def _rows(x, cos, sin, out):\n" + "\n".join(lines) + "\n\n\n"
         "def kernel(in0, in1, in2, out0):\n"
-        f"    rows = in0.size // {max(2 * half, 1)}  # from the shape: one source for every batch size\n"
-        f"    _rows(np.ascontiguousarray(in0).reshape((rows, {2 * half})), np.ascontiguousarray(in1),\n"
-        f"          np.ascontiguousarray(in2), out0.reshape((rows, {2 * half})))\n"
+        f"    _rows({copy}, np.ascontiguousarray(in1), np.ascontiguousarray(in2), out0)\n"
     )
+
+
+# rope rows of up to this many pairs are read in place through x's strides; longer ones are copied
+# contiguous first (D=64 from a transposed view: 44 us in place, 37 us copied, 4 x 4 x 64 rows)
+ROPE_STRIDED_HALF = 16
 
 
 def _cuda_rope(op):

@@ -147,6 +147,21 @@ def test_rope_bitwise(shape):
     parity(lambda F, x, cos, sin: F.rope(x, cos, sin), inputs, ("x",), exact=True)
 
 
+@pytest.mark.parametrize("depth, shape", [(16, (2, 5, 3)), (72, (2, 5, 3)), (64, (4, 64, 8))],
+                         ids=["pairs in place", "long rows copied", "parallel"])
+def test_rope_of_a_transposed_view(depth, shape):
+    """q as attention lays it out: (B, T, H, D) transposed to (B, H, T, D), a strided view the cpu
+    kernel reads in place up to ROPE_STRIDED_HALF pairs a row (copied contiguous above), its row
+    loop in parallel for the last shape; bit for bit, value and gradient."""
+    from bendc.ops.norm import ROPE_STRIDED_HALF
+
+    batch, t, heads = shape
+    assert (depth // 2 <= ROPE_STRIDED_HALF) == (depth == 16)
+    cos, sin = _tables(t, depth // 2, 236)
+    inputs = {"x": normal((batch, t, heads, depth), 237), "cos": cos, "sin": sin}
+    parity(lambda F, x, cos, sin: F.rope(x.transpose(1, 2), cos, sin), inputs, ("x",), exact=True)
+
+
 @pytest.mark.parametrize("shape", [(3, 4), (2, 2, 5, 6)], ids=str)
 def test_rope_table_leaves(shape):
     """cos and sin as leaves: their gradients sum over the leading dims (bit for bit without any)."""
