@@ -178,6 +178,14 @@ def lane_sum(total: str, term: str, index: str, extent: str, indent: str = "") -
             + [f"{indent}{total} = {lane_tree(names)}"])
 
 
+def row_lanes(row: str, count: str, prefix: str = "s") -> tuple[str, str]:
+    """(a line adding ``row[0:count]`` into fresh lanes ``prefix_0`` .. through bendc_lanes8, the lanes'
+    tree as an expression): ``lane_sum``'s order over an array row, one vector add a block natively."""
+    names = lane_names(prefix, SUM_LANES)
+    zeros = ", ".join(["0.0"] * SUM_LANES)
+    return f"{', '.join(names)} = bendc_lanes8({row}, 0, {count}, {zeros})", f"({lane_tree(names)})"
+
+
 def lane_max(top: str, term: str, index: str, extent: str, indent: str = "") -> list[str]:
     """Lines setting ``top`` to the largest ``term`` over ``index`` in range(extent) (-inf when none is
     larger, NaNs skipped), in SUM_LANES independent chains combined in lane order: a row's maximum
@@ -340,7 +348,6 @@ def sum_partials(partial: str, out: str, chunks: int | str, name: str) -> list[s
 
 # ------------------------------------------------------------------ transcendentals
 _LIBM_CALL = re.compile(r"\bmath\.(exp|log|tanh|erf)\(")
-_KIT_CALL = re.compile(r"\bbendc_(gelu|gelu_vjp)\(")  # kit helpers a CPU scalar renderer calls by name
 
 
 @lru_cache(maxsize=None)
@@ -355,8 +362,15 @@ def vectorizable_math(body: str) -> tuple[str, str]:
     write ``math.*`` (CUDA keeps those: libdevice is vectorized per thread already); on the CPU
     libm calls are opaque to LLVM's loop vectorizer, the kit's helpers are not."""
     replaced, count = _LIBM_CALL.subn(lambda match: f"bendc_{match.group(1)}(", body)
-    calls_kit = count or _KIT_CALL.search(replaced)  # a CPU scalar renderer's own call (gelu's)
+    calls_kit = count or _kit_call().search(replaced)  # or a CPU scalar renderer's own call (gelu's)
     return replaced, (math_prelude() if calls_kit else "")
+
+
+@lru_cache(maxsize=None)
+def _kit_call() -> re.Pattern:
+    """A call of any function templates/cpu_math.py defines."""
+    names = re.findall(r"^def (bendc_\w+)\(", template_text("cpu_math.py"), re.M)
+    return re.compile(r"\b(" + "|".join(names) + r")\(")
 
 
 def lines_call(shape: tuple[int, ...], axes: tuple[int, ...]) -> str:

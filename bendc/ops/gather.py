@@ -125,6 +125,11 @@ def _cpu_checked(size: int) -> str:
             f"        raise IndexError(f'{message}')\n")
 
 
+def _same_off_dim(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
+    """Whether two shapes agree on every axis but ``dim`` (the line kernels' condition)."""
+    return [n for axis, n in enumerate(a) if axis != dim] == [n for axis, n in enumerate(b) if axis != dim]
+
+
 def _lines_shape(array: str, ndim: int, dim: int) -> str:
     """``array``'s shape as (before dim, dim, after dim): source text read from the array at run time
     (one source for every batch size)."""
@@ -262,7 +267,7 @@ def _cpu_gather(attrs, ins, out):
     dim = attrs["dim"]
     x, index = ins[0].shape, ins[1].shape
     window = ", ".join(":" if axis == dim else f":in1.shape[{axis}]" for axis in range(ins[1].ndim))
-    if not x or [n for axis, n in enumerate(x) if axis != dim] != [n for axis, n in enumerate(index) if axis != dim]:
+    if not x or not _same_off_dim(x, index, dim):
         return (_cpu_lines(False, "first_outside") + "def kernel(in0, in1, out0):\n" + _cpu_checked(x[dim] if x else 1)
                 + f"    out0[...] = np.take_along_axis(in0[{window},], in1, axis={dim})\n")
     lines = _lines_shape("in1", len(index), dim)
@@ -278,8 +283,7 @@ def _cpu_scatter_add(attrs, ins, out):
     order): a numba loop where the output matches the index across ``dim``, else np.add.at."""
     dim = attrs["dim"]
     source, index, y = ins[0].shape, ins[1].shape, out.shape
-    if not y or source != index or [n for axis, n in enumerate(y) if axis != dim] != \
-            [n for axis, n in enumerate(index) if axis != dim]:
+    if not y or source != index or not _same_off_dim(y, index, dim):
         return (_cpu_lines(False, "first_outside") + "def kernel(in0, in1, out0):\n" + _cpu_checked(y[dim] if y else 1)
                 + "    out0[...] = np.float32(0.0)\n"
                 + f"    grids = list(np.indices(in1.shape, sparse=True))\n"

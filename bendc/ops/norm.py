@@ -72,7 +72,7 @@ import numpy as np
 
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels import cpu_policy as policy
-from bendc.kernels.cpu_kit import SUM_LANES, lane_names, lane_row_sums, lane_tree, njit_decorator
+from bendc.kernels.cpu_kit import lane_row_sums, njit_decorator, row_lanes
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 
 
@@ -169,16 +169,14 @@ def _cpu_stat(rstd: bool):
         rows, columns = _stat_geometry(x.shape, dims)
         parallel = policy.parallel("sums", x.numel) and rows > 1  # only sums
         loop = "prange" if parallel else "range"
-        zeros = ", ".join(["0.0"] * SUM_LANES)
-        lanes = ", ".join(lane_names("s", SUM_LANES))
-        tree = lane_tree(lane_names("s", SUM_LANES))
-        lines = [f"{lanes} = bendc_lanes8(x[r], 0, x.shape[1], {zeros})", f"mean = ({tree}) / x.shape[1]"]
+        add, total = row_lanes("x[r]", "x.shape[1]")
+        lines = [add, f"mean = {total} / x.shape[1]"]
         if rstd:
             eps = float(attrs["eps"])
+            add, total = row_lanes("squares", "x.shape[1]")
             lines += ["for c in range(x.shape[1]):", "    deviation = np.float64(x[r, c]) - mean",
-                      "    squares[c] = deviation * deviation",
-                      f"{lanes} = bendc_lanes8(squares, 0, x.shape[1], {zeros})",
-                      f"out[r] = np.float32(1.0 / math.sqrt(({tree}) / x.shape[1] + {eps!r}))"]
+                      "    squares[c] = deviation * deviation", add,
+                      f"out[r] = np.float32(1.0 / math.sqrt({total} / x.shape[1] + {eps!r}))"]
             # one row of squares per thread: inside the parallel loop, before it otherwise
             row_buffer = "squares = np.empty(x.shape[1], np.float64)"
             if parallel:

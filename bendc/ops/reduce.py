@@ -7,7 +7,7 @@ import numpy as np
 from bendc.ir.types import numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels import cpu_policy as policy
-from bendc.kernels.cpu_kit import SUM_LANES, lane_max, lane_names, lane_tree, njit_decorator, sum_kernel
+from bendc.kernels.cpu_kit import lane_max, njit_decorator, row_lanes, sum_kernel
 from bendc.kernels.access import dense
 from bendc.ops.base import OPS, InferError, Lowering, define_op, normalize_dims, require_float
 
@@ -256,7 +256,7 @@ def _cpu_row(log: bool):
         finish = ("            out[r, c] = (x[r, c] - m) - log_total\n" if log else
                   "            out[r, c] = e[c] / total\n")
         moved = dim != len(shape) - 1
-        lanes, zeros = ", ".join(lane_names("s", SUM_LANES)), ", ".join(["0.0"] * SUM_LANES)
+        add, total = row_lanes("e", str(columns))
         source = (
             njit_decorator(parallel) + "\n"
             f"def _rows(x, out):\n"
@@ -268,8 +268,8 @@ def _cpu_row(log: bool):
             f"            e[c] = math.exp(x[r, c] - m)\n"
             # the sum of exp(x - max) in float64 lanes (cpu_kit.lane_sum's, through bendc_lanes8), rounded
             # once to float32
-            + f"        {lanes} = bendc_lanes8(e, 0, {columns}, {zeros})\n"
-            + f"        total = np.float32({lane_tree(lane_names('s', SUM_LANES))})\n"
+            + f"        {add}\n"
+            + f"        total = np.float32({total})\n"
             + ("        log_total = math.log(total)\n" if log else "")
             + f"        for c in range({columns}):\n" + finish + "\n\n"
         )
