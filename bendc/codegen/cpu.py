@@ -62,11 +62,14 @@ def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str
             body = lowering.cpu(node.attr, types, node.type, epilogue=render_epilogue(step, graph, node.id))
         else:
             body = lowering.cpu(node.attr, types, node.type)
-    body, helpers = vectorizable_math(body)
+    body, kit = vectorizable_math(body)
+    helpers = helper_functions(body, "cpu")
+    if not kit:  # a helper may call the kit's functions itself (products.py: bendc_fma)
+        kit = vectorizable_math(helpers)[1]
     header = HEADER.format(name=step.name, summary=summary, nodes=listing)
-    if helpers:
-        header += "\n# float32 exp, log, tanh, erf without libm calls (bendc/kernels/templates/cpu_math.py)\n" + helpers
-    header += helper_functions(body, "cpu")
+    if kit:
+        header += "\n# float32 exp, log, tanh, erf without libm calls (bendc/kernels/templates/cpu_math.py)\n" + kit
+    header += helpers
     return header + "\n" + body
 
 

@@ -703,3 +703,95 @@ def test_only_the_templates_bendc_lanes8_becomes_vector_code(tmp_path):
     native, reference = both(load_module(str(tmp_path / f"{name}.py"), name).lanes, x, np.zeros(8))
     assert_same_bits(native, reference)
     assert native[1][1] == -(2.0 + 10.0) and native[1][0] == 1.0 + 9.0 + 17.0
+
+
+def _rows_fma_expected(dest, weights, down, sources, count, lo, hi, causal, fresh) -> np.ndarray:
+    """bendc_rows_fma's contract in float64 (templates/products.py), written from its docstring: the cells
+    each causal mode keeps, the sources each takes, from zeros where fresh; other cells as they were."""
+    out = dest.astype(np.float64)
+    for j in range(dest.shape[0]):
+        chunk = j // 16 * 16
+        for r in range(max(lo, chunk) if causal == 3 else lo, hi):
+            total = 0.0 if fresh else out[j, r]
+            for s in range(count):
+                if (causal == 1 and r < s // 16 * 16) or (causal == 2 and r >= (s // 16 + 1) * 16) or \
+                        (causal == 4 and s >= chunk + 16) or (causal == 5 and s < chunk):
+                    continue
+                total += float(weights[s, j] if down else weights[j, s]) * float(sources[s, r])
+            out[j, r] = total
+    return out
+
+
+def test_bendc_rows_fma_is_register_blocked_with_numbas_bits(tmp_path, monkeypatch):
+    """templates/products.py's bendc_rows_fma is a register-blocked vector product natively
+    (runtime/native/translate.py _rows_fma_vector: blocks of 8 x 1, 4 x 2 and single rows, a masked
+    last vector) and gives numba's bits for every causal mode, both weight orders, fresh or
+    accumulating, rows and lanes off the blocks, strided views (dest and sources with contiguous
+    lanes, weights transposed); lo off a chunk and sources with strided lanes take the body. The
+    values span 2^-20..2^20, so any other order of a cell's FMAs shows in the bits; the float64
+    contract checks what the two compute."""
+    from bendc.kernels.cpu_kit import math_prelude
+    from bendc.kernels.templates import helper_functions
+
+    body = textwrap.dedent('''
+        @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+        def product(dest, weights, down, sources, count, lo, hi, causal, fresh):
+            bendc_rows_fma(dest, weights, down, sources, count, lo, hi, causal, fresh)
+
+
+        @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+        def product_of_views(dest, weights, down, sources, count, lo, hi, causal, fresh, columns, strided):
+            if strided:
+                bendc_rows_fma(dest[:, :columns], weights.T, down, sources[:, ::2], count, lo, hi, causal, fresh)
+            else:
+                bendc_rows_fma(dest[:, :columns], weights.T, down, sources[:, :columns], count, lo, hi, causal, fresh)
+    ''')
+    source = HEADER + math_prelude() + helper_functions(body, "cpu") + body
+    name = module_name(source)
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    monkeypatch.setenv("BENDC_NATIVE_DUMP", str(tmp_path / "dump"))
+    module = load_module(str(path), name)
+    rng = np.random.default_rng(11)
+
+    def values(*shape):
+        return (rng.standard_normal(shape) * 2.0 ** rng.integers(-20, 20, shape)).astype(np.float32)
+
+    cases = [(rows, lanes, count, lo) for rows, lanes, count, lo in
+             [(64, 64, 32, 0), (13, 37, 40, 0), (24, 16, 64, 0), (5, 20, 7, 16), (1, 48, 16, 0), (9, 64, 0, 32),
+              (17, 33, 17, 0), (64, 70, 64, 3)]]
+    for rows, lanes, count, lo in cases:
+        for causal in range(6):
+            for down in (0, 1):
+                fresh = bool((rows + causal + down) % 2)
+                hi = lanes - 2 if causal == 0 and lanes > 40 else lanes
+                dest = values(rows, lanes)
+                weights = values(count, rows) if down else values(rows, count)
+                sources = values(max(count, 1), lanes)
+                args = (dest, weights, down, sources, count, lo, hi, causal, fresh)
+                native, reference = both(module.product, *args)
+                assert_same_bits(native, reference)
+                expected = _rows_fma_expected(*args)
+                scale = np.abs(expected).max() + 1.0
+                assert np.allclose(native[0], expected, rtol=1e-4, atol=1e-5 * scale), (rows, lanes, count, lo, causal, down)
+                wide = np.concatenate([dest, values(rows, 5)], axis=1)
+                for strided in (False, True):
+                    spread = np.repeat(sources, 2, axis=1) if strided else np.concatenate([sources, sources], axis=1)
+                    native, reference = both(module.product_of_views, wide, np.ascontiguousarray(weights.T), down,
+                                             spread, count, lo, hi, causal, fresh, lanes, strided)
+                    assert_same_bits(native, reference)
+                    assert np.allclose(native[0][:, :lanes], expected, rtol=1e-4, atol=1e-5 * scale)
+                    assert np.array_equal(native[0][:, lanes:], wide[:, lanes:])
+    optimized = "".join(p.read_text() for p in (tmp_path / "dump").glob("*.opt.ll"))
+    assert "@llvm.fma.v16f32" in optimized and "@llvm.masked.store.v16f32" in optimized
+
+
+def test_only_the_templates_bendc_rows_fma_becomes_vector_code():
+    """The translator's vector form stands for templates/products.py's statements (ROWS_FMA_DIGEST)."""
+    import ast
+
+    from bendc.kernels.templates import template_text
+    from runtime.native.translate import ROWS_FMA_DIGEST, function_digest
+
+    (template,) = [n for n in ast.parse(template_text("products.py")).body if isinstance(n, ast.FunctionDef)]
+    assert function_digest(template) == ROWS_FMA_DIGEST, "products.py changed: update the translator's vector form"

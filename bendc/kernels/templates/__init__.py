@@ -27,7 +27,8 @@ _CUDA_DECORATOR = '@cuda.jit(device=True, inline="always")'  # inlined: PTX buil
 CUDA_SPELLINGS = {"np.fmod(": "math.fmod("}
 
 # helper function name -> the template file that defines it
-HELPERS: dict[str, str] = {"bendc_philox": "philox.py", "bendc_floor_divide": "floordiv.py", "bendc_lanes8": "lanes.py"}
+HELPERS: dict[str, str] = {"bendc_philox": "philox.py", "bendc_floor_divide": "floordiv.py", "bendc_lanes8": "lanes.py",
+                          "bendc_rows_fma": "products.py"}
 
 
 @lru_cache(maxsize=None)

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 
+from bendc.kernels.templates.products import bendc_rows_fma
 from bendc.ops.attention.templates.placeholders import CAUSAL, FUSED, PARALLEL, SCALE
 
 # ---------------------------------------------------------------- TEMPLATE
@@ -116,7 +117,16 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
 
 SMALL = 64  # sequences up to this length take the fused per-head kernels below (no BLAS tiles); the
 #             choice is rendered per call site, so a module holds (and compiles) one of the two paths
-LANES = 16  # a causal row's cells are computed from the start of its 16-lane chunk
+LANES = 16  # a causal row's cells are computed from the start of its 16-lane chunk (bendc_rows_fma's chunks)
+
+# The fused heads' products are bendc_rows_fma (bendc/kernels/templates/products.py): dest[j, r] +=
+# w(j, s) sources[s, r] over s in order, one FMA each, in blocks of registers; its causal modes name
+# the cells a causal head holds in chunks of LANES.
+ACROSS = 0  # w(j, s) = weights[j, s]
+DOWN = 1  # w(j, s) = weights[s, j]
+ROW_FROM_CHUNK = 3  # a row of S^T (a key) holds its queries from the start of its chunk on
+SOURCES_TO_CHUNK = 4  # a query's row reads the keys up to the end of its chunk
+SOURCES_FROM_CHUNK = 5  # a key's row reads the queries from the start of its chunk on
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
@@ -132,155 +142,17 @@ def _transposed_into(a, at):
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _add_four(dest, lo, hi, a0, a1, a2, a3, y0, y1, y2, y3):
-    """dest[r] += a0 y0[r] + a1 y1[r] + a2 y2[r] + a3 y3[r] for r in [lo, hi), added in that order (one
-    load and store of dest per four products)."""
-    # max(..., 0): the bounds are never negative, and saying so lets the native translator leave
-    # out numba's negative-index wraparound, which would keep the row loops from vectorizing
-    for r in range(max(lo, 0), hi):
-        x = dest[r] + a0 * y0[r]
-        x = x + a1 * y1[r]
-        x = x + a2 * y2[r]
-        dest[r] = x + a3 * y3[r]
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _add_one(dest, lo, hi, a, y):
-    for r in range(max(lo, 0), hi):
-        dest[r] = dest[r] + a * y[r]
-
-
-# dest[r] += w_s * sources[s, r] for s = 0 .. count-1 in order, four sources a pass. One function
-# per weight layout and row range, each with its choices in the code rather than in arguments: a
-# generic one stays one out-of-line function that tests them at every pass (measured: the fused
-# forward at T=64, D=16 took 149 us against 127 us for these, B=4 H=4, 1 thread).
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _rows_across(dest, weights, column, count, sources, lo, hi):
-    """w_s = weights[column, s]; r in [lo, hi)."""
-    whole = max(count, 0) // 4 * 4
-    for s in range(0, whole, 4):
-        _add_four(dest, lo, hi, weights[column, s], weights[column, s + 1], weights[column, s + 2],
-                  weights[column, s + 3], sources[s], sources[s + 1], sources[s + 2], sources[s + 3])
-    for s in range(whole, max(count, 0)):
-        _add_one(dest, lo, hi, weights[column, s], sources[s])
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _rows_down(dest, weights, column, count, sources, lo, hi):
-    """w_s = weights[s, column]; r in [lo, hi)."""
-    whole = max(count, 0) // 4 * 4
-    for s in range(0, whole, 4):
-        _add_four(dest, lo, hi, weights[s, column], weights[s + 1, column], weights[s + 2, column],
-                  weights[s + 3, column], sources[s], sources[s + 1], sources[s + 2], sources[s + 3])
-    for s in range(whole, max(count, 0)):
-        _add_one(dest, lo, hi, weights[s, column], sources[s])
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _rows_down_from_chunk(dest, weights, column, count, sources, hi):
-    """w_s = weights[s, column]; r from the start of s's lane chunk to hi (a causal source row holds
-    its cells from there on; four sources share a chunk)."""
-    whole = max(count, 0) // 4 * 4
-    for s in range(0, whole, 4):
-        _add_four(dest, (s // LANES) * LANES, hi, weights[s, column], weights[s + 1, column],
-                  weights[s + 2, column], weights[s + 3, column], sources[s], sources[s + 1], sources[s + 2],
-                  sources[s + 3])
-    for s in range(whole, max(count, 0)):
-        _add_one(dest, (s // LANES) * LANES, hi, weights[s, column], sources[s])
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _rows_down_to_chunk(dest, weights, column, count, sources, lo):
-    """w_s = weights[s, column]; r from lo to the end of s's lane chunk (a transposed causal row)."""
-    whole = max(count, 0) // 4 * 4
-    for s in range(0, whole, 4):
-        _add_four(dest, lo, (s // LANES + 1) * LANES, weights[s, column], weights[s + 1, column],
-                  weights[s + 2, column], weights[s + 3, column], sources[s], sources[s + 1], sources[s + 2],
-                  sources[s + 3])
-    for s in range(whole, max(count, 0)):
-        _add_one(dest, lo, (s // LANES + 1) * LANES, weights[s, column], sources[s])
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _add_four_pair(da, db, lo, hi, a0, a1, a2, a3, b0, b1, b2, b3, y0, y1, y2, y3):
-    """_add_four into two rows at once, each in its own order: two independent chains of adds per
-    vector (one row's chain waits on each add's latency), each source row loaded once for both."""
-    for r in range(max(lo, 0), hi):
-        y = y0[r]
-        x = da[r] + a0 * y
-        z = db[r] + b0 * y
-        y = y1[r]
-        x = x + a1 * y
-        z = z + b1 * y
-        y = y2[r]
-        x = x + a2 * y
-        z = z + b2 * y
-        y = y3[r]
-        da[r] = x + a3 * y
-        db[r] = z + b3 * y
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _pair_down(da, db, weights, ca, cb, count, sources, lo, hi, from_chunk):
-    """Rows da and db as _rows_down (r in [lo, hi)) or _rows_down_from_chunk (``from_chunk``: r from
-    the start of s's lane chunk to hi) would add them, columns ca and cb of weights."""
-    whole = max(count, 0) // 4 * 4
-    for s in range(0, whole, 4):
-        first = (s // LANES) * LANES if from_chunk else lo
-        _add_four_pair(da, db, first, hi, weights[s, ca], weights[s + 1, ca], weights[s + 2, ca],
-                       weights[s + 3, ca], weights[s, cb], weights[s + 1, cb], weights[s + 2, cb],
-                       weights[s + 3, cb], sources[s], sources[s + 1], sources[s + 2], sources[s + 3])
-    for s in range(whole, max(count, 0)):
-        first = (s // LANES) * LANES if from_chunk else lo
-        _add_one(da, first, hi, weights[s, ca], sources[s])
-        _add_one(db, first, hi, weights[s, cb], sources[s])
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _rows_down_all(dests, weights, count, sources, lo, hi, from_chunk):
-    """dests[j] += weights[s, j] * sources[s] for s in order, every row j, r in [lo, hi) or (``from_chunk``)
-    from the start of s's lane chunk to hi: two rows a pass (measured, 1 thread, B=16 H=4 T=64 D=32: the
-    fused forward 708-718 us against 795-806 a row a pass). The backward's dV^T and dK^T, whose passes
-    are one 16-lane vector each (_rows_down_to_chunk), were slower two rows a pass and add one."""
-    rows = dests.shape[0]
-    for j in range(0, rows // 2 * 2, 2):
-        _pair_down(dests[j], dests[j + 1], weights, j, j + 1, count, sources, lo, hi, from_chunk)
-    if rows % 2 == 1:
-        if from_chunk:
-            _rows_down_from_chunk(dests[rows - 1], weights, rows - 1, count, sources, hi)
-        else:
-            _rows_down(dests[rows - 1], weights, rows - 1, count, sources, lo, hi)
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _small_scores(k, qt, st, causal):
     """S^T = K Q^T (keys by queries), row c from the start of c's lane chunk when causal (the cells
-    before are left as they are), two rows a pass (rows 2i and 2i+1 share a chunk)."""
-    t, tp = st.shape
-    for c in range(0, t, 2):
-        first = (c // LANES) * LANES if causal else 0
-        for r in range(first, tp):
-            st[c, r] = np.float32(0.0)
-        if c + 1 < t:
-            for r in range(first, tp):
-                st[c + 1, r] = np.float32(0.0)
-            whole = k.shape[1] // 4 * 4
-            for s in range(0, whole, 4):
-                _add_four_pair(st[c], st[c + 1], first, tp, k[c, s], k[c, s + 1], k[c, s + 2], k[c, s + 3],
-                               k[c + 1, s], k[c + 1, s + 1], k[c + 1, s + 2], k[c + 1, s + 3], qt[s], qt[s + 1],
-                               qt[s + 2], qt[s + 3])
-            for s in range(whole, k.shape[1]):
-                _add_one(st[c], first, tp, k[c, s], qt[s])
-                _add_one(st[c + 1], first, tp, k[c + 1, s], qt[s])
-        else:
-            _rows_across(st[c], k, c, k.shape[1], qt, first, tp)
+    before are left as they are)."""
+    bendc_rows_fma(st, k, ACROSS, qt, k.shape[1], 0, st.shape[1], ROW_FROM_CHUNK if causal else 0, True)
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, ot, top, total):
+def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, top, total):
     """One head, all of it in cache: S^T row by row (a query's scores run along a row, so its max
-    and sums are elementwise), the softmax, O^T = V^T P^T, O = O^T / sum and the logsumexp. A
-    causal row c starts at its 16-lane chunk: the cells before c in that chunk are masked."""
+    and sums are elementwise), the softmax, O = P V / sum into ``out`` and the logsumexp. A causal
+    row c starts at its 16-lane chunk: the cells before c in that chunk are masked."""
     t = q.shape[0]
     width = v.shape[1]
     tp = st.shape[1]
@@ -305,39 +177,19 @@ def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, ot, top, total
             e = np.float32(0.0) if causal and r < c else e
             row[r] = e
             total[r] += e
-    for w in range(width):
-        line = ot[w]
-        for r in range(tp):
-            line[r] = np.float32(0.0)
-    _rows_down_all(ot, v, t, st, 0, tp, causal)
-    for w in range(width):  # the divisions along O^T's rows (vectorized), then O copied out
-        line = ot[w]
-        for r in range(t):
-            line[r] = line[r] / total[r]
+    bendc_rows_fma(out, st, DOWN, v, t, 0, width, SOURCES_TO_CHUNK if causal else 0, True)
     for r in range(t):
+        line = out[r]
         for w in range(width):
-            out[r, w] = ot[w, r]
+            line[w] = line[w] / total[r]
         lse[r] = top[r] + math.log(total[r])
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _small_transpose(st, sq, causal):
-    """sq = st's transpose over the cells a causal row holds (zeros past st's rows)."""
-    t, tp = st.shape
-    for r in range(tp):
-        last = (r // LANES + 1) * LANES if causal else tp
-        line = sq[r]
-        for c in range(min(last, t)):
-            line[c] = st[c, r]
-        for c in range(t, last):
-            line[c] = np.float32(0.0)
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt, st, sq, dqt, delta, dp, logsum):
-    """One query head's backward, all of it in cache: P^T recomputed from the logsumexp, dV^T += dO^T P,
-    dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dQ^T = K^T dS^T, dK^T += Q^T dS (dK^T and
-    dV^T accumulate over the query heads of a key/value head). The logsumexps are copied to ``logsum``
+def _small_backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal, first_member, qt, gt, st, dpt, delta, logsum):
+    """One query head's backward, all of it in cache: P^T recomputed from the logsumexp, dV += P^T dO,
+    dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dQ = dS K, dK += dS^T Q (dK and dV
+    accumulate over the query heads of a key/value head, from zeros at its first). The logsumexps are copied to ``logsum``
     first: ``lse`` is a strided view of the forward's output, and read in place it would keep the
     exponentials' loop from vectorizing."""
     t, depth = q.shape
@@ -362,53 +214,34 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dkt, dvt, scale, causal, qt, gt
             row[r] = np.float32(0.0) if causal and r < c else e
         for r in range(t, tp):
             row[r] = np.float32(0.0)
-    _small_transpose(st, sq, causal)
-    for w in range(width):
-        if causal:
-            _rows_down_to_chunk(dvt[w], g, w, t, sq, 0)
-        else:
-            _rows_down(dvt[w], g, w, t, sq, 0, tp)
+    bendc_rows_fma(dv, st, ACROSS, g, t, 0, width, SOURCES_FROM_CHUNK if causal else 0, first_member)
+    bendc_rows_fma(dpt, v, ACROSS, gt, width, 0, tp, ROW_FROM_CHUNK if causal else 0, True)
     for c in range(t):
         first = (c // LANES) * LANES if causal else 0
-        for r in range(first, tp):
-            dp[r] = np.float32(0.0)
-        _rows_across(dp, v, c, width, gt, first, tp)
         row = st[c]
+        dp = dpt[c]
         for r in range(first, tp):
             row[r] = row[r] * (dp[r] - delta[r]) * scale
-    for d in range(depth):
-        line = dqt[d]
-        for r in range(tp):
-            line[r] = np.float32(0.0)
-    _rows_down_all(dqt, k, t, st, 0, tp, causal)
-    _small_transpose(st, sq, causal)
-    for d in range(depth):
-        if causal:
-            _rows_down_to_chunk(dkt[d], q, d, t, sq, 0)
-        else:
-            _rows_down(dkt[d], q, d, t, sq, 0, tp)
-    for r in range(t):
-        for d in range(depth):
-            dq[r, d] = dqt[d, r]
+    bendc_rows_fma(dq, st, DOWN, k, t, 0, depth, SOURCES_TO_CHUNK if causal else 0, True)
+    bendc_rows_fma(dk, st, ACROSS, q, t, 0, depth, SOURCES_FROM_CHUNK if causal else 0, first_member)
 
 
 @njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _attention_tiled(q, k, v, out, lse, scale, causal):
     """Each work item: its block rows of one (batch, head), over the key/value head it reads (up to
-    SMALL positions: the whole head, fused)."""
+    SMALL positions: the whole head, fused). ``out`` is the forward's whole buffer (templates/
+    tiled_forward.py): O in the first t rows of each head, so a head's O is C-contiguous."""
     batch, heads, t, depth = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
     if FUSED:
         padded = (t + LANES - 1) // LANES * LANES
-        width = v.shape[3]
         for work in prange(batch * heads):
             b = work // heads
             h = work - b * heads
-            _small_forward_head(q[b, h], k[b, h // group], v[b, h // group], out[b, h], lse[b, h], scale, causal,
+            _small_forward_head(q[b, h], k[b, h // group], v[b, h // group], out[b, h, :t], lse[b, h], scale, causal,
                                 np.empty((depth, padded), np.float32), np.empty((t, padded), np.float32),
-                                np.empty((width, padded), np.float32), np.empty(padded, np.float32),
-                                np.empty(padded, np.float32))
+                                np.empty(padded, np.float32), np.empty(padded, np.float32))
         return
     blocks = (t + BLOCK - 1) // BLOCK
     items = _tiled_items(blocks, causal)
@@ -484,7 +317,8 @@ def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
 @njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _attention_tiled_grads(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
     """A work item per (batch, key/value head): dK and dV of that head and dQ of its group's query
-    heads are written by that item only (no races), the heads in order."""
+    heads are written by that item only (no races), the heads in order. ``o`` is the forward's whole
+    buffer (O in the first t rows of each head: templates/tiled_forward.py)."""
     batch, heads, t, depth = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -494,25 +328,16 @@ def _attention_tiled_grads(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
         for work in prange(batch * kv_heads):
             b = work // kv_heads
             kv = work - b * kv_heads
-            dkt = np.zeros((depth, padded), np.float32)
-            dvt = np.zeros((width, padded), np.float32)
             qt = np.empty((depth, padded), np.float32)
             gt = np.empty((width, padded), np.float32)
             st = np.empty((t, padded), np.float32)
-            sq = np.empty((padded, padded), np.float32)
-            dqt = np.empty((depth, padded), np.float32)
+            dpt = np.empty((t, padded), np.float32)
             delta = np.empty(padded, np.float32)
             logsum = np.empty(padded, np.float32)
-            dp = np.empty(padded, np.float32)
             for member in range(group):
                 h = kv * group + member
-                _small_backward_head(q[b, h], k[b, kv], v[b, kv], o[b, h], g[b, h], lse[b, h], dq[b, h], dkt, dvt,
-                                     scale, causal, qt, gt, st, sq, dqt, delta, dp, logsum)
-            for c in range(t):
-                for d in range(depth):
-                    dk[b, kv, c, d] = dkt[d, c]
-                for w in range(width):
-                    dv[b, kv, c, w] = dvt[w, c]
+                _small_backward_head(q[b, h], k[b, kv], v[b, kv], o[b, h, :t], g[b, h], lse[b, h], dq[b, h], dk[b, kv],
+                                     dv[b, kv], scale, causal, member == 0, qt, gt, st, dpt, delta, logsum)
         return
     for work in prange(batch * kv_heads):
         b = work // kv_heads

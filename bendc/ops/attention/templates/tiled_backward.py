@@ -19,6 +19,6 @@ def kernel(in0, in1, in2, in3, in4, out0):
     saved = np.ascontiguousarray(in3)
     lse = saved[:, :, t:, :].reshape(batch, heads, (saved.shape[2] - t) * width)[:, :, :t]
     _attention_tiled_grads(np.ascontiguousarray(in0), np.ascontiguousarray(in1), np.ascontiguousarray(in2),
-                           saved[:, :, :t, :], np.ascontiguousarray(in4), lse,
+                           saved, np.ascontiguousarray(in4), lse,
                            out0[:, :heads, :, :depth], out0[:, heads:heads + kv_heads, :, :depth],
                            out0[:, heads + kv_heads:, :, :width], np.float32(SCALE), CAUSAL)
