@@ -488,24 +488,25 @@ def _lanes8_vector(module: "ModuleTranslator", generic: Compiled, args: list) ->
 
 # bendc_rows_fma's statements in bendc/kernels/templates/products.py (tests/native/test_translate.py
 # checks the digest, as for bendc_lanes8).
-ROWS_FMA_DIGEST = "9e482535d0f9700f"
-# The register blocks (dest rows, 16-lane vectors) of _rows_fma_vector, by the lane loop's kinds:
-# rows of two or more vectors take blocks of 4 x 2 (8 accumulators: two FMAs a cycle, four cycles each),
-# rows of one vector 8 x 1; then single rows; a row's last, partial vector is masked.
-ROWS_FMA_WIDE = 4
-ROWS_FMA_NARROW = 8
+ROWS_FMA_DIGEST = "f0fa6988978f46ed"
+# _rows_fma_vector's register blocks: (dest rows, the widest rows they take, their lane steps). A
+# block holds rows x vectors accumulators of 16 lanes; 16 of them keep both FMA ports busy through
+# an FMA's latency (4 cycles): 16 x 1 for rows of 16 lanes or fewer, 8 x 2 below 64, 4 x 4 from 64;
+# narrower steps finish a row, the last one masked; rows left over go one at a time.
+ROWS_FMA_BLOCKS = ((16, 16, ("one", "tail")), (8, 63, ("pair", "one", "tail")),
+                   (4, None, ("quad", "pair", "one", "tail")), (1, None, ("quad", "pair", "one", "tail")))
+_STEP_VECTORS = {"quad": 4, "pair": 2, "one": 1, "tail": 1}
 _VEC = "<16 x float>"
 
 
 def _rows_fma_vector(module: "ModuleTranslator", generic: Compiled, args: list) -> Compiled | None:
     """bendc_rows_fma (bendc/kernels/templates/products.py) as a register-blocked product for float32
     dest, weights and sources (any strides: dest's and the sources' rows must have contiguous lanes
-    at run time): a block of dest rows by 16-lane vectors stays in registers while its sources go by,
-    each cell's FMAs in the template's order. The causal modes bound each block's sources: per vector
-    (1: [0, min(count, v + 16)); 2: [v, count)), per row block (4: [0, min(count, chunk + 16));
-    5: [chunk, count)), or move its first lane (3); a block of two vectors runs its sources in up to
-    three phases (the first vector alone, both, the second alone), each vector's in order. ``lo`` off
-    a chunk, lanes or sources out of bounds, or other types take the translated body."""
+    at run time): a block of dest rows by 16-lane vectors (ROWS_FMA_BLOCKS) stays in registers while
+    its sources go by, each cell's FMAs in the template's order. The causal modes move a row block's
+    first lane (1) or bound its sources (2: [0, min(count, chunk + 16)); 3: [chunk, count)); a block's
+    rows share their chunk. ``lo`` off a chunk, lanes or sources out of bounds, or other types take
+    the translated body."""
     if function_digest(module.defs["bendc_rows_fma"]) != ROWS_FMA_DIGEST:
         return None
     if len(args) != 9 or generic.returns != NONE:
@@ -522,22 +523,13 @@ def _rows_fma_vector(module: "ModuleTranslator", generic: Compiled, args: list) 
                        f"declare {_VEC} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {_VEC})")
         module.declare("llvm.masked.store.v16f32.p0",
                        f"declare void @llvm.masked.store.v16f32.p0({_VEC}, ptr, i32, <16 x i1>)")
-        for rows, vectors, masked in _rows_fma_blocks():
+        blocks = {(rows, _STEP_VECTORS[step], step == "tail") for rows, _, steps in ROWS_FMA_BLOCKS for step in steps}
+        for rows, vectors, masked in sorted(blocks):
             block = f"{name}.b{rows}x{vectors}{'m' if masked else ''}"
             module.declare(block, _rows_fma_block(block, rows, vectors, masked))
         module.declare(name, _rows_fma_function(name, generic.name, [a.layout for a in (dest, weights, sources)],
                                                 down.type, fresh.type))
     return Compiled(name, generic.args, generic.returns, generic.statuses)
-
-
-def _rows_fma_kinds() -> dict[int, tuple[str, ...]]:
-    """Each row block size's lane steps: two vectors, one, a masked one."""
-    return {ROWS_FMA_NARROW: ("one", "tail"), ROWS_FMA_WIDE: ("pair", "one", "tail"), 1: ("pair", "one", "tail")}
-
-
-def _rows_fma_blocks() -> list[tuple[int, int, bool]]:
-    steps = {"pair": (2, False), "one": (1, False), "tail": (1, True)}
-    return sorted({(rows, *steps[kind]) for rows, kinds in _rows_fma_kinds().items() for kind in kinds})
 
 
 def _rows_fma_function(name: str, generic: str, layouts: list[str], down_type: Scalar, fresh_type: Scalar) -> str:
@@ -559,7 +551,7 @@ def _rows_fma_function(name: str, generic: str, layouts: list[str], down_type: S
     lines += [f"  %down = icmp ne {down_type.llvm} %down.in, 0", f"  %fresh = icmp ne {fresh_type.llvm} %fresh.in, 0",
               "  %wj = select i1 %down, i64 %wt1, i64 %wt0", "  %ws = select i1 %down, i64 %wt0, i64 %wt1",
               "  %wrows = select i1 %down, i64 %w1, i64 %w0", "  %wsources = select i1 %down, i64 %w0, i64 %w1",
-              "  %lo.rest = and i64 %lo, 15", "  %lanes = sub i64 %hi, %lo", "  %narrow = icmp sle i64 %lanes, 16"]
+              "  %lo.rest = and i64 %lo, 15", "  %lanes = sub i64 %hi, %lo"]
     checks = inner + ["icmp sge i64 %lo, 0", "icmp eq i64 %lo.rest, 0", "icmp sle i64 %hi, %d1",
                       "icmp sle i64 %hi, %s1", "icmp sge i64 %count, 0", "icmp sle i64 %count, %s0",
                       "icmp sle i64 %count, %wsources", "icmp sle i64 %d0, %wrows"]
@@ -567,65 +559,62 @@ def _rows_fma_function(name: str, generic: str, layouts: list[str], down_type: S
     for number, check in enumerate(checks):
         lines += [f"  %ok{number} = {check}", f"  %all{number} = and i1 {previous}, %ok{number}"]
         previous = f"%all{number}"
-    kinds = _rows_fma_kinds()
-    sizes = sorted(kinds, reverse=True)
+    sizes = [rows for rows, _, _ in ROWS_FMA_BLOCKS]
     lines += [f"  br i1 {previous}, label %fast, label %slow", "slow:",
               f"  %generic = call i32 @\"{generic}\"({', '.join(params)})", "  ret i32 %generic", "fast:",
               "  %m1 = icmp eq i64 %causal, 1", "  %m2 = icmp eq i64 %causal, 2", "  %m3 = icmp eq i64 %causal, 3",
-              "  %m4 = icmp eq i64 %causal, 4", "  %m5 = icmp eq i64 %causal, 5",
               "  br label %rows", "rows:",
               "  %j = phi i64 [0, %fast], " + ", ".join(f"[%j.next.r{rows}, %r{rows}.done]" for rows in sizes),
               "  %j.more = icmp slt i64 %j, %d0", f"  br i1 %j.more, label %pick{sizes[0]}, label %exit"]
-    for rows, smaller in zip(sizes, sizes[1:]):
-        wanted = "%narrow" if rows == ROWS_FMA_NARROW else "true"
-        lines += [f"pick{rows}:", f"  %j.end{rows} = add i64 %j, {rows}", f"  %j.fits{rows} = icmp sle i64 %j.end{rows}, %d0",
-                  f"  %j.takes{rows} = and i1 %j.fits{rows}, {wanted}",
-                  f"  br i1 %j.takes{rows}, label %r{rows}.entry, label %pick{smaller}"]
+    for (rows, widest, _), smaller in zip(ROWS_FMA_BLOCKS, sizes[1:]):
+        lines += [f"pick{rows}:", f"  %j.end{rows} = add i64 %j, {rows}", f"  %j.fits{rows} = icmp sle i64 %j.end{rows}, %d0"]
+        wanted = f"%j.fits{rows}"
+        if widest is not None:
+            lines += [f"  %j.narrow{rows} = icmp sle i64 %lanes, {widest}",
+                      f"  %j.takes{rows} = and i1 %j.fits{rows}, %j.narrow{rows}"]
+            wanted = f"%j.takes{rows}"
+        lines.append(f"  br i1 {wanted}, label %r{rows}.entry, label %pick{smaller}")
     lines += [f"pick1:", "  br label %r1.entry"]
-    for rows in sizes:
+    for rows, _, steps in ROWS_FMA_BLOCKS:
         p = f"r{rows}"
-        steps = kinds[rows]
         lines += [f"{p}.entry:", f"  %{p}.chunk = and i64 %j, -16", f"  %{p}.later = icmp sgt i64 %{p}.chunk, %lo",
-                  f"  %{p}.later3 = and i1 %m3, %{p}.later", f"  %{p}.start = select i1 %{p}.later3, i64 %{p}.chunk, i64 %lo",
+                  f"  %{p}.later1 = and i1 %m1, %{p}.later", f"  %{p}.start = select i1 %{p}.later1, i64 %{p}.chunk, i64 %lo",
                   f"  %{p}.end = add i64 %{p}.chunk, 16", f"  %{p}.short = icmp slt i64 %{p}.end, %count",
                   f"  %{p}.upto = select i1 %{p}.short, i64 %{p}.end, i64 %count",
-                  f"  %{p}.a = select i1 %m5, i64 %{p}.chunk, i64 0", f"  %{p}.b = select i1 %m4, i64 %{p}.upto, i64 %count",
+                  f"  %{p}.a = select i1 %m3, i64 %{p}.chunk, i64 0", f"  %{p}.b = select i1 %m2, i64 %{p}.upto, i64 %count",
                   f"  %{p}.doff = mul i64 %j, %dt0", f"  %{p}.drow = getelementptr i8, ptr %d, i64 %{p}.doff",
                   f"  %{p}.woff = mul i64 %j, %wj", f"  %{p}.wrow = getelementptr i8, ptr %w, i64 %{p}.woff",
                   f"  br label %{p}.lanes", f"{p}.lanes:",
                   f"  %{p}.v = phi i64 [%{p}.start, %{p}.entry], "
-                  + ", ".join(f"[%{p}.v.{kind}, %{p}.{kind}]" for kind in steps if kind != "tail")]
-        if "pair" in steps:
-            lines += [f"  %{p}.v32 = add i64 %{p}.v, 32", f"  %{p}.pair.fits = icmp sle i64 %{p}.v32, %hi",
-                      f"  br i1 %{p}.pair.fits, label %{p}.pair, label %{p}.single", f"{p}.single:"]
-        lines += [f"  %{p}.v16 = add i64 %{p}.v, 16", f"  %{p}.one.fits = icmp sle i64 %{p}.v16, %hi",
-                  f"  br i1 %{p}.one.fits, label %{p}.one, label %{p}.partial", f"{p}.partial:",
-                  f"  %{p}.rest = icmp slt i64 %{p}.v, %hi", f"  br i1 %{p}.rest, label %{p}.tail, label %{p}.done"]
-        for kind in steps:
-            q = f"{p}.{kind}"
-            vectors = 2 if kind == "pair" else 1
+                  + ", ".join(f"[%{p}.v.{step}, %{p}.{step}]" for step in steps if step != "tail")]
+        checks = [step for step in steps if step != "tail"]
+        for number, step in enumerate(checks):
+            following = f"%{p}.check.{checks[number + 1]}" if number + 1 < len(checks) else f"%{p}.partial"
+            lines += [f"  %{p}.v.{step}.end = add i64 %{p}.v, {16 * _STEP_VECTORS[step]}",
+                      f"  %{p}.{step}.fits = icmp sle i64 %{p}.v.{step}.end, %hi",
+                      f"  br i1 %{p}.{step}.fits, label %{p}.{step}, label {following}"]
+            if number + 1 < len(checks):
+                lines.append(f"{p}.check.{checks[number + 1]}:")
+        lines += [f"{p}.partial:", f"  %{p}.rest = icmp slt i64 %{p}.v, %hi",
+                  f"  br i1 %{p}.rest, label %{p}.tail, label %{p}.done"]
+        for step in steps:
+            q = f"{p}.{step}"
+            vectors = _STEP_VECTORS[step]
             lines += [f"{q}:"]
-            bounds = []
-            for k in range(vectors):
-                lines += [f"  %{q}.lane{k} = add i64 %{p}.v, {16 * k}", f"  %{q}.end{k} = add i64 %{q}.lane{k}, 16",
-                          f"  %{q}.short{k} = icmp slt i64 %{q}.end{k}, %count",
-                          f"  %{q}.min{k} = select i1 %{q}.short{k}, i64 %{q}.end{k}, i64 %count",
-                          f"  %{q}.a{k} = select i1 %m2, i64 %{q}.lane{k}, i64 %{p}.a",
-                          f"  %{q}.b{k} = select i1 %m1, i64 %{q}.min{k}, i64 %{p}.b"]
-                bounds += [f"i64 %{q}.a{k}", f"i64 %{q}.b{k}"]
-            if kind == "tail":  # lanes [v, hi) of 16
+            extra = ""
+            if step == "tail":  # lanes [v, hi) of 16
                 lines += [f"  %{q}.n = sub i64 %hi, %{p}.v", f"  %{q}.n1 = insertelement <16 x i64> undef, i64 %{q}.n, i32 0",
                           f"  %{q}.ns = shufflevector <16 x i64> %{q}.n1, <16 x i64> undef, <16 x i32> zeroinitializer",
                           f"  %{q}.mask = icmp ult <16 x i64> <{', '.join(f'i64 {i}' for i in range(16))}>, %{q}.ns"]
-                bounds.append(f"<16 x i1> %{q}.mask")
+                extra = f", <16 x i1> %{q}.mask"
             lines += [f"  %{q}.bytes = shl i64 %{p}.v, 2", f"  %{q}.dp = getelementptr i8, ptr %{p}.drow, i64 %{q}.bytes",
                       f"  %{q}.sp = getelementptr i8, ptr %s, i64 %{q}.bytes",
-                      f"  call void @\"{name}.b{rows}x{vectors}{'m' if kind == 'tail' else ''}\"(ptr %{q}.dp, i64 %dt0, "
-                      f"ptr %{p}.wrow, i64 %wj, i64 %ws, ptr %{q}.sp, i64 %st0, i1 %fresh, {', '.join(bounds)})"]
-            if kind == "tail":
+                      f"  call void @\"{name}.b{rows}x{vectors}{'m' if step == 'tail' else ''}\"(ptr %{q}.dp, i64 %dt0, "
+                      f"ptr %{p}.wrow, i64 %wj, i64 %ws, ptr %{q}.sp, i64 %st0, i1 %fresh, i64 %{p}.a, i64 %{p}.b{extra})"]
+            if step == "tail":
                 lines.append(f"  br label %{p}.done")
             else:
-                lines += [f"  %{p}.v.{kind} = add i64 %{p}.v, {16 * vectors}", f"  br label %{p}.lanes"]
+                lines += [f"  %{p}.v.{step} = add i64 %{p}.v, {16 * vectors}", f"  br label %{p}.lanes"]
         lines += [f"{p}.done:", f"  %j.next.{p} = add i64 %j, {rows}", "  br label %rows"]
     lines += ["exit:", "  ret i32 0", "}"]
     return "\n".join(lines) + "\n"
@@ -633,12 +622,11 @@ def _rows_fma_function(name: str, generic: str, layouts: list[str], down_type: S
 
 def _rows_fma_block(name: str, rows: int, vectors: int, masked: bool) -> str:
     """``rows`` dest rows by ``vectors`` 16-lane vectors from %d (rows %ds bytes apart; ``masked``:
-    one vector, the lanes of %mask only): the accumulators loaded (zeros where %fresh), then for each source s in its
-    vector's range [a_k, b_k) in order acc[i][k] = fma(w(i, s), sources[s, lanes k], acc[i][k])
-    (w(i, s) at %w + i %wj + s %ws bytes, sources[s] at %s + s %ss), stored back. Two vectors take
-    their ranges in three phases (the ranges start and end in order: a0 <= a1, b0 <= b1)."""
-    params = ["ptr %d", "i64 %ds", "ptr %w", "i64 %wj", "i64 %ws", "ptr %s", "i64 %ss", "i1 %fresh"]
-    params += [f"i64 %{x}{k}" for k in range(vectors) for x in "ab"] + (["<16 x i1> %mask"] if masked else [])
+    one vector, the lanes of %mask only): the accumulators loaded (zeros where %fresh), then for
+    each source s in [a, b) in order acc[i][k] = fma(w(i, s), sources[s, lanes k], acc[i][k])
+    (w(i, s) at %w + i %wj + s %ws bytes, sources[s] at %s + s %ss), stored back."""
+    params = ["ptr %d", "i64 %ds", "ptr %w", "i64 %wj", "i64 %ws", "ptr %s", "i64 %ss", "i1 %fresh", "i64 %a", "i64 %b"]
+    params += ["<16 x i1> %mask"] if masked else []
     lines = [f"define internal void @\"{name}\"({', '.join(params)}) alwaysinline {{", "entry:"]
 
     def load(out, pointer):
@@ -647,58 +635,34 @@ def _rows_fma_block(name: str, rows: int, vectors: int, masked: bool) -> str:
                     f"{_VEC} zeroinitializer)"]
         return [f"  {out} = load {_VEC}, ptr {pointer}, align 4"]
 
-    current = {}
+    cells = [(i, k) for i in range(rows) for k in range(vectors)]
     for i in range(rows):
         lines += [f"  %drow{i}.off = mul i64 %ds, {i}", f"  %drow{i} = getelementptr i8, ptr %d, i64 %drow{i}.off",
                   f"  %wrow{i}.off = mul i64 %wj, {i}", f"  %wrow{i} = getelementptr i8, ptr %w, i64 %wrow{i}.off"]
         for k in range(vectors):
             lines += [f"  %dp{i}.{k} = getelementptr i8, ptr %drow{i}, i64 {64 * k}"] + load(f"%held{i}.{k}", f"%dp{i}.{k}")
             lines.append(f"  %acc{i}.{k} = select i1 %fresh, {_VEC} zeroinitializer, {_VEC} %held{i}.{k}")
-            current[i, k] = f"%acc{i}.{k}"
-
-    def pick(out, x, y, relation):
-        return [f"  %{out}.c = icmp {relation} i64 {x}, {y}", f"  %{out} = select i1 %{out}.c, i64 {x}, i64 {y}"]
-
-    if vectors == 1:
-        phases = [("p1", "%a0", "%b0", (0,))]
-    else:
-        lines += pick("p1.to", "%a1", "%b0", "slt") + pick("p2.from", "%a0", "%a1", "sgt")
-        lines += pick("p2.to", "%b0", "%b1", "slt") + pick("p3.from", "%a1", "%b0", "sgt")
-        phases = [("p1", "%a0", "%p1.to", (0,)), ("p2", "%p2.from", "%p2.to", (0, 1)), ("p3", "%p3.from", "%b1", (1,))]
-    lines.append("  br label %p1.pre")
-    for number, (tag, first, last, active) in enumerate(phases):
-        pre = f"{tag}.pre"
-        cells = [(i, k) for i in range(rows) for k in active]
-        lines += [f"{pre}:", f"  %{tag}.go = icmp slt i64 {first}, {last}",
-                  f"  br i1 %{tag}.go, label %{tag}.loop, label %{tag}.exit", f"{tag}.loop:",
-                  f"  %{tag}.i = phi i64 [{first}, %{pre}], [%{tag}.next, %{tag}.loop]"]
-        lines += [f"  %{tag}.acc{i}.{k} = phi {_VEC} [{current[i, k]}, %{pre}], [%{tag}.new{i}.{k}, %{tag}.loop]"
-                  for i, k in cells]
-        lines += [f"  %{tag}.soff = mul i64 %{tag}.i, %ss", f"  %{tag}.woff = mul i64 %{tag}.i, %ws"]
-        for k in active:
-            lines += [f"  %{tag}.xo{k} = add i64 %{tag}.soff, {64 * k}",
-                      f"  %{tag}.xp{k} = getelementptr i8, ptr %s, i64 %{tag}.xo{k}"] + load(f"%{tag}.x{k}", f"%{tag}.xp{k}")
-        for i in range(rows):
-            lines += [f"  %{tag}.wp{i} = getelementptr i8, ptr %wrow{i}, i64 %{tag}.woff",
-                      f"  %{tag}.w{i} = load float, ptr %{tag}.wp{i}, align 4",
-                      f"  %{tag}.wi{i} = insertelement {_VEC} undef, float %{tag}.w{i}, i32 0",
-                      f"  %{tag}.wb{i} = shufflevector {_VEC} %{tag}.wi{i}, {_VEC} undef, <16 x i32> zeroinitializer"]
-        lines += [f"  %{tag}.new{i}.{k} = call {_VEC} @llvm.fma.v16f32({_VEC} %{tag}.wb{i}, {_VEC} %{tag}.x{k}, "
-                  f"{_VEC} %{tag}.acc{i}.{k})" for i, k in cells]
-        lines += [f"  %{tag}.next = add i64 %{tag}.i, 1", f"  %{tag}.more = icmp slt i64 %{tag}.next, {last}",
-                  f"  br i1 %{tag}.more, label %{tag}.loop, label %{tag}.exit", f"{tag}.exit:"]
-        for i, k in cells:
-            lines.append(f"  %{tag}.out{i}.{k} = phi {_VEC} [{current[i, k]}, %{pre}], [%{tag}.new{i}.{k}, %{tag}.loop]")
-            current[i, k] = f"%{tag}.out{i}.{k}"
-        lines.append(f"  br label %{phases[number + 1][0]}.pre" if number + 1 < len(phases) else "  br label %store")
-    lines.append("store:")
+    lines += ["  %go = icmp slt i64 %a, %b", "  br i1 %go, label %loop, label %exit", "loop:",
+              "  %s.i = phi i64 [%a, %entry], [%s.next, %loop]"]
+    lines += [f"  %in{i}.{k} = phi {_VEC} [%acc{i}.{k}, %entry], [%new{i}.{k}, %loop]" for i, k in cells]
+    lines += ["  %soff = mul i64 %s.i, %ss", "  %woff = mul i64 %s.i, %ws"]
+    for k in range(vectors):
+        lines += [f"  %xo{k} = add i64 %soff, {64 * k}", f"  %xp{k} = getelementptr i8, ptr %s, i64 %xo{k}"]
+        lines += load(f"%x{k}", f"%xp{k}")
     for i in range(rows):
-        for k in range(vectors):
-            if masked:
-                lines.append(f"  call void @llvm.masked.store.v16f32.p0({_VEC} {current[i, k]}, ptr %dp{i}.{k}, i32 4, "
-                             "<16 x i1> %mask)")
-            else:
-                lines.append(f"  store {_VEC} {current[i, k]}, ptr %dp{i}.{k}, align 4")
+        lines += [f"  %wp{i} = getelementptr i8, ptr %wrow{i}, i64 %woff", f"  %w{i} = load float, ptr %wp{i}, align 4",
+                  f"  %wi{i} = insertelement {_VEC} undef, float %w{i}, i32 0",
+                  f"  %wb{i} = shufflevector {_VEC} %wi{i}, {_VEC} undef, <16 x i32> zeroinitializer"]
+    lines += [f"  %new{i}.{k} = call {_VEC} @llvm.fma.v16f32({_VEC} %wb{i}, {_VEC} %x{k}, {_VEC} %in{i}.{k})"
+              for i, k in cells]
+    lines += ["  %s.next = add i64 %s.i, 1", "  %more = icmp slt i64 %s.next, %b",
+              "  br i1 %more, label %loop, label %exit", "exit:"]
+    lines += [f"  %out{i}.{k} = phi {_VEC} [%acc{i}.{k}, %entry], [%new{i}.{k}, %loop]" for i, k in cells]
+    for i, k in cells:
+        if masked:
+            lines.append(f"  call void @llvm.masked.store.v16f32.p0({_VEC} %out{i}.{k}, ptr %dp{i}.{k}, i32 4, <16 x i1> %mask)")
+        else:
+            lines.append(f"  store {_VEC} %out{i}.{k}, ptr %dp{i}.{k}, align 4")
     lines += ["  ret void", "}"]
     return "\n".join(lines) + "\n"
 

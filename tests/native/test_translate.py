@@ -706,16 +706,15 @@ def test_only_the_templates_bendc_lanes8_becomes_vector_code(tmp_path):
 
 
 def _rows_fma_expected(dest, weights, down, sources, count, lo, hi, causal, fresh) -> np.ndarray:
-    """bendc_rows_fma's contract in float64 (templates/products.py), written from its docstring: the cells
-    each causal mode keeps, the sources each takes, from zeros where fresh; other cells as they were."""
+    """bendc_rows_fma's contract in float64 (templates/products.py), written from its docstring: the lanes
+    and sources each causal mode keeps, from zeros where fresh; other cells as they were."""
     out = dest.astype(np.float64)
     for j in range(dest.shape[0]):
         chunk = j // 16 * 16
-        for r in range(max(lo, chunk) if causal == 3 else lo, hi):
+        for r in range(max(lo, chunk) if causal == 1 else lo, hi):
             total = 0.0 if fresh else out[j, r]
             for s in range(count):
-                if (causal == 1 and r < s // 16 * 16) or (causal == 2 and r >= (s // 16 + 1) * 16) or \
-                        (causal == 4 and s >= chunk + 16) or (causal == 5 and s < chunk):
+                if (causal == 2 and s >= chunk + 16) or (causal == 3 and s < chunk):
                     continue
                 total += float(weights[s, j] if down else weights[j, s]) * float(sources[s, r])
             out[j, r] = total
@@ -724,8 +723,8 @@ def _rows_fma_expected(dest, weights, down, sources, count, lo, hi, causal, fres
 
 def test_bendc_rows_fma_is_register_blocked_with_numbas_bits(tmp_path, monkeypatch):
     """templates/products.py's bendc_rows_fma is a register-blocked vector product natively
-    (runtime/native/translate.py _rows_fma_vector: blocks of 8 x 1, 4 x 2 and single rows, a masked
-    last vector) and gives numba's bits for every causal mode, both weight orders, fresh or
+    (runtime/native/translate.py _rows_fma_vector: blocks of 16 x 1, 8 x 2, 4 x 4 and single rows, a
+    masked last vector) and gives numba's bits for every causal mode, both weight orders, fresh or
     accumulating, rows and lanes off the blocks, strided views (dest and sources with contiguous
     lanes, weights transposed); lo off a chunk and sources with strided lanes take the body. The
     values span 2^-20..2^20, so any other order of a cell's FMAs shows in the bits; the float64
@@ -759,9 +758,9 @@ def test_bendc_rows_fma_is_register_blocked_with_numbas_bits(tmp_path, monkeypat
 
     cases = [(rows, lanes, count, lo) for rows, lanes, count, lo in
              [(64, 64, 32, 0), (13, 37, 40, 0), (24, 16, 64, 0), (5, 20, 7, 16), (1, 48, 16, 0), (9, 64, 0, 32),
-              (17, 33, 17, 0), (64, 70, 64, 3)]]
+              (17, 33, 17, 0), (64, 70, 64, 3), (40, 100, 24, 0), (35, 16, 33, 0)]]
     for rows, lanes, count, lo in cases:
-        for causal in range(6):
+        for causal in range(4):
             for down in (0, 1):
                 fresh = bool((rows + causal + down) % 2)
                 hi = lanes - 2 if causal == 0 and lanes > 40 else lanes

@@ -8,20 +8,19 @@ dest (from zeros where ``fresh``: dest's values are not read)
 
 w(j, s) = ``weights[s, j]`` when ``down`` else ``weights[j, s]``, each rounded once (``bendc_fma``),
 at the lanes r in [lo, hi). ``causal`` keeps the cells a causal attention head holds, in chunks of 16
-(its LANES): 0 all of them; 1 source s only into lanes from the start of its chunk on
-(r >= (s // 16) * 16); 2 source s only into lanes up to the end of its chunk (r < (s // 16 + 1) * 16);
-3 row j only at lanes from the start of its chunk on (r >= (j // 16) * 16); 4 row j only from the
-sources up to the end of its chunk (s < (j // 16 + 1) * 16); 5 row j only from the sources from the
-start of its chunk on (s >= (j // 16) * 16). dest shares no memory with weights or sources.
+rows (its LANES): 0 all of them; 1 row j only at lanes from the start of its chunk on
+(r >= (j // 16) * 16); 2 row j only from the sources up to the end of its chunk
+(s < (j // 16 + 1) * 16); 3 row j only from the sources from the start of its chunk on
+(s >= (j // 16) * 16). dest shares no memory with weights or sources.
 
 Why a function: its loops as numba writes them load and store dest[j, r] for every source (or four,
 unrolled by hand): a product of 64 x 32 by 32 x 64 ran at ~25 GFLOP/s, a sixth of one core's peak.
 The native translator (runtime/native/translate.py, ``_rows_fma_vector``) emits it, for float32
 rows with contiguous lanes and ``lo`` on a chunk, as a register-blocked product: a block of dest
-rows (4 by two 16-lane vectors, or 8 by one where the rows are 16 lanes or fewer) stays in
-registers while the sources go by, the last vector of a row masked, each cell's FMAs in the order
-above, so the bits are the body's. Anything else runs the body below; numba compiles the body,
-which gives the same bits (BENDC_NATIVE_CHECK compares the two).
+rows by 16-lane vectors (4 x 4, 8 x 2 or 8 x 1, by the rows' width) stays in registers while the
+sources go by, the last vector of a row masked, each cell's FMAs in the order above, so the bits
+are the body's. Anything else runs the body below; numba compiles the body, which gives the same
+bits (BENDC_NATIVE_CHECK compares the two).
 """
 import numpy as np
 from numba import njit
@@ -36,16 +35,13 @@ def bendc_rows_fma(dest, weights, down, sources, count, lo, hi, causal, fresh):
     for j in range(dest.shape[0]):
         row = dest[j]
         chunk = (j // 16) * 16
-        start = max(max(lo, 0), chunk) if causal == 3 else max(lo, 0)
-        sources_from = chunk if causal == 5 else 0
-        sources_to = min(max(count, 0), chunk + 16) if causal == 4 else max(count, 0)
+        start = max(max(lo, 0), chunk) if causal == 1 else max(lo, 0)
+        sources_to = min(max(count, 0), chunk + 16) if causal == 2 else max(count, 0)
         if fresh:
             for r in range(start, hi):
                 row[r] = np.float32(0.0)
-        for s in range(sources_from, sources_to):
+        for s in range(chunk if causal == 3 else 0, sources_to):
             w = weights[s, j] if down else weights[j, s]
-            first = max(start, (s // 16) * 16) if causal == 1 else start
-            last = min(hi, (s // 16 + 1) * 16) if causal == 2 else hi
             line = sources[s]
-            for r in range(first, last):
+            for r in range(start, hi):
                 row[r] = bendc_fma(w, line[r], row[r])

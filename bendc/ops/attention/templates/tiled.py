@@ -124,9 +124,9 @@ LANES = 16  # a causal row's cells are computed from the start of its 16-lane ch
 # the cells a causal head holds in chunks of LANES.
 ACROSS = 0  # w(j, s) = weights[j, s]
 DOWN = 1  # w(j, s) = weights[s, j]
-ROW_FROM_CHUNK = 3  # a row of S^T (a key) holds its queries from the start of its chunk on
-SOURCES_TO_CHUNK = 4  # a query's row reads the keys up to the end of its chunk
-SOURCES_FROM_CHUNK = 5  # a key's row reads the queries from the start of its chunk on
+ROW_FROM_CHUNK = 1  # a row of S^T (a key) holds its queries from the start of its chunk on
+SOURCES_TO_CHUNK = 2  # a query's row reads the keys up to the end of its chunk
+SOURCES_FROM_CHUNK = 3  # a key's row reads the queries from the start of its chunk on
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
