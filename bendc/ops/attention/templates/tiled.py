@@ -189,9 +189,9 @@ def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, top, total):
 def _small_backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal, first_member, qt, gt, st, dpt, delta, logsum):
     """One query head's backward, all of it in cache: P^T recomputed from the logsumexp, dV += P^T dO,
     dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dQ = dS K, dK += dS^T Q (dK and dV
-    accumulate over the query heads of a key/value head, from zeros at its first). The logsumexps are copied to ``logsum``
-    first: ``lse`` is a strided view of the forward's output, and read in place it would keep the
-    exponentials' loop from vectorizing."""
+    accumulate over the query heads of a key/value head, from zeros at its first). The logsumexps are
+    copied to ``logsum`` first: ``lse`` is a strided view of the forward's output, and read in place
+    it would keep the exponentials' loop from vectorizing."""
     t, depth = q.shape
     width = v.shape[1]
     tp = st.shape[1]
