@@ -70,6 +70,17 @@ def test_fused_small_heads(t, depth, width, heads, kv_heads, causal):
     check_tiled(arrays, LEAVES, "cpu", is_causal=causal, enable_gqa=True)
 
 
+@pytest.mark.parametrize("t, depth, width, causal", [(40, 3, 5, True), (64, 32, 32, True), (100, 16, 16, True)])
+def test_native_kernels_give_numbas_bits(monkeypatch, t, depth, width, causal):
+    """BENDC_NATIVE_CHECK runs numba beside every native call on copies of its arguments and raises
+    on the first bit that differs: the fused heads' register-blocked products (bendc_rows_fma, a
+    masked last vector at Dv=5) and the BLAS tiles (t=100) give numba's bits, and no two arguments of
+    a kernel view the same memory (the copies would not share it: a false difference)."""
+    monkeypatch.setenv("BENDC_NATIVE_CHECK", "1")
+    arrays = inputs(1, 4, 2, t, depth, width=width, seed=t)
+    check_tiled(arrays, LEAVES, "cpu", is_causal=causal, enable_gqa=True)
+
+
 def test_benchmark_shape():
     """The benchmark's shape (B=4 H=8 Hkv=2 T=512 D=64), causal, chosen by the pass itself."""
     arrays = inputs(4, 8, 2, 512, 64, seed=1)

@@ -227,10 +227,12 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal, first_me
 
 
 @njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _attention_tiled(q, k, v, out, lse, scale, causal):
+def _attention_tiled(q, k, v, out, scale, causal):
     """Each work item: its block rows of one (batch, head), over the key/value head it reads (up to
     SMALL positions: the whole head, fused). ``out`` is the forward's whole buffer (templates/
-    tiled_forward.py): O in the first t rows of each head, so a head's O is C-contiguous."""
+    tiled_forward.py): O in the first t rows of each head (so a head's O is C-contiguous), its
+    logsumexps in the first t floats of the rows after them (``rest``; no second argument views the
+    same memory)."""
     batch, heads, t, depth = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -239,8 +241,9 @@ def _attention_tiled(q, k, v, out, lse, scale, causal):
         for work in prange(batch * heads):
             b = work // heads
             h = work - b * heads
-            _small_forward_head(q[b, h], k[b, h // group], v[b, h // group], out[b, h, :t], lse[b, h], scale, causal,
-                                np.empty((depth, padded), np.float32), np.empty((t, padded), np.float32),
+            rest = out[b, h, t:]
+            _small_forward_head(q[b, h], k[b, h // group], v[b, h // group], out[b, h, :t], rest.reshape(rest.size)[:t],
+                                scale, causal, np.empty((depth, padded), np.float32), np.empty((t, padded), np.float32),
                                 np.empty(padded, np.float32), np.empty(padded, np.float32))
         return
     blocks = (t + BLOCK - 1) // BLOCK
@@ -253,8 +256,9 @@ def _attention_tiled(q, k, v, out, lse, scale, causal):
         for block in _tiled_deal(item, blocks, causal):
             if block < 0:
                 continue
-            _forward_block(q[b, h], k[b, h // group], v[b, h // group], out[b, h], lse[b, h], block, scale,
-                           causal)
+            rest = out[b, h, t:]
+            _forward_block(q[b, h], k[b, h // group], v[b, h // group], out[b, h], rest.reshape(rest.size)[:t], block,
+                           scale, causal)
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
