@@ -253,6 +253,8 @@ class JitFunction:
         plain = all(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                     for p in self.signature.parameters.values())
         self._positional = len(self.signature.parameters) if plain else -1
+        # what a call that leaves out trailing parameters passes for them (empty: required)
+        self._defaults = tuple(p.default for p in self.signature.parameters.values())
         names = list(self.signature.parameters)
         self._dynamic_positions = frozenset(names.index(name) for name in self.dynamic)
         self._leaf_positions = frozenset(names.index(name) for name in self.leaves)
@@ -309,10 +311,16 @@ class JitFunction:
 
     def _fast_key(self, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
         """(a signature key, the array inputs in order) computed without binding, for calls with
-        every parameter given positionally as a C-contiguous numpy array, a Python scalar or
-        string, or a pytree of them; None otherwise (the call is bound)."""
-        if kwargs or len(args) != self._positional:
+        every parameter given positionally (or the trailing ones left to their defaults) as a
+        C-contiguous numpy array, a Python scalar or string, or a pytree of them; None otherwise (the
+        call is bound)."""
+        if kwargs or not 0 <= len(args) <= self._positional:
             return None
+        if len(args) < self._positional:  # trailing parameters left to their defaults, as binding fills them
+            missing = self._defaults[len(args):]
+            if any(default is inspect.Parameter.empty for default in missing):
+                return None
+            args = tuple(args) + missing
         key: list = []
         inputs: list = []
         seen_leaves: dict[int, int] = {}  # id of an array -> its input position (one object, one input)

@@ -141,6 +141,27 @@ def test_plain_positional_arrays_keep_the_fast_path():
     assert len(mul.signatures()) == 1
 
 
+def test_calls_leaving_trailing_parameters_to_their_defaults_keep_the_fast_path(monkeypatch):
+    """A step whose last parameters have defaults (``lr=1e-3``), called without them, is not bound
+    again at every call: the defaults fill the fast key as binding fills the parameters. A call
+    passing the same value explicitly finds the same signature; another value is another one."""
+    @bendc.jit(target="reference")
+    def scaled(x, w, scale=2.0, mode="plain"):
+        return x * w * scale if mode == "plain" else x - w
+
+    x, w = np.ones(3, np.float32), np.full(3, 3.0, np.float32)
+    np.testing.assert_array_equal(scaled(x, w), [6.0, 6.0, 6.0])
+    binds = []
+    original = type(scaled)._bind
+    monkeypatch.setattr(type(scaled), "_bind", lambda self, *a: binds.append(a) or original(self, *a))
+    np.testing.assert_array_equal(scaled(x, w), [6.0, 6.0, 6.0])
+    np.testing.assert_array_equal(scaled(x, w, 2.0), [6.0, 6.0, 6.0])
+    assert binds == [] and len(scaled.signatures()) == 1
+    np.testing.assert_array_equal(scaled(x, w, 2.0, "minus"), [-2.0, -2.0, -2.0])
+    np.testing.assert_array_equal(scaled(x, w, 0.5), [1.5, 1.5, 1.5])
+    assert len(scaled.signatures()) == 3
+
+
 def test_pytree_calls_take_the_fast_path_and_a_changed_leaf_misses_it():
     @bendc.jit(target="reference", dynamic=("scale",))
     def weighted(params, scale, mode):

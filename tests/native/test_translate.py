@@ -794,3 +794,16 @@ def test_only_the_templates_bendc_rows_fma_becomes_vector_code():
 
     (template,) = [n for n in ast.parse(template_text("products.py")).body if isinstance(n, ast.FunctionDef)]
     assert function_digest(template) == ROWS_FMA_DIGEST, "products.py changed: update the translator's vector form"
+
+
+def test_checking_follows_the_environment_at_every_call(monkeypatch):
+    """jit.checking() reads os.environ's own mapping at each call (not the value at import): a test
+    or a user setting BENDC_NATIVE_CHECK in the process turns the check on and off."""
+    monkeypatch.delenv("BENDC_NATIVE_CHECK", raising=False)
+    assert not jit.checking()
+    monkeypatch.setenv("BENDC_NATIVE_CHECK", "1")
+    assert jit.checking()
+    monkeypatch.setenv("BENDC_NATIVE_CHECK", "0")
+    assert not jit.checking()
+    os.environ["BENDC_NATIVE_CHECK"] = "1"
+    assert jit.checking()
