@@ -253,8 +253,12 @@ class JitFunction:
         plain = all(p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                     for p in self.signature.parameters.values())
         self._positional = len(self.signature.parameters) if plain else -1
-        # what a call that leaves out trailing parameters passes for them (empty: required)
+        # what a call that leaves out trailing parameters passes for them (empty: required), and the
+        # parameters a call may name
         self._defaults = tuple(p.default for p in self.signature.parameters.values())
+        self._names = tuple(self.signature.parameters)
+        self._keywords = frozenset(name for name, p in self.signature.parameters.items()
+                                   if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
         names = list(self.signature.parameters)
         self._dynamic_positions = frozenset(names.index(name) for name in self.dynamic)
         self._leaf_positions = frozenset(names.index(name) for name in self.leaves)
@@ -311,16 +315,23 @@ class JitFunction:
 
     def _fast_key(self, args: tuple, kwargs: dict) -> tuple[tuple, list] | None:
         """(a signature key, the array inputs in order) computed without binding, for calls with
-        every parameter given positionally (or the trailing ones left to their defaults) as a
-        C-contiguous numpy array, a Python scalar or string, or a pytree of them; None otherwise (the
-        call is bound)."""
-        if kwargs or not 0 <= len(args) <= self._positional:
+        every parameter given (positionally, by name, or left to its default) as a C-contiguous
+        numpy array, a Python scalar or string, or a pytree of them; None otherwise (the call is
+        bound). The key is the positional call's: named and default values fill the parameters
+        after the positional ones, as binding fills them."""
+        if not 0 <= len(args) <= self._positional:
             return None
-        if len(args) < self._positional:  # trailing parameters left to their defaults, as binding fills them
-            missing = self._defaults[len(args):]
-            if any(default is inspect.Parameter.empty for default in missing):
-                return None
-            args = tuple(args) + missing
+        if len(args) < self._positional:
+            if not kwargs.keys() <= self._keywords:
+                return None  # binding says what is wrong (an unknown name, a positional-only one)
+            rest = tuple(kwargs.get(name, default) for name, default in
+                         zip(self._names[len(args):], self._defaults[len(args):]))
+            given = sum(name in kwargs for name in self._names[len(args):])
+            if any(value is inspect.Parameter.empty for value in rest) or given != len(kwargs):
+                return None  # a required parameter missing, or one given twice
+            args = tuple(args) + rest
+        elif kwargs:
+            return None
         key: list = []
         inputs: list = []
         seen_leaves: dict[int, int] = {}  # id of an array -> its input position (one object, one input)

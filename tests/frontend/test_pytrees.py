@@ -141,10 +141,12 @@ def test_plain_positional_arrays_keep_the_fast_path():
     assert len(mul.signatures()) == 1
 
 
-def test_calls_leaving_trailing_parameters_to_their_defaults_keep_the_fast_path(monkeypatch):
-    """A step whose last parameters have defaults (``lr=1e-3``), called without them, is not bound
-    again at every call: the defaults fill the fast key as binding fills the parameters. A call
-    passing the same value explicitly finds the same signature; another value is another one."""
+def test_calls_with_defaults_and_names_keep_the_fast_path(monkeypatch):
+    """A step whose last parameters have defaults (``lr=1e-3``), called without them, or called
+    with parameters by name, is not bound again at every call: the defaults and the named values
+    fill the fast key as binding fills the parameters. A call passing the same values positionally
+    finds the same signature; another value is another one; binding still reports a parameter
+    given twice or an unknown name."""
     @bendc.jit(target="reference")
     def scaled(x, w, scale=2.0, mode="plain"):
         return x * w * scale if mode == "plain" else x - w
@@ -157,9 +159,16 @@ def test_calls_leaving_trailing_parameters_to_their_defaults_keep_the_fast_path(
     np.testing.assert_array_equal(scaled(x, w), [6.0, 6.0, 6.0])
     np.testing.assert_array_equal(scaled(x, w, 2.0), [6.0, 6.0, 6.0])
     assert binds == [] and len(scaled.signatures()) == 1
+    np.testing.assert_array_equal(scaled(x, w=w), [6.0, 6.0, 6.0])  # by name: the same key
+    np.testing.assert_array_equal(scaled(w=w, x=x, mode="plain"), [6.0, 6.0, 6.0])
+    assert binds == [] and len(scaled.signatures()) == 1
     np.testing.assert_array_equal(scaled(x, w, 2.0, "minus"), [-2.0, -2.0, -2.0])
     np.testing.assert_array_equal(scaled(x, w, 0.5), [1.5, 1.5, 1.5])
+    np.testing.assert_array_equal(scaled(x, w, scale=0.5), [1.5, 1.5, 1.5])
     assert len(scaled.signatures()) == 3
+    for wrong in ({"x": x}, {"w": w, "typo": 1.0}):  # given twice, an unknown name: binding's errors
+        with pytest.raises(bendc.SignatureError):
+            scaled(x, **wrong)
 
 
 def test_pytree_calls_take_the_fast_path_and_a_changed_leaf_misses_it():
