@@ -259,9 +259,8 @@ class JitFunction:
         self._names = tuple(self.signature.parameters)
         self._keywords = frozenset(name for name, p in self.signature.parameters.items()
                                    if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        names = list(self.signature.parameters)
-        self._dynamic_positions = frozenset(names.index(name) for name in self.dynamic)
-        self._leaf_positions = frozenset(names.index(name) for name in self.leaves)
+        self._dynamic_positions = frozenset(self._names.index(name) for name in self.dynamic)
+        self._leaf_positions = frozenset(self._names.index(name) for name in self.leaves)
         self._last: Executable | None = None
 
     def _parameter_names(self, names: Sequence[str] | str, option: str) -> tuple[str, ...]:

@@ -357,7 +357,7 @@ def _cpu_rope(attrs, ins, out):
     lines += [inner + f"for j in range({half}):"] + [inner + "    " + line for line in (
         f"a = x[{cell}]", f"p = x[{partner}]", "c = cos[t, j]", "s = sin[t, j]",
         f"out[{cell}] = {first}", f"out[{partner}] = {second}")]
-    copy = "in0" if half <= ROPE_STRIDED_HALF else "in0 if in0.flags.c_contiguous else np.ascontiguousarray(in0)"
+    copy = "in0" if half <= ROPE_STRIDED_HALF else "np.ascontiguousarray(in0)"  # (no copy when it already is)
     return (
         njit_decorator(parallel) + "\n"
         "def _rows(x, cos, sin, out):\n" + "\n".join(lines) + "\n\n\n"
