@@ -1108,7 +1108,10 @@ class Builder:
             self.emit(expr, x.shape, x.bound + abs(c), (x,), "creation")
         elif style == "empty":  # written whole before it is read: x[...] = value on torch.empty(_like)
             name = self.fresh()
-            made = f"torch.empty_like({x.name})" if draw(st.booleans()) else f"torch.empty({tuple(x.shape)!r}{device})"
+            # torch.empty in x's dtype: the float64 reference run's would otherwise stay float32 (the
+            # default dtype) and a product reading it mixes dtypes, which torch rejects (seed 20261210)
+            made = f"torch.empty_like({x.name})" if draw(st.booleans()) else \
+                f"torch.empty({tuple(x.shape)!r}, dtype={x.name}.dtype{device})"
             self.lines += [(f"{name} = {made}",) * 2, (f"{name}[...] = {x.name} * {c!r}",) * 2]
             self.values.append(Value(name, x.shape, x.bound * abs(c), x.deps, x.exact))
             self.families.add("creation")
