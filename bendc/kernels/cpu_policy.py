@@ -1,14 +1,17 @@
 """The CPU execution policy: the one place that decides whether a kernel runs its cells in parallel.
 
 A generated CPU kernel either loops over its cells in the calling thread or splits them over
-numba's thread pool (``prange``: runtime/native runs it on numba's threading layer through
-``numba_parallel_for``, or numba itself does). A parallel launch costs ``LAUNCH_SECONDS`` (numba's
-workqueue layer: its workers nap between polls, so a launch takes 66-75 us whatever the work, at 1
-or 2 threads; the native kernels launch nothing when numba's thread count is 1, so a one-thread
-run pays it nowhere). Splitting ``cells`` cells of ``seconds_per_cell`` work over two threads saves
-half the work: a kernel goes parallel when that saving exceeds the launch, that is from
-``2 * LAUNCH_SECONDS / seconds_per_cell`` cells. Every renderer asks :func:`parallel` with the
-kind of work its cells do; no other file holds a threshold.
+the thread pool (``prange``: runtime/native runs it on bendc's pool, runtime/native/pool.py, or
+numba runs it on its threading layer for the kernels it compiles itself). A parallel launch was
+measured at ``LAUNCH_SECONDS`` on numba's workqueue layer (its workers nap between polls, so a
+launch took 66-75 us whatever the work; the native kernels launch nothing when numba's thread
+count is 1). bendc's pool launches in ~1.5 us while its workers spin, and its caller never waits
+for a sleeping worker; the crossovers were kept (lowering them to a 10 or 3 us launch ran 2-4x the
+launches with step times within the machine's noise: transformer 4.65 / 4.75 / 4.79 ms, cnn 2.23 /
+2.11 / 2.04, gpt_small 6.61 / 6.49 / 6.79 at 2 threads). Splitting ``cells`` cells of
+``seconds_per_cell`` work over two threads saves half the work: a kernel goes parallel when that
+saving exceeds the launch, that is from ``2 * LAUNCH_SECONDS / seconds_per_cell`` cells. Every
+renderer asks :func:`parallel` with the kind of work its cells do; no other file holds a threshold.
 
 The costs per cell are the ones measured when each kind's crossover was set (2-core machine,
 bench/run.py and the examples), which these constants reproduce exactly:
@@ -24,9 +27,9 @@ bench/run.py and the examples), which these constants reproduce exactly:
   parallel from 2^20 cells.
 
 Threads: numba's thread count (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads`` in the
-process), on the threading layer runtime/cpu.py picks (``workqueue`` unless the user set
-``NUMBA_THREADING_LAYER``). BLAS: numpy's products run on numpy's OpenBLAS with its own threads
-(``OPENBLAS_NUM_THREADS``); the tiled attention's products run inside the parallel work items on
+process), on bendc's pool (numba's layer where the user set ``NUMBA_THREADING_LAYER``:
+runtime/cpu.py picks ``workqueue`` for numba's own parallel kernels otherwise). BLAS: numpy's
+products run on numpy's OpenBLAS with its own threads (``OPENBLAS_NUM_THREADS``); the tiled attention's products run inside the parallel work items on
 scipy's OpenBLAS, held to one thread there (ops/attention/templates/tiled.py) so that one pool
 serves each region.
 """

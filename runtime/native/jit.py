@@ -558,10 +558,10 @@ class NativeFunction:
         self.objects[signature] = name
         for listener in list(COMPILE_LISTENERS):
             listener(self.module_name, self.__name__)
-        if "prange" in self.source:  # the object calls numba's threading layer: started first
-            from numba.np.ufunc.parallel import _launch_threads
+        if "prange" in self.source:  # the object calls the thread pool (runtime/native/pool.py): loaded first
+            from runtime.native import pool
 
-            _launch_threads()
+            pool.install(state)
         start = time.perf_counter()
         address = state.load(data, symbol)
         record.load = time.perf_counter() - start

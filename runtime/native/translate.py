@@ -239,10 +239,10 @@ class ModuleTranslator:
         return compiled
 
     def task(self, compiled: Compiled, struct: str, fields: list[str]) -> str:
-        """A gufunc-shaped task for numba_parallel_for running ``compiled`` (an outlined prange body)
-        over its chunk: first = args[0] as an integer (the launch passes the start as a null-based
-        pointer that parallel_for advances by count * thread), count = dims[0]; the captured values
-        are read from the context ``data``; a failed status is stored into its first word."""
+        """A gufunc-shaped task for bendc_parallel_for (runtime/native/pool.py) running ``compiled``
+        (an outlined prange body) over its chunk: first = args[0] as an integer (the launch passes
+        the chunk's start as a null-based pointer), count = dims[0]; the captured values are read
+        from the context ``data``; a failed status is stored into its first word."""
         name = f"{compiled.name}.task"
         if name in self.tasks:
             return name
@@ -1178,9 +1178,9 @@ class FunctionTranslator:
 
     def _prange(self, node: ast.For) -> None:
         """``for i in prange(start, stop)``: the body outlined into a function of its own (run over
-        [first, last) by each thread of numba's threading layer: ``numba_parallel_for``, which gives
-        thread t of n the t-th of n equal chunks, the last taking the rest). The names the body reads
-        from this function are passed by value; the names it assigns are private to each thread
+        [first, last) by the pool's threads, the caller among them, a chunk at a time:
+        ``bendc_parallel_for``, runtime/native/pool.py, with numba_parallel_for's arguments). The
+        names the body reads from this function are passed by value; the names it assigns are private to each thread
         (numba's parfor semantics) and not seen after the loop; a name both read from outside and
         assigned in the body (a reduction) is refused, as is a step other than 1."""
         call = node.iter
@@ -1264,8 +1264,7 @@ class FunctionTranslator:
         body = self.body
         self.module.declare("get_num_threads", "declare i32 @get_num_threads()")
         threads = body.value("call i32 @get_num_threads()")
-        # One thread: the body runs here, over the whole range, with no launch at all (numba's
-        # workqueue launch costs ~70 us even then: its workers nap between polls).
+        # One thread: the body runs here, over the whole range, with no launch at all.
         serial, launch, finished = body.label("prange.serial"), body.label("prange.launch"), body.label("prange.end")
         body.cbranch(body.value(f"icmp sle i32 {threads}, 1"), serial, launch)
         body.start(serial)
@@ -1290,8 +1289,8 @@ class FunctionTranslator:
         body.emit(f"store i64 {count}, ptr {dims}")
         steps = body.slot("i64", "psteps")
         body.emit(f"store i64 1, ptr {steps}")
-        self.module.declare("numba_parallel_for",
-                            "declare void @numba_parallel_for(ptr, ptr, ptr, ptr, ptr, i64, i64, i32)")
+        self.module.declare("bendc_parallel_for",
+                            "declare void @bendc_parallel_for(ptr, ptr, ptr, ptr, ptr, i64, i64, i32)")
         # the GIL released while the threads run (as numba's parallel gufunc wrapper does): a thread
         # that needs it (numba's BLAS wrappers take it once to find scipy's functions) must not wait
         # on this one
@@ -1301,7 +1300,7 @@ class FunctionTranslator:
         self.module.declare("PyEval_RestoreThread", "declare void @PyEval_RestoreThread(ptr)")
         gil = body.value("call i32 @PyGILState_Ensure()")
         thread = body.value("call ptr @PyEval_SaveThread()")
-        body.emit(f"call void @numba_parallel_for(ptr @\"{task}\", ptr {args}, ptr {dims}, ptr {steps}, "
+        body.emit(f"call void @bendc_parallel_for(ptr @\"{task}\", ptr {args}, ptr {dims}, ptr {steps}, "
                   f"ptr {context}, i64 0, i64 1, i32 {threads})")
         body.emit(f"call void @PyEval_RestoreThread(ptr {thread})")
         body.emit(f"call void @PyGILState_Release(i32 {gil})")

@@ -481,7 +481,7 @@ def test_the_python_error_model_raises_zero_division_as_numba(module):
         module.python_errors.dispatcher(a, np.array([2.0, 0.0], np.float32), out)
 
 
-def test_prange_runs_on_numbas_threading_layer_with_numbas_bits(module):
+def test_prange_runs_on_the_pool_with_numbas_bits(module):
     x = np.random.default_rng(2).standard_normal((37, 19)).astype(np.float32)
     native, reference = both(module.parallel_rows, x, np.array([1.5], np.float32), np.zeros((37, 19), np.float32),
                              np.zeros(4, np.float64))
