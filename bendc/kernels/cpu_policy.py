@@ -28,10 +28,11 @@ bench/run.py and the examples), which these constants reproduce exactly:
 
 Threads: numba's thread count (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads`` in the
 process), on bendc's pool (numba's layer where the user set ``NUMBA_THREADING_LAYER``:
-runtime/cpu.py picks ``workqueue`` for numba's own parallel kernels otherwise). BLAS: numpy's
-products run on numpy's OpenBLAS with its own threads (``OPENBLAS_NUM_THREADS``); the tiled attention's products run inside the parallel work items on
-scipy's OpenBLAS, held to one thread there (ops/attention/templates/tiled.py) so that one pool
-serves each region.
+runtime/cpu.py picks ``workqueue`` for numba's own parallel kernels otherwise). BLAS: at one
+thread matmul's products run on numpy's OpenBLAS; above one they run on the pool, one sgemm a
+block of the output on scipy's OpenBLAS held to one thread (runtime/native/products.py,
+pool.one_blas_thread), as do the tiled attention's and the conv's products inside their parallel
+work items (numba's np.dot), so that one pool serves the step.
 """
 from __future__ import annotations
 

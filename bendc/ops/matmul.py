@@ -164,11 +164,17 @@ def _cpu_matmul(attrs, ins, out) -> str:
         k, n = a.shape[-1], b.shape[-1]
         # the row count from the shape where k > 0 (one source for every batch size)
         rows = f"in0.size // {k}" if k else str(out.numel // max(n, 1))
-        return ("def kernel(in0, in1, out0):\n"
+        return (_PRODUCTS + "def kernel(in0, in1, out0):\n"
                 f"    # (..., m, k) @ (k, n) as one (rows, {k}) @ ({k}, {n}) product\n"
                 f"    rows = {rows}\n"
-                f"    np.matmul(in0.reshape(rows, {k}), in1, out=out0.reshape(rows, {n}))\n")
+                f"    bendc_matmul(in0.reshape(rows, {k}), in1, out0.reshape(rows, {n}))\n")
+    if a.ndim == 2 and b.ndim == 2:
+        return _PRODUCTS + "def kernel(in0, in1, out0):\n    bendc_matmul(in0, in1, out0)\n"
     return "def kernel(in0, in1, out0):\n    np.matmul(in0, in1, out=out0)\n"
+
+
+# matrices' products on bendc's thread pool at numba's thread count above 1 (runtime/native/products.py)
+_PRODUCTS = "from runtime.native.products import matmul as bendc_matmul\n\n\n"
 
 
 define_op(

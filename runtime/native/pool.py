@@ -40,7 +40,7 @@ import threading
 from typing import Any
 
 SPLIT = 4          # chunks a thread
-SPIN_MICROSECONDS = 100  # a worker spins this long after its last chunk (BENDC_POOL_SPIN_US overrides)
+SPIN_MICROSECONDS = 500  # a worker spins this long after its last chunk (BENDC_POOL_SPIN_US overrides)
 MAX_WORKERS = 255  # workers started at most (threads - 1)
 SYMBOL = "bendc_parallel_for"
 _FUTEX = {"x86_64": 202, "aarch64": 98}  # SYS_futex
@@ -327,6 +327,24 @@ end:
 """
 
 
+def one_blas_thread() -> None:
+    """scipy's OpenBLAS (which numba's np.dot and runtime/native/products.py call) runs one
+    thread: its calls come from the pool's threads, and its own threads would take the same cores
+    (a product past OpenBLAS's threading threshold, 64 x 64 x 128, measured 35x slower at D=128
+    inside prange). numpy's OpenBLAS is another library and keeps its threads for the user's numpy."""
+    if _INSTALLED.get("one_thread"):
+        return
+    import glob
+
+    import scipy
+
+    for path in glob.glob(os.path.join(os.path.dirname(scipy.__file__) + ".libs", "libscipy_openblas*.so")):
+        setter = getattr(ctypes.CDLL(path), "scipy_openblas_set_num_threads", None)
+        if setter is not None:
+            setter(1)
+    _INSTALLED["one_thread"] = True
+
+
 def install(state: Any) -> int:
     """Compile and load the pool into the process's LLVM state once and bind ``bendc_parallel_for``
     (to numba's ``numba_parallel_for`` where :func:`uses_own_pool` says no); its address."""
@@ -340,6 +358,7 @@ def install(state: Any) -> int:
         _launch_threads()  # get_num_threads, and numba_parallel_for for the user's layer
         llvm = state.llvm
         own = uses_own_pool()
+        one_blas_thread()
         if own:
             address = state.load(state.compile(ir()), SYMBOL)
             _INSTALLED["state"] = state

@@ -23,23 +23,11 @@ from bendc.ops.attention.templates.placeholders import CAUSAL, FUSED, PARALLEL, 
 
 # ---------------------------------------------------------------- TEMPLATE
 
-def _one_blas_thread():
-    """numba's np.dot calls scipy's OpenBLAS (through scipy.linalg.cython_blas). Called from prange
-    threads, a product past OpenBLAS's own threading threshold (64 x 64 x 128 is) starts OpenBLAS's
-    threads on the same cores: measured 35x slower at D=128. That library gets one thread (numpy's
-    OpenBLAS, which the runtime's matmuls call, is another library and keeps its threads)."""
-    import ctypes
-    import glob
-    import os
+# numba's np.dot calls scipy's OpenBLAS (through scipy.linalg.cython_blas) from the prange
+# threads: that library runs one thread (runtime/native/pool.py)
+from runtime.native.pool import one_blas_thread
 
-    import scipy
-    for path in glob.glob(os.path.join(os.path.dirname(scipy.__file__) + ".libs", "libscipy_openblas*.so")):
-        setter = getattr(ctypes.CDLL(path), "scipy_openblas_set_num_threads", None)
-        if setter is not None:
-            setter(1)
-
-
-_one_blas_thread()
+one_blas_thread()
 
 BLOCK = 64  # queries and keys per tile (layout.TILE; measured: 64 beat 32 and 128 at T=512, D=64)
 

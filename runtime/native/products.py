@@ -1,0 +1,336 @@
+"""Matrix products on bendc's thread pool: ``matmul(a, b, out)``, out = a @ b.
+
+At numba's thread count above 1 a float32 product runs as sgemm calls, one per block of the
+output, dealt over bendc's pool (runtime/native/pool.py): the step's products and its other
+parallel kernels then share one pool. numpy's OpenBLAS keeps its own threads, which after a call
+spin for a long time and take the cores from the pool's workers (measured: the transformer's
+attention kernels gained nothing at 2 threads beside them). The sgemm is scipy's OpenBLAS, the
+library numba's np.dot calls, held to one thread (``pool.one_blas_thread``); numpy's OpenBLAS
+has one global thread count, so it cannot run one thread inside the pool and the user's own count
+outside it.
+
+``bendc_matmul`` is a CPython builtin (METH_FASTCALL) compiled from the LLVM IR below: it reads
+the three arrays' fields itself (~0.3 us a call against ~7 us for the same work in Python). It
+takes float32 matrices whose rows or columns are adjacent (row-major, or a transposed view, any
+leading stride: transposes are BLAS flags, not copies) and an output with adjacent columns; for
+anything else, and at one thread, it returns 1 and :func:`matmul` calls numpy. The output is cut
+along its rows (along its columns when it has fewer rows than columns) into one block a thread.
+Bits: the same at one thread count, call after call; another count may change the last bits of
+a product (a thin block can take another OpenBLAS kernel than the whole product: (1000, 600) @
+(600, 2) does), and one thread is numpy's OpenBLAS (the one numpy bundles, 0.3.31 here, ~5-13% faster
+than scipy's 0.3.30 on the bench's shapes), two or more scipy's.
+
+Measured (2-vCPU machine, 2 threads, products alone, us): 256x64x192 numpy at one thread 53,
+numpy at two 34, the pool 37; 256x64x64 20 / 13 / 9.5; 1024x512x128 1081 / 567 / 548. In a
+step the pool's win is that numpy's OpenBLAS threads stay asleep instead of spinning beside the
+pool's workers.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+_STATE: dict[str, Any] = {}
+_LOCK = threading.Lock()
+# Cut a product over the threads from this many multiply-adds a thread (~4 us of sgemm): below it
+# the caller makes one sgemm call, with no launch.
+CUT_FROM = 1 << 18
+NPY_FLOAT32 = np.dtype(np.float32).num
+
+
+def _layout(tag: str, code: int, unit: str, count: str, lead_count: str, lead: str, otherwise: str) -> str:
+    """bendc_operand's test for one layout: the ``unit`` stride is one float (or ``count`` is 1),
+    and ld, the ``lead`` stride in floats (``count`` where ``lead_count`` is 1), is at least
+    ``count``: return (code, ld), else go to ``otherwise``."""
+    return "\n".join([
+        f"{tag}:", f"  %{tag}.unit = icmp eq i64 %{unit}, 4", f"  %{tag}.one = icmp eq i64 %{count}, 1",
+        f"  %{tag}.try = or i1 %{tag}.unit, %{tag}.one", f"  br i1 %{tag}.try, label %{tag}.check, label %{otherwise}",
+        f"{tag}.check:", f"  %{tag}.single = icmp sle i64 %{lead_count}, 1", f"  %{tag}.ld.0 = sdiv i64 %{lead}, 4",
+        f"  %{tag}.ld = select i1 %{tag}.single, i64 %{count}, i64 %{tag}.ld.0",
+        f"  %{tag}.rem = srem i64 %{lead}, 4", f"  %{tag}.whole = icmp eq i64 %{tag}.rem, 0",
+        f"  %{tag}.wide = icmp sge i64 %{tag}.ld, %{count}", f"  %{tag}.pos = icmp sge i64 %{tag}.ld, 1",
+        f"  %{tag}.ok.1 = and i1 %{tag}.whole, %{tag}.wide", f"  %{tag}.ok = and i1 %{tag}.ok.1, %{tag}.pos",
+        f"  br i1 %{tag}.ok, label %{tag}.yes, label %{otherwise}",
+        f"{tag}.yes:", f"  %{tag}.r.0 = insertvalue {{ i64, i64 }} undef, i64 {code}, 0",
+        f"  %{tag}.r = insertvalue {{ i64, i64 }} %{tag}.r.0, i64 %{tag}.ld, 1", f"  ret {{ i64, i64 }} %{tag}.r"])
+
+
+def ir(offsets: dict[str, int]) -> str:
+    """The products' LLVM IR: the block task, ``bendc_gemm`` over the pool and the builtin's entry."""
+    def field(obj: str, name: str, type_: str, tag: str) -> list[str]:
+        return [f"  %{tag}.p = getelementptr i8, ptr {obj}, i64 {offsets[name]}",
+                f"  %{tag} = load {type_}, ptr %{tag}.p"]
+
+    lines = []
+    for x in ("a", "b", "c"):  # each object: an ndarray of 2 dimensions, float32, aligned
+        lines += [f"check.{x}:"] + field(f"%{x}", "ob_type", "ptr", f"{x}.type") + [
+            f"  %{x}.is = icmp eq ptr %{x}.type, %ndarray",
+            f"  br i1 %{x}.is, label %fields.{x}, label %decline",
+            f"fields.{x}:"] + field(f"%{x}", "nd", "i32", f"{x}.nd") + field(f"%{x}", "descr", "ptr", f"{x}.descr") \
+            + field(f"%{x}.descr", "type_num", "i32", f"{x}.num") + field(f"%{x}", "flags", "i32", f"{x}.flags") + [
+            f"  %{x}.two = icmp eq i32 %{x}.nd, 2",
+            f"  %{x}.f32 = icmp eq i32 %{x}.num, {NPY_FLOAT32}",
+            f"  %{x}.al = and i32 %{x}.flags, 256",
+            f"  %{x}.aligned = icmp ne i32 %{x}.al, 0",
+            f"  %{x}.ok.1 = and i1 %{x}.two, %{x}.f32",
+            f"  %{x}.ok = and i1 %{x}.ok.1, %{x}.aligned",
+            f"  br i1 %{x}.ok, label %read.{x}, label %decline",
+            f"read.{x}:"] + field(f"%{x}", "data", "ptr", f"{x}.data") \
+            + field(f"%{x}", "dimensions", "ptr", f"{x}.dims") + field(f"%{x}", "strides", "ptr", f"{x}.strides") + [
+            f"  %{x}.d0 = load i64, ptr %{x}.dims",
+            f"  %{x}.d1.p = getelementptr i64, ptr %{x}.dims, i64 1",
+            f"  %{x}.d1 = load i64, ptr %{x}.d1.p",
+            f"  %{x}.s0 = load i64, ptr %{x}.strides",
+            f"  %{x}.s1.p = getelementptr i64, ptr %{x}.strides, i64 1",
+            f"  %{x}.s1 = load i64, ptr %{x}.s1.p",
+            f"  br label %{'check.' + chr(ord(x) + 1) if x != 'c' else 'shapes'}"]
+    checks = "\n".join(lines)
+    return f"""
+declare i32 @get_num_threads()
+declare void @bendc_parallel_for(ptr, ptr, ptr, ptr, ptr, i64, i64, i32)
+declare ptr @PyEval_SaveThread()
+declare void @PyEval_RestoreThread(ptr)
+declare void @Py_IncRef(ptr)
+declare ptr @PyLong_FromLong(i64)
+@bendc_ndarray_type = external global ptr
+@bendc_none = external global ptr
+@bendc_sgemm = global i64 0
+
+; the context, i64 words: 0 status, 1 sgemm, 2 transa, 3 transb, 4 M, 5 N, 6 K, 7 A, 8 lda, 9 B,
+; 10 ldb, 11 C, 12 ldc, 13 which (0: N is cut, 1: M), 14 units (N or M), 15 blocks, 16-18 the
+; bytes A, B and C advance a unit. C = op(A) op(B), column-major (BLAS's sgemm).
+define internal i64 @bendc_word(ptr %ctx, i64 %n) alwaysinline {{
+entry:
+  %p = getelementptr i64, ptr %ctx, i64 %n
+  %v = load i64, ptr %p
+  ret i64 %v
+}}
+
+define internal void @bendc_gemm_task(ptr %args, ptr %dims, ptr %steps, ptr %ctx) {{
+entry:
+  %ta = alloca i8
+  %tb = alloca i8
+  %m.a = alloca i32
+  %n.a = alloca i32
+  %k.a = alloca i32
+  %lda.a = alloca i32
+  %ldb.a = alloca i32
+  %ldc.a = alloca i32
+  %alpha = alloca float
+  %beta = alloca float
+  %first.p = load ptr, ptr %args
+  %first = ptrtoint ptr %first.p to i64
+  %count = load i64, ptr %dims
+  %last = add i64 %first, %count
+  %units = call i64 @bendc_word(ptr %ctx, i64 14)
+  %blocks = call i64 @bendc_word(ptr %ctx, i64 15)
+  %u0.m = mul i64 %first, %units
+  %u0 = udiv i64 %u0.m, %blocks
+  %u1.m = mul i64 %last, %units
+  %u1 = udiv i64 %u1.m, %blocks
+  %size = sub i64 %u1, %u0
+  %empty = icmp eq i64 %size, 0
+  br i1 %empty, label %out, label %call
+call:
+  %sgemm.i = call i64 @bendc_word(ptr %ctx, i64 1)
+  %sgemm = inttoptr i64 %sgemm.i to ptr
+  %transa = call i64 @bendc_word(ptr %ctx, i64 2)
+  %transb = call i64 @bendc_word(ptr %ctx, i64 3)
+  %m = call i64 @bendc_word(ptr %ctx, i64 4)
+  %n = call i64 @bendc_word(ptr %ctx, i64 5)
+  %k = call i64 @bendc_word(ptr %ctx, i64 6)
+  %a.i = call i64 @bendc_word(ptr %ctx, i64 7)
+  %lda = call i64 @bendc_word(ptr %ctx, i64 8)
+  %b.i = call i64 @bendc_word(ptr %ctx, i64 9)
+  %ldb = call i64 @bendc_word(ptr %ctx, i64 10)
+  %c.i = call i64 @bendc_word(ptr %ctx, i64 11)
+  %ldc = call i64 @bendc_word(ptr %ctx, i64 12)
+  %which = call i64 @bendc_word(ptr %ctx, i64 13)
+  %a.step = call i64 @bendc_word(ptr %ctx, i64 16)
+  %b.step = call i64 @bendc_word(ptr %ctx, i64 17)
+  %c.step = call i64 @bendc_word(ptr %ctx, i64 18)
+  %a.off = mul i64 %u0, %a.step
+  %a.at = add i64 %a.i, %a.off
+  %a = inttoptr i64 %a.at to ptr
+  %b.off = mul i64 %u0, %b.step
+  %b.at = add i64 %b.i, %b.off
+  %b = inttoptr i64 %b.at to ptr
+  %c.off = mul i64 %u0, %c.step
+  %c.at = add i64 %c.i, %c.off
+  %c = inttoptr i64 %c.at to ptr
+  %cuts.m = icmp eq i64 %which, 1
+  %m.1 = select i1 %cuts.m, i64 %size, i64 %m
+  %n.1 = select i1 %cuts.m, i64 %n, i64 %size
+  %ta.8 = trunc i64 %transa to i8
+  store i8 %ta.8, ptr %ta
+  %tb.8 = trunc i64 %transb to i8
+  store i8 %tb.8, ptr %tb
+  %m.32 = trunc i64 %m.1 to i32
+  store i32 %m.32, ptr %m.a
+  %n.32 = trunc i64 %n.1 to i32
+  store i32 %n.32, ptr %n.a
+  %k.32 = trunc i64 %k to i32
+  store i32 %k.32, ptr %k.a
+  %lda.32 = trunc i64 %lda to i32
+  store i32 %lda.32, ptr %lda.a
+  %ldb.32 = trunc i64 %ldb to i32
+  store i32 %ldb.32, ptr %ldb.a
+  %ldc.32 = trunc i64 %ldc to i32
+  store i32 %ldc.32, ptr %ldc.a
+  store float 1.0, ptr %alpha
+  store float 0.0, ptr %beta
+  call void %sgemm(ptr %ta, ptr %tb, ptr %m.a, ptr %n.a, ptr %k.a, ptr %alpha, ptr %a, ptr %lda.a, ptr %b,
+                   ptr %ldb.a, ptr %beta, ptr %c, ptr %ldc.a)
+  br label %out
+out:
+  ret void
+}}
+
+; (trans, ld) of an operand (rows x columns, strides in bytes) read by a column-major BLAS as the
+; transpose of its row-major self: 'N' (78) with ld its row stride where its columns are adjacent,
+; 'T' (84) with ld its column stride where its rows are; trans 0 for another layout
+define internal {{ i64, i64 }} @bendc_operand(i64 %rows, i64 %columns, i64 %row, i64 %column) {{
+entry:
+  br label %n
+{_layout("n", 78, "column", "columns", "rows", "row", "t")}
+{_layout("t", 84, "row", "rows", "columns", "column", "no")}
+no:
+  ret {{ i64, i64 }} zeroinitializer
+}}
+
+; bendc_matmul(a, b, out): None where it computed out = a @ b on the pool, else 1 (nothing written)
+define ptr @bendc_matmul_fast(ptr %self, ptr %args, i64 %nargs) {{
+entry:
+  %ctx = alloca [19 x i64]
+  %pargs = alloca ptr
+  %pdims = alloca i64
+  %psteps = alloca i64
+  %three = icmp eq i64 %nargs, 3
+  br i1 %three, label %unpack, label %decline
+unpack:
+  %a = load ptr, ptr %args
+  %b.p = getelementptr ptr, ptr %args, i64 1
+  %b = load ptr, ptr %b.p
+  %c.p = getelementptr ptr, ptr %args, i64 2
+  %c = load ptr, ptr %c.p
+  %ndarray = load ptr, ptr @bendc_ndarray_type
+  br label %check.a
+{checks}
+shapes:
+  %threads = call i32 @get_num_threads()
+  %many = icmp sgt i32 %threads, 1
+  %same.k = icmp eq i64 %a.d1, %b.d0
+  %same.m = icmp eq i64 %c.d0, %a.d0
+  %same.n = icmp eq i64 %c.d1, %b.d1
+  %ok.1 = and i1 %same.k, %same.m
+  %ok.2 = and i1 %ok.1, %same.n
+  %ok.3 = and i1 %ok.2, %many
+  %m.pos = icmp sgt i64 %a.d0, 0
+  %k.pos = icmp sgt i64 %a.d1, 0
+  %n.pos = icmp sgt i64 %b.d1, 0
+  %m.int = icmp slt i64 %a.d0, 2147483648
+  %k.int = icmp slt i64 %a.d1, 2147483648
+  %n.int = icmp slt i64 %b.d1, 2147483648
+  %ok.4 = and i1 %ok.3, %m.pos
+  %ok.5 = and i1 %ok.4, %k.pos
+  %ok.6 = and i1 %ok.5, %n.pos
+  %ok.7 = and i1 %ok.6, %m.int
+  %ok.8 = and i1 %ok.7, %k.int
+  %ok.9 = and i1 %ok.8, %n.int
+  br i1 %ok.9, label %layouts, label %decline
+layouts:
+  %m = add i64 %a.d0, 0
+  %k = add i64 %a.d1, 0
+  %n = add i64 %b.d1, 0
+  %out.unit = icmp eq i64 %c.s1, 4
+  %out.rem = srem i64 %c.s0, 4
+  %out.whole = icmp eq i64 %out.rem, 0
+  %out.ld.0 = sdiv i64 %c.s0, 4
+  %out.m1 = icmp eq i64 %m, 1
+  %c.ld = select i1 %out.m1, i64 %n, i64 %out.ld.0
+  %out.wide = icmp sge i64 %c.ld, %n
+  %out.ok.1 = and i1 %out.unit, %out.whole
+  %out.ok = and i1 %out.ok.1, %out.wide
+  %left = call {{ i64, i64 }} @bendc_operand(i64 %k, i64 %n, i64 %b.s0, i64 %b.s1)
+  %right = call {{ i64, i64 }} @bendc_operand(i64 %m, i64 %k, i64 %a.s0, i64 %a.s1)
+  %transa = extractvalue {{ i64, i64 }} %left, 0
+  %lda = extractvalue {{ i64, i64 }} %left, 1
+  %transb = extractvalue {{ i64, i64 }} %right, 0
+  %ldb = extractvalue {{ i64, i64 }} %right, 1
+  %l.ok = icmp ne i64 %transa, 0
+  %r.ok = icmp ne i64 %transb, 0
+  %lr.ok = and i1 %l.ok, %r.ok
+  %all.ok = and i1 %lr.ok, %out.ok
+  br i1 %all.ok, label %plan, label %decline
+plan:
+  %threads.64 = sext i32 %threads to i64
+  %mn = mul i64 %m, %n
+  %mnk = mul i64 %mn, %k
+  %enough.at = mul i64 %threads.64, {CUT_FROM}
+  %enough = icmp sge i64 %mnk, %enough.at
+  %blocks.0 = select i1 %enough, i64 %threads.64, i64 1
+  %by.rows = icmp sge i64 %m, %n
+  %which = select i1 %by.rows, i64 0, i64 1
+  %units = select i1 %by.rows, i64 %m, i64 %n
+  %few = icmp ult i64 %units, %blocks.0
+  %blocks = select i1 %few, i64 %units, i64 %blocks.0
+  %step.a = select i1 %by.rows, i64 0, i64 %b.s1
+  %step.b = select i1 %by.rows, i64 %a.s0, i64 0
+  %step.c = select i1 %by.rows, i64 %c.s0, i64 4
+  %sgemm = load i64, ptr @bendc_sgemm
+  %a.i = ptrtoint ptr %a.data to i64
+  %b.i = ptrtoint ptr %b.data to i64
+  %c.i = ptrtoint ptr %c.data to i64
+  store i64 0, ptr %ctx
+""" + "".join(f"  %w{i}.p = getelementptr i64, ptr %ctx, i64 {i}\n  store i64 {value}, ptr %w{i}.p\n"
+              for i, value in enumerate(["%sgemm", "%transa", "%transb", "%n", "%m", "%k", "%b.i", "%lda", "%a.i",
+                                         "%ldb", "%c.i", "%c.ld", "%which", "%units", "%blocks", "%step.a",
+                                         "%step.b", "%step.c"], start=1)) + f"""
+  store ptr null, ptr %pargs
+  store i64 %blocks, ptr %pdims
+  store i64 1, ptr %psteps
+  %thread = call ptr @PyEval_SaveThread()
+  call void @bendc_parallel_for(ptr @bendc_gemm_task, ptr %pargs, ptr %pdims, ptr %psteps, ptr %ctx, i64 0,
+                                i64 1, i32 %threads)
+  call void @PyEval_RestoreThread(ptr %thread)
+  %none = load ptr, ptr @bendc_none
+  call void @Py_IncRef(ptr %none)
+  ret ptr %none
+decline:
+  %one = call ptr @PyLong_FromLong(i64 1)
+  ret ptr %one
+}}
+"""
+
+
+def _fast() -> Callable[..., Any] | None:
+    """The builtin (None where prange loops run on numba's layer: the user chose one)."""
+    if "fast" not in _STATE:
+        with _LOCK:
+            if "fast" not in _STATE:
+                from numba import _helperlib
+
+                from runtime.native import pool
+                from runtime.native.jit import _builtin_function, llvm_state, numpy_offsets
+
+                state = llvm_state()
+                pool.install(state)
+                fast = None
+                if pool.uses_own_pool():
+                    state.load(state.compile(ir(numpy_offsets())), "bendc_matmul_fast")
+                    sgemm = _helperlib._import_cython_function("scipy.linalg.cython_blas", "sgemm")
+                    ctypes.c_int64.from_address(state.engine.get_global_value_address("bendc_sgemm")).value = sgemm
+                    fast = _builtin_function(state.address("bendc_matmul_fast"), "bendc_matmul")
+                _STATE["fast"] = fast
+    return _STATE["fast"]
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a @ b (matrices): on the pool at numba's thread count above 1 (float32 operands with
+    adjacent rows or columns), else numpy's."""
+    fast = _STATE.get("fast") if "fast" in _STATE else _fast()
+    if fast is None or fast(a, b, out) is not None:
+        np.matmul(a, b, out=out)
