@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+import bendc
+import bendc.functional as F
 from bendc.ir.parser import parse_graph
 from bendc.ir.printer import format_graph
 from bendc.ops.attention.layout import SMALL_HEAD, TILE
@@ -213,3 +216,36 @@ def test_block_rows_are_dealt_in_equal_pairs(tiled_module, blocks):
     assert sorted(rows) == list(range(blocks))
     assert [module._tiled_deal(i, blocks, False)[0] for i in range(module._tiled_items(blocks, False))] == \
         list(range(blocks))
+
+
+@pytest.mark.parametrize("check", ["", "1"])
+def test_fused_heads_read_the_projections_layout(monkeypatch, check):
+    """q, k and v sliced from one (B, T, 3 H D) projection and moved to (B, H, T, D): strided views the
+    fused heads read in place (no contiguous copies), the projection's gradient against torch's; under
+    BENDC_NATIVE_CHECK the native kernels against numba on the same views."""
+    if check:
+        monkeypatch.setenv("BENDC_NATIVE_CHECK", "1")
+    batch, t, heads, depth = 2, 40, 4, 8
+    rng = np.random.default_rng(3)
+    qkv = rng.standard_normal((batch, t, 3 * heads * depth)).astype(np.float32)
+    grad = rng.standard_normal((batch, heads, t, depth)).astype(np.float32)
+
+    def split(x, lib):
+        parts = [x[..., i * heads * depth:(i + 1) * heads * depth].reshape(batch, t, heads, depth) for i in range(3)]
+        return [p.transpose(1, 2) for p in parts]
+
+    def step(qkv, g):
+        q, k, v = split(qkv, F)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (o * g).sum().backward()
+        return o, qkv.grad
+
+    compiled = bendc.jit(step, leaves=("qkv",), target="cpu", passes=TILED)
+    o, dqkv = compiled(qkv, grad)
+    assert "attention_tiled" in compiled.ir("final")
+    x = torch.from_numpy(qkv.copy()).requires_grad_(True)
+    q, k, v = split(x, torch)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    (want * torch.from_numpy(grad)).sum().backward()
+    assert_relative(o, want.detach().numpy(), "o")
+    assert_relative(dqkv, x.grad.numpy(), "dqkv")

@@ -7,7 +7,7 @@ softmax scale and ``causal``). The lines above it make the file importable and l
 """
 import numpy as np
 
-from bendc.ops.attention.templates.placeholders import CAUSAL, SCALE
+from bendc.ops.attention.templates.placeholders import CAUSAL, FUSED, SCALE
 from bendc.ops.attention.templates.tiled import _attention_tiled_grads
 
 # ---------------------------------------------------------------- TEMPLATE
@@ -18,7 +18,10 @@ def kernel(in0, in1, in2, in3, in4, out0):
     width = in2.shape[3]
     saved = np.ascontiguousarray(in3)
     lse = saved[:, :, t:, :].reshape(batch, heads, (saved.shape[2] - t) * width)[:, :, :t]
-    _attention_tiled_grads(np.ascontiguousarray(in0), np.ascontiguousarray(in1), np.ascontiguousarray(in2),
-                           saved, np.ascontiguousarray(in4), lse,
+    if FUSED:  # the small heads read Q, K, V and dO through their strides (the projections' layout)
+        q, k, v, g = in0, in1, in2, in4
+    else:  # the BLAS tiles' np.dot takes contiguous blocks
+        q, k, v, g = (np.ascontiguousarray(x) for x in (in0, in1, in2, in4))
+    _attention_tiled_grads(q, k, v, saved, g, lse,
                            out0[:, :heads, :, :depth], out0[:, heads:heads + kv_heads, :, :depth],
                            out0[:, heads + kv_heads:, :, :width], np.float32(SCALE), CAUSAL)

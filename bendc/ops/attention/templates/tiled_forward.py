@@ -7,11 +7,14 @@ softmax scale and ``causal``). The lines above it make the file importable and l
 """
 import numpy as np
 
-from bendc.ops.attention.templates.placeholders import CAUSAL, SCALE
+from bendc.ops.attention.templates.placeholders import CAUSAL, FUSED, SCALE
 from bendc.ops.attention.templates.tiled import _attention_tiled
 
 # ---------------------------------------------------------------- TEMPLATE
 
 def kernel(in0, in1, in2, out0):
-    _attention_tiled(np.ascontiguousarray(in0), np.ascontiguousarray(in1), np.ascontiguousarray(in2),
-                     out0, np.float32(SCALE), CAUSAL)
+    if FUSED:  # the small heads read Q, K and V through their strides (the projections' layout)
+        q, k, v = in0, in1, in2
+    else:  # the BLAS tiles' np.dot takes contiguous blocks
+        q, k, v = (np.ascontiguousarray(x) for x in (in0, in1, in2))
+    _attention_tiled(q, k, v, out0, np.float32(SCALE), CAUSAL)
