@@ -17,7 +17,8 @@ def _attr_key(value):
     return (type(value).__name__, value)
 
 
-@register("cse", "Merge nodes with the same op, operands and attributes (the lowest id survives).")
+@register("cse", "Merge nodes with the same op, operands and attributes (the lowest id survives); "
+                "a value's later reshapes read its first reshape.")
 def common_subexpression_elimination(graph: Graph, context: PassContext) -> Graph:
     seen: dict[tuple, int] = {}
     merged = 0
@@ -34,4 +35,28 @@ def common_subexpression_elimination(graph: Graph, context: PassContext) -> Grap
             seen[key] = id
     if merged:
         context.decide("cse", f"merged {merged} repeated nodes")
+    shared = _share_reshapes(graph)
+    if shared:
+        context.decide("cse", f"{shared} reshapes read another reshape of their operand")
     return graph
+
+
+def _share_reshapes(graph: Graph) -> int:
+    """reshape(x, s2) beside reshape(x, s1) -> reshape(reshape(x, s1), s2), the same values. Where x
+    is strided (a permuted gradient: dq moved back to (B, T, H, D)), each reshape of it is a copy;
+    chained, the later ones are views of the first one's copy. (The transformer's backward reshaped
+    each of dq, dk, dv twice: to (B, T, H D) for the data gradient's product and to (B T, H D) for
+    the weight gradient's, 24 copies a step.)"""
+    first: dict[int, int] = {}
+    shared = 0
+    for id in graph.order():
+        node = graph.node(id)
+        if node.op != "reshape":
+            continue
+        source = node.inputs[0]
+        if source not in first:
+            first[source] = id
+            continue
+        graph.replace(node.replace(inputs=(first[source],)))
+        shared += 1
+    return shared
