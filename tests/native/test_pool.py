@@ -136,3 +136,18 @@ def test_a_threading_layer_the_user_chose_runs_the_loops(tmp_path):
     assert not report["own_pool"] and report["native"]
     assert report["shapes"] and report["offset"]
     assert report["launches"] == 0
+
+
+def test_workers_that_sleep_between_launches_are_woken(tmp_path):
+    """BENDC_POOL_SPIN_US=0: a worker sleeps on the futex right after its chunks, so every launch
+    that finds it asleep wakes it; it still takes chunks (a lost wake-up would leave helped at 0)."""
+    report = _child(tmp_path, BENDC_POOL_SPIN_US="0")
+    assert report["shapes"] and report["offset"]
+    assert report["launches"] > 0 and report["helped"] > 0
+
+
+def test_a_spin_that_is_not_a_number_is_refused():
+    env = dict(os.environ, BENDC_POOL_SPIN_US="fast", PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", "from runtime.native import pool; pool.ir()"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "BENDC_POOL_SPIN_US must be a whole number of microseconds" in run.stderr
