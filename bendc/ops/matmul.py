@@ -156,7 +156,8 @@ def _element(base: str, *terms: tuple[str, int]) -> str:
 
 
 def _cpu_matmul(attrs, ins, out) -> str:
-    """numpy's BLAS. A batch of rows times one matrix ((..., m, k) @ (k, n)) is one (rows, k) @ (k, n)
+    """numpy's BLAS at one thread, bendc's pool above (runtime/native/products.py: one sgemm a block
+    of the output). A batch of rows times one matrix ((..., m, k) @ (k, n)) is one (rows, k) @ (k, n)
     product: numpy's broadcast matmul makes one BLAS call per batch entry (and takes a slower path
     for some layouts), one call over all rows is 2-3x faster on the shapes of a transformer."""
     a, b = ins
