@@ -1,8 +1,11 @@
 """Shared test helpers: PyTorch references and comparison tolerances."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -91,6 +94,18 @@ def simulator_block_size(request):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kit, "MAX_BLOCK", min(kit.MAX_BLOCK, SIMULATOR_MAX_BLOCK))
         yield kit.MAX_BLOCK
+
+
+def child_report(code: str, *args: str, threads: str = "2", **env: str) -> dict:
+    """Run ``code`` in a fresh Python (numba reads NUMBA_NUM_THREADS at import) at ``threads``
+    threads on bendc's own pool (NUMBA_THREADING_LAYER unset unless given in ``env``), with
+    ``args`` as argv; the JSON object its last stdout line prints."""
+    child_env = {key: value for key, value in os.environ.items() if key != "NUMBA_THREADING_LAYER"}
+    child_env.update(NUMBA_NUM_THREADS=threads, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]), **env)
+    run = subprocess.run([sys.executable, "-c", code, *args], env=child_env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def assert_bitwise(actual, expected, what: str = "") -> None:

@@ -373,8 +373,9 @@ def install(state: Any) -> int:
         return address
 
 
-def _global(name: str) -> Any:
-    """The pool's global ``name`` (an int64), None before :func:`install` loaded the pool."""
+def global_int64(name: str) -> Any:
+    """The int64 global ``name`` of an object loaded into the pool's engine (the pool's counters,
+    runtime/native/products.py's sgemm address), None before :func:`install` loaded the pool."""
     state = _INSTALLED.get("state")
     if state is None:
         return None
@@ -386,5 +387,5 @@ def counts() -> dict[str, int]:
     """Launches the pool ran in parallel, launches it ran serially because it was busy, and chunks
     its workers ran (the caller ran the others); zeros before a native prange kernel loaded it."""
     names = {"launches": "bendc_pool_launches", "serial": "bendc_pool_serial", "helped": "bendc_pool_helped"}
-    values = {key: _global(name) for key, name in names.items()}
+    values = {key: global_int64(name) for key, name in names.items()}
     return {key: value.value if value is not None else 0 for key, value in values.items()}

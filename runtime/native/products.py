@@ -27,7 +27,6 @@ pool's workers.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any, Callable
 
@@ -322,7 +321,7 @@ def _fast() -> Callable[..., Any] | None:
                 if pool.uses_own_pool():
                     state.load(state.compile(ir(numpy_offsets())), "bendc_matmul_fast")
                     sgemm = _helperlib._import_cython_function("scipy.linalg.cython_blas", "sgemm")
-                    ctypes.c_int64.from_address(state.engine.get_global_value_address("bendc_sgemm")).value = sgemm
+                    pool.global_int64("bendc_sgemm").value = sgemm
                     fast = _builtin_function(state.address("bendc_matmul_fast"), "bendc_matmul")
                 _STATE["fast"] = fast
     return _STATE["fast"]
@@ -331,6 +330,6 @@ def _fast() -> Callable[..., Any] | None:
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a @ b (matrices): on the pool at numba's thread count above 1 (float32 operands with
     adjacent rows or columns), else numpy's."""
-    fast = _STATE.get("fast") if "fast" in _STATE else _fast()
+    fast = _STATE["fast"] if "fast" in _STATE else _fast()
     if fast is None or fast(a, b, out) is not None:
         np.matmul(a, b, out=out)

@@ -6,7 +6,6 @@ and prints the pool's counters. No test reads a clock.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import child_report
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the pool is Linux's (futex); elsewhere numba's")
@@ -101,12 +102,7 @@ CHILD = textwrap.dedent('''
 
 
 def _child(tmp_path, mode: str = "plain", **extra: str) -> dict:
-    env = {key: value for key, value in os.environ.items() if key != "NUMBA_THREADING_LAYER"}
-    env.update(NUMBA_NUM_THREADS="2", PYTHONPATH=str(ROOT), **extra)
-    run = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), mode], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return child_report(CHILD, str(tmp_path), mode, **extra)
 
 
 def test_prange_runs_on_the_pool_with_the_callers_help(tmp_path):

@@ -12,16 +12,13 @@ give the same bits at one thread count, not across counts.) Every other operand 
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import child_report
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the pool is Linux's (futex); elsewhere numba's")
 
 CHILD = textwrap.dedent('''
@@ -95,11 +92,7 @@ CHILD = textwrap.dedent('''
 
 @pytest.mark.parametrize("threads", ["2", "3"])
 def test_products_on_the_pool_are_right_and_repeat_their_bits(tmp_path, threads):
-    env = {key: value for key, value in os.environ.items() if key != "NUMBA_THREADING_LAYER"}
-    env.update(NUMBA_NUM_THREADS=threads, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = child_report(CHILD, threads=threads)
     assert report["own"]
     assert report["differ"] == [] and report["far"] == []
     assert report["declined"] == []
