@@ -1,7 +1,8 @@
-"""Issue 22's norm and resampling functions, torch's semantics, composed of existing ops.
+"""Issue 22's norm and resampling functions, torch's semantics, mostly composed of existing ops.
 
-- ``batch_norm``: batch statistics (mean, biased variance) in training, the running statistics in
-  evaluation; a training call updates the running statistics it was given *in place* as torch does: the
+- ``batch_norm``: batch statistics (mean, biased variance) in training (the fused ops of
+  bendc/ops/batch_norm.py: ``batch_norm`` and ``batch_norm_stats``, float64 inside), the running statistics
+  in evaluation (elementwise ops); a training call updates the running statistics it was given *in place* as torch does: the
   traced ``running_mean`` / ``running_var`` tensors name the updated values afterwards (the momentum
   update with the unbiased variance), as ``x[i] = v`` rebinds x (bendc/trace.py).
 - ``conv_transpose1d`` / ``conv_transpose2d``: the input gradient of a conv2d (``conv2d_grad_input``,
@@ -70,7 +71,6 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         if x.ndim < 2:
             raise ShapeError(f"input {x.type} must be (N, C, *) with at least 2 dimensions", loc=builder.loc, op=op)
         channels = x.shape[1]
-        axes = (0,) + tuple(range(2, x.ndim))
         stat_shape = (1, channels) + (1,) * (x.ndim - 2)
         weight = _affine_operand(_captured(weight, op, tracer), "weight", (channels,), op, tracer)
         bias = _affine_operand(_captured(bias, op, tracer), "bias", (channels,), op, tracer)
@@ -79,8 +79,6 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
             if count <= 1:
                 raise ShapeError(f"training batch_norm needs more than 1 value per channel, got input {x.type}",
                                  loc=builder.loc, op=op)
-            mean = x.mean(axes, keepdim=True)
-            var = x.var(axes, correction=0, keepdim=True)
             if (running_mean is None) != (running_var is None):
                 raise UnsupportedError("batch_norm needs both running_mean and running_var or neither",
                                        loc=builder.loc, op=op)
@@ -90,12 +88,18 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                 else:
                     factor = _static_float(0.0 if momentum is None else momentum, "momentum", op, tracer)
                 # torch updates them under no_grad: no gradient reaches x through the running statistics
-                for name, stat, batch in (("running_mean", running_mean, mean.detach()),
-                                          ("running_var", running_var, var.detach() * (count / (count - 1)))):
+                stats = tracer.emit("batch_norm_stats", (x.detach().id,))  # (2, C): mean, biased variance
+                for name, stat, batch in (("running_mean", running_mean, stats[0]),
+                                          ("running_var", running_var, stats[1] * (count / (count - 1)))):
                     if not isinstance(stat, Tensor):
                         _rebind(stat, x, name, op, tracer)
                     old = _affine_operand(stat, name, (channels,), op, tracer)
-                    _rebind(stat, (1 - factor) * old + factor * batch.reshape(channels), name, op, tracer)
+                    _rebind(stat, (1 - factor) * old + factor * batch, name, op, tracer)
+            # one fused op, float64 inside (bendc/ops/batch_norm.py): composed of float32 ops, the
+            # normalization multiplied the mean's rounding by rstd
+            affine = tuple(v.id for v in (weight, bias) if v is not None)
+            return tracer.emit("batch_norm", (x.id,) + affine, eps=eps, weight=weight is not None,
+                               bias=bias is not None)
         else:
             if running_mean is None or running_var is None:
                 raise UnsupportedError("batch_norm in evaluation mode needs running_mean and running_var",

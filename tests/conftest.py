@@ -134,6 +134,21 @@ RTOL = 1e-5
 ATOL = 1e-6
 
 
+def assert_as_close_as_torch(name: str, mine: np.ndarray, single: np.ndarray, exact: np.ndarray,
+                             atol: float = ATOL) -> None:
+    """bendc's result ``mine`` within the usual tolerances of float32 PyTorch's ``single``, widened element
+    by element by PyTorch's own error (its distance from float64 PyTorch's ``exact``), and no farther from
+    float64 PyTorch than float32 PyTorch is (or the usual tolerance): for ops bendc computes in float64
+    inside (group_norm, batch_norm), where torch's float32 is the less exact side."""
+    mine64, single64 = mine.astype(np.float64), single.astype(np.float64)
+    allowed = atol + RTOL * np.abs(single64) + np.abs(single64 - exact)
+    bad = np.abs(mine64 - single64) > allowed
+    assert not bad.any(), (f"{name}: {bad.sum()} elements off PyTorch beyond its own error, first at "
+                           f"{np.argwhere(bad)[0].tolist()}: {mine[bad][0]!r} vs {single[bad][0]!r}")
+    error, torch_error = np.abs(mine64 - exact).max(initial=0.0), np.abs(single64 - exact).max(initial=0.0)
+    assert error <= max(torch_error, atol + RTOL * np.abs(exact).max(initial=0.0)), (name, error, torch_error)
+
+
 def assert_close(actual, expected, what: str = "", rtol: float = RTOL, atol: float = ATOL) -> None:
     actual = np.asarray(actual, dtype=np.float32)
     expected = np.asarray(expected, dtype=np.float32)

@@ -64,7 +64,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bendc.ir.types import numel
+from bendc.ir.types import TensorType, numel
 from bendc.kernels import cuda_kit as kit
 from bendc.kernels.access import reshaped
 from bendc.kernels import cpu_policy as policy
@@ -122,16 +122,21 @@ def grad_size(shape: tuple[int, ...], attrs) -> int:
 
 
 def _infer_group_norm_grad(types, attrs):
-    require_float(types, "group_norm_grad")
+    return infer_packed_grad(types, attrs, "group_norm_grad", _check_attrs)
+
+
+def infer_packed_grad(types, attrs, op: str, check_attrs) -> TensorType:
+    """The type of a packed norm gradient (x, g, weight?) -> flat (grad_size), its operands checked."""
+    require_float(types, op)
     if len(types) != 2 + bool(attrs["weight"]):
-        raise InferError(f"group_norm_grad takes x, g{', w' if attrs['weight'] else ''}, got {len(types)} operands")
+        raise InferError(f"{op} takes x, g{', w' if attrs['weight'] else ''}, got {len(types)} operands")
     x, g = types[0], types[1]
-    _check_attrs(x, attrs, "group_norm_grad")
+    check_attrs(x, attrs, op)
     if g.shape != x.shape:
-        raise InferError(f"group_norm_grad gradient {g} must have the shape of x {x}")
-    _check_affine(x, types[2:], ["weight"], "group_norm_grad")
+        raise InferError(f"{op} gradient {g} must have the shape of x {x}")
+    _check_affine(x, types[2:], ["weight"], op)
     if not (attrs["grad_input"] or attrs["grad_affine"]):
-        raise InferError("group_norm_grad computes nothing (grad_input and grad_affine are both False)")
+        raise InferError(f"{op} computes nothing (grad_input and grad_affine are both False)")
     return x.with_shape((grad_size(x.shape, attrs),))
 
 
@@ -226,17 +231,24 @@ def _reference_group_norm_grad(values, attrs):
 # ------------------------------------------------------------------ VJP
 def vjp_group_norm(b, node, grad, needs):
     """One group_norm_grad (dx, and dweight|dbias where either is needed), taken apart by views."""
+    return packed_affine_vjp(b, node, grad, needs, "group_norm_grad", groups=node.attr["groups"])
+
+
+def packed_affine_vjp(b, node, grad, needs, grad_op: str, **attrs):
+    """The VJP of a norm op over x (N, C, *) with optional weight and bias operands (attrs ``weight``,
+    ``bias``, ``eps``): one ``grad_op`` of (x, g, weight?) whose flat result packs dx (grad_input)
+    then dweight and dbias (grad_affine), taken apart by views (group_norm, batch_norm)."""
     x = node.inputs[0]
-    attrs = node.attr
-    names = _affine_names(attrs)
+    names = _affine_names(node.attr)
     positions = {name: 1 + k for k, name in enumerate(names)}
     grad_input = bool(needs[0])
     grad_affine = any(needs[positions[n]] for n in names)
     if not (grad_input or grad_affine):
         return (None,) * len(node.inputs)
-    operands = (x, grad) + ((node.inputs[positions["weight"]],) if attrs["weight"] else ())
-    packed = b.emit("group_norm_grad", operands, groups=attrs["groups"], eps=attrs["eps"], weight=attrs["weight"],
-                    grad_input=grad_input, grad_affine=grad_affine)
+    weight = node.attr["weight"]
+    operands = (x, grad) + ((node.inputs[positions["weight"]],) if weight else ())
+    packed = b.emit(grad_op, operands, **attrs, eps=node.attr["eps"], weight=weight, grad_input=grad_input,
+                    grad_affine=grad_affine)
     shape = b.shape(x)
     cells, channels = numel(shape), shape[1]
     grads: list[int | None] = [None] * len(node.inputs)

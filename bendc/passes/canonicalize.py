@@ -82,6 +82,11 @@ def fold_identity_layout(graph: Graph, b: Builder, node: Node) -> int | None:
     return None
 
 
+def fold_detach(graph: Graph, b: Builder, node: Node) -> int | None:
+    """detach(x) -> x: the gradients are built before passes run, so a detach only copies."""
+    return node.inputs[0] if node.op == "detach" else None
+
+
 def fold_permute_chain(graph: Graph, b: Builder, node: Node) -> int | None:
     """permute(permute(x, p), q) -> permute(x, p∘q), or x when that is the identity."""
     if node.op != "permute":
@@ -212,6 +217,7 @@ RULES: tuple[Rule, ...] = (
     fold_div_by_one,
     fold_double_negation,
     fold_identity_layout,
+    fold_detach,
     fold_permute_chain,
     fold_reshape_chain,
     transpose_matmul_result,

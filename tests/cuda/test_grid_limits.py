@@ -65,15 +65,17 @@ def attention(q, k, v, cos, sin):
     return q.grad, k.grad, v.grad
 
 
-def images(x, w, x2, w2, g):
-    """conv2d and its gradients with 65536 images and with 70000 groups, the pools and group_norm."""
+def images(x, w, x2, w2, g, rm, rv):
+    """conv2d and its gradients with 65536 images and with 70000 groups, the pools, group_norm, and a
+    training batch_norm (with its running statistics) of 70000 channels."""
     y = F.conv2d(x, w, padding=1)
     z = F.conv2d(x2, w2, groups=GROUPS)
     p = F.max_pool2d(y, 2).sum() + F.avg_pool2d(y, 2).sum() + F.adaptive_avg_pool2d(y, 3).sum()
     n = F.group_norm(y, 2)
-    loss = p + (n * g).sum() + (z * z).sum()
+    m = F.batch_norm(z, rm, rv, None, None, True)
+    loss = p + (n * g).sum() + (z * z).sum() + (m * m).sum()
     loss.backward()
-    return loss, x.grad, w.grad, x2.grad, w2.grad
+    return loss, x.grad, w.grad, x2.grad, w2.grad, rm, rv
 
 
 ATTENTION = (f"q=f32[{HEADS},1,8,4]:leaf k=f32[{HEADS},1,8,4]:leaf v=f32[{HEADS},1,8,4]:leaf "
@@ -86,7 +88,7 @@ PROGRAMS = [
     ("attention triangular", attention, ATTENTION, with_schedule("attention_schedule_triangular")),
     ("attention tiled", attention, ATTENTION, with_schedule("attention_schedule_tiled")),
     ("images", images, f"x=f32[65536,2,6,6]:leaf w=f32[4,2,3,3]:leaf x2=f32[1,{GROUPS},3,3]:leaf "
-                       f"w2=f32[{GROUPS},1,2,2]:leaf g=f32[65536,4,6,6]", None),
+                       f"w2=f32[{GROUPS},1,2,2]:leaf g=f32[65536,4,6,6] rm=f32[{GROUPS}] rv=f32[{GROUPS}]", None),
 ]
 
 

@@ -36,7 +36,8 @@ MAX_THREADS = 1024
 # Kernels that compute in float64 on purpose: the norm statistics accumulate in float64 and round
 # once, as the CPU kernels and the reference do (bendc/ops/norm.py), and group norm's fused rows
 # are float64 inside (bendc/ops/group_norm.py). Every other kernel is float32.
-FLOAT64_OPS = frozenset({"norm_mean", "norm_rstd", "group_norm", "group_norm_grad"})
+FLOAT64_OPS = frozenset({"norm_mean", "norm_rstd", "group_norm", "group_norm_grad", "batch_norm", "batch_norm_grad",
+                         "batch_norm_stats"})
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +177,13 @@ from group_norm_programs import PROGRAMS as GROUP_NORM_PROGRAMS  # noqa: E402
 def test_group_norm_kernels_compile_to_cubin_without_spills(program: Program, cache_dir: str) -> None:
     ops = {(step.op, launch["kernel"]) for step, launch, _ in check_cubins(program, cache_dir)}
     assert ("group_norm", "kernel") in ops and any(op == "group_norm_grad" for op, _ in ops), ops
+
+
+# training batch norm as fused ops (tests/cuda/batch_norm_programs.py)
+from batch_norm_programs import PROGRAMS as BATCH_NORM_PROGRAMS  # noqa: E402
+
+
+@pytest.mark.parametrize("program", BATCH_NORM_PROGRAMS, ids=lambda p: p.name)
+def test_batch_norm_kernels_compile_to_cubin_without_spills(program: Program, cache_dir: str) -> None:
+    ops = {step.op for step, _, _ in check_cubins(program, cache_dir)}
+    assert {"batch_norm", "batch_norm_grad"} <= ops, ops

@@ -90,6 +90,13 @@ OP_TABLE: dict[str, OpEntry] = {
                           ("norm", "group_norm_family")),
     "group_norm_grad": OpEntry(I, "backward of F.group_norm (dx, dweight and dbias packed)",
                                "autograd of group_norm", ("norm", "group_norm_family")),
+    # training batch norm as fused ops (bendc/ops/batch_norm.py)
+    "batch_norm": OpEntry(D, "F.batch_norm(x (N,C,*), mean?, var?, w?, b?, training=True)",
+                          "torch.nn.functional.batch_norm", ("resample",)),
+    "batch_norm_grad": OpEntry(I, "backward of a training F.batch_norm (dx, dweight and dbias packed)",
+                               "autograd of batch_norm", ("resample",)),
+    "batch_norm_stats": OpEntry(I, "a training F.batch_norm's running statistics (batch mean, biased variance)",
+                                "torch's in-place running_mean / running_var update", ("resample",)),
     # ---------------------------------------------------------------- layout
     "reshape": OpEntry(D, "x.reshape(shape) / x.view (-1 allowed; same shape is an identity), x.unsqueeze(d), "
                           "x.unflatten(dim, sizes) / torch.unflatten (nn.Unflatten), 1-D matmul operands", "same",

@@ -5,7 +5,7 @@ formulas in float32, whose own error shows where a gradient nearly cancels (dx o
 elements is ~1e-4 off the exact result in PyTorch). So each result must agree with float32
 PyTorch within the conftest tolerances (RTOL 1e-5, ATOL 1e-6) plus PyTorch's own error at that
 element (its distance from PyTorch in float64), and be no farther from float64 PyTorch than
-float32 PyTorch is (``_agree``). Where a group is nearly constant (x = 1000 + 1e-3 * noise)
+float32 PyTorch is (``assert_as_close_as_torch``, tests/conftest.py). Where a group is nearly constant (x = 1000 + 1e-3 * noise)
 PyTorch's float32 cancels (x * scale + (b - scale * mean) forward, ds - db * mean backward): its
 dweight is off by ~10% there. Those cases are compared with PyTorch in float64 (the exact result,
 to float32's rounding: NEAR_RTOL of the largest magnitude), and bendc's error must not exceed
@@ -27,7 +27,7 @@ from bendc.errors import ShapeError
 from bendc.ir.graph import Graph
 from bendc.ir.types import TensorType
 from bendc.ops import OPS
-from conftest import ATOL, RTOL, assert_bitwise, assert_close
+from conftest import ATOL, assert_as_close_as_torch, assert_bitwise, assert_close
 from parity_harness import normal, target  # noqa: F401  (target: the autouse fixture)
 
 ONE_ELEMENT_ATOL = 2e-4
@@ -64,18 +64,6 @@ def _inputs(shape, seed: int, scale: float = 2.0, offset: float = -0.5):
             normal((channels,), seed + 2), normal(shape, seed + 3))
 
 
-def _agree(name: str, mine: np.ndarray, single: np.ndarray, exact: np.ndarray, atol: float = ATOL) -> None:
-    """bendc within the usual tolerances of float32 PyTorch, widened element by element by PyTorch's
-    own error (its distance from float64 PyTorch), and no farther from float64 PyTorch than it."""
-    mine64, single64 = mine.astype(np.float64), single.astype(np.float64)
-    allowed = atol + RTOL * np.abs(single64) + np.abs(single64 - exact)
-    bad = np.abs(mine64 - single64) > allowed
-    assert not bad.any(), (f"{name}: {bad.sum()} elements off PyTorch beyond its own error, first at "
-                           f"{np.argwhere(bad)[0].tolist()}: {mine[bad][0]!r} vs {single[bad][0]!r}")
-    error, torch_error = np.abs(mine64 - exact).max(initial=0.0), np.abs(single64 - exact).max(initial=0.0)
-    assert error <= max(torch_error, atol + RTOL * np.abs(exact).max(initial=0.0)), (name, error, torch_error)
-
-
 def _compare(target, shape, groups, weight=True, bias=True, eps=1e-5, seed=300, atol=ATOL, inputs=None):
     x, w, b, g = inputs if inputs is not None else _inputs(shape, seed)
     got, jitted = _bendc(target, x, w, b, g, groups, weight, bias, eps)
@@ -85,7 +73,7 @@ def _compare(target, shape, groups, weight=True, bias=True, eps=1e-5, seed=300, 
         if theirs is None:
             assert mine is None, name
         else:
-            _agree(name, mine, theirs, want, atol)
+            assert_as_close_as_torch(name, mine, theirs, want, atol)
     return got, jitted
 
 

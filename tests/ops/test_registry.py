@@ -207,6 +207,11 @@ SAMPLES: dict[str, Sample] = {
                          {"groups": 2, "eps": 1e-5, "weight": True, "bias": True}),
     "group_norm_grad": Sample((T("f32[2,4,3]"), T("f32[2,4,3]"), T("f32[4]")),
                               {"groups": 2, "eps": 1e-5, "weight": True, "grad_input": True, "grad_affine": True}),
+    # training batch norm as fused ops (bendc/ops/batch_norm.py)
+    "batch_norm": Sample((T("f32[3,4,5]"), T("f32[4]"), T("f32[4]")), {"eps": 1e-5, "weight": True, "bias": True}),
+    "batch_norm_grad": Sample((T("f32[3,4,5]"), T("f32[3,4,5]"), T("f32[4]")),
+                              {"eps": 1e-5, "weight": True, "grad_input": True, "grad_affine": True}),
+    "batch_norm_stats": Sample((T("f32[3,4,5]"),)),
 }
 
 
@@ -514,6 +519,15 @@ if hasattr(F, "group_norm"):
 
     COVERAGE_PROGRAMS["group_norm"] = (group_norm, ("w", "b"),
                                        lambda: (_rng((2, 4, 3), 0), _rng((4,), 1), _rng((4,), 2)))
+if hasattr(F, "batch_norm"):
+    def batch_norm(x, w, b, mean, var):
+        y = F.batch_norm(x, mean, var, w, b, True)
+        loss = (y * y).sum()
+        loss.backward()
+        return loss, w.grad, b.grad, mean, var
+
+    COVERAGE_PROGRAMS["batch_norm"] = (batch_norm, ("w", "b"), lambda: (
+        _rng((3, 4, 5), 0), _rng((4,), 1), _rng((4,), 2), _rng((4,), 3), np.abs(_rng((4,), 4)) + 0.5))
 if hasattr(F, "rope"):
     def rope(x, cos, sin, w):
         loss = F.rope(x * w, cos, sin).sum()
