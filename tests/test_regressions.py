@@ -237,7 +237,7 @@ def test_a_large_adam_step_with_a_traced_step_count_runs_in_parallel():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_scalar_output_of_a_large_fused_kernel(target):
-    """A 0-d value computed inside a fused kernel over >= 2^18 cells (prange) and returned (found by the
+    """A 0-d value computed inside a fused kernel over 2^18 cells (prange) and returned (found by the
     fuzzer: numba's parfor lowering cannot type ``out[()] = v`` in a prange body)."""
     def step(x, h):
         scale = 1.0 - h

@@ -3,28 +3,32 @@
 A generated CPU kernel either loops over its cells in the calling thread or splits them over
 the thread pool (``prange``: runtime/native runs it on bendc's pool, runtime/native/pool.py, or
 numba runs it on its threading layer for the kernels it compiles itself). A parallel launch was
-measured at ``LAUNCH_SECONDS`` on numba's workqueue layer (its workers nap between polls, so a
-launch took 66-75 us whatever the work; the native kernels launch nothing when numba's thread
-count is 1). bendc's pool launches in ~1.5 us while its workers spin, and its caller never waits
-for a sleeping worker; the crossovers were kept (lowering them to a 10 or 3 us launch ran 2-4x the
-launches with step times within the machine's noise: transformer 4.65 / 4.75 / 4.79 ms, cnn 2.23 /
-2.11 / 2.04, gpt_small 6.61 / 6.49 / 6.79 at 2 threads). Splitting ``cells`` cells of
-``seconds_per_cell`` work over two threads saves half the work: a kernel goes parallel when that
-saving exceeds the launch, that is from ``2 * LAUNCH_SECONDS / seconds_per_cell`` cells. Every
-renderer asks :func:`parallel` with the kind of work its cells do; no other file holds a threshold.
+charged ``LAUNCH_SECONDS``: bendc's pool launches in ~1.5 us while its workers spin and its caller
+never waits for a sleeping worker, and a launch also costs the parfor's setup and the second
+core's cache misses, so 10 us (the native kernels launch nothing when numba's thread count is 1).
+Splitting ``cells`` cells of ``seconds_per_cell`` work over two threads saves half the work: a
+kernel goes parallel when that saving exceeds the launch, that is from ``2 * LAUNCH_SECONDS /
+seconds_per_cell`` cells. Every renderer asks :func:`parallel` with the kind of work its cells do;
+no other file holds a threshold.
 
-The costs per cell are the ones measured when each kind's crossover was set (2-core machine,
-bench/run.py and the examples), which these constants reproduce exactly:
+The launch was 70 us until numba's workqueue layer gave way to the pool (its workers napped
+between polls: 66-75 us a launch whatever the work), which left a decoder's (1024, 128) layer-norm
+and residual kernels serial. At 10 us, 2 threads, alternating processes of both constants
+(bench/run.py's COLD_WORKLOADS step alone, medians of 40 calls, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS as
+numba's): gpt 25.1 / 24.9 -> 22.1 / 22.4 ms (1755 -> 3420 launches), cnn 2.00 / 2.05 -> 1.69 /
+1.80, gpt_small 5.80 / 5.78 -> 5.39 / 5.67; transformer, mlp and mnist_cnn within noise; at one
+thread every workload within noise (nothing launches).
+
+The costs per cell (2-core machine, bench/run.py and the examples):
 
 - ``"rows"``: a kernel whose cells are rows or lines of real work (norm statistics with their
   affine, softmax rows, scans, extrema, convolutions, attention): ~2.1 ns a cell, parallel from
-  2^16 cells;
+  ~9.4K cells;
 - ``"elementwise"``: a fused elementwise kernel, ~0.2-1 ns a cell (the CNN step's kernels of
-  2^16-2^17 cells went from 5.35 to 2.36 ms at one thread when they stopped launching), parallel
-  from 2^18 cells;
-- ``"sums"``: a kernel that only sums (an unfused sum, the norm statistics: ~0.3 ns a cell in
-  lanes, the CNN step's bias-gradient sums 0.04 ms serial against 0.11 ms parallel at one thread),
-  parallel from 2^20 cells.
+  2^16-2^17 cells went from 5.35 to 2.36 ms at one thread when they stopped launching on numba's
+  workqueue), parallel from ~37K cells;
+- ``"sums"``: a kernel that only sums (an unfused sum, the norm statistics: ~0.13 ns a cell in
+  lanes), parallel from ~150K cells.
 
 Threads: numba's thread count (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads`` in the
 process), on bendc's pool (numba's layer where the user set ``NUMBA_THREADING_LAYER``:
@@ -36,11 +40,12 @@ work items (numba's np.dot), so that one pool serves the step.
 """
 from __future__ import annotations
 
-LAUNCH_SECONDS = 70e-6
+LAUNCH_SECONDS = 10e-6
+# the per-cell costs measured when the crossovers were set against a 70 us launch (2^16, 2^18, 2^20 cells)
 SECONDS_PER_CELL = {
-    "rows": 2 * LAUNCH_SECONDS / (1 << 16),
-    "elementwise": 2 * LAUNCH_SECONDS / (1 << 18),
-    "sums": 2 * LAUNCH_SECONDS / (1 << 20),
+    "rows": 2 * 70e-6 / (1 << 16),
+    "elementwise": 2 * 70e-6 / (1 << 18),
+    "sums": 2 * 70e-6 / (1 << 20),
 }
 
 

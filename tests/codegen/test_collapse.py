@@ -15,7 +15,7 @@ from bendc.codegen import cpu
 from conftest import assert_bitwise, assert_close
 
 rng = np.random.default_rng(11)
-SHAPE = (256, 16, 8, 8)  # 2^18 cells: parallel (PARALLEL_ELEMENTWISE_CELLS)
+SHAPE = (256, 16, 8, 8)  # 2^18 cells: parallel (past parallel_from("elementwise"))
 
 
 def rand(*shape):

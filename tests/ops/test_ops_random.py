@@ -161,7 +161,7 @@ def test_reference_and_cpu_give_the_same_bits():
 
 
 def test_int32_seed_and_a_large_tensor_on_cpu():
-    """A kernel of more than PARALLEL_ELEMENTWISE_CELLS (2^18) cells runs its cells in parallel (prange):
+    """A kernel past parallel_from("elementwise") cells (270400 here) runs its cells in parallel (prange):
     the same words."""
     x = data((520, 520), 6)
     s32 = np.array(5, np.int32)
