@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from bendc.kernels import cpu_policy as policy
 from bendc.kernels import cuda_kit as kit
+from bendc.kernels.cpu_kit import njit_decorator
 from bendc.kernels.access import dense, indexed
 from bendc.ops.base import InferError, Lowering, define_op
 
@@ -232,11 +234,39 @@ def vjp_concat(b, node, grad, needs):
 
 
 def _cpu_concat(attrs, ins, out):
-    shapes = [t.shape for t in ins]
-    lines = [f"def kernel({', '.join(f'in{k}' for k in range(len(ins)))}, out0):"]
-    for k in range(len(ins)):
-        lines.append(f"    out0[{index_text(concat_spec(shapes, attrs['axis'], k))}] = in{k}")
-    return "\n".join(lines) + "\n"
+    """concat on the cpu: nested loops copying each operand into its part (a numba kernel: numpy's
+    slice assignment copied the attention gradients' transposed heads at ~4.7 GB/s, runs of 32
+    floats; the loops ~1.5x faster at one thread), the outermost axis split over the pool where the
+    output is large. The loop extents are read from the arrays (one source for every batch size)."""
+    axis, ndim = attrs["axis"], out.ndim
+    names = [f"in{k}" for k in range(len(ins))]
+    parallel = policy.parallel("elementwise", out.numel)
+    index = [f"a{d}" for d in range(ndim)]
+
+    def loop(depth: int, array: str, first: bool) -> str:
+        kind = "prange" if parallel and first else "range"
+        return f"for a{depth} in {kind}({array}.shape[{depth}]):"
+
+    lines = [njit_decorator(parallel), f"def _concat({', '.join(names)}, out0):"]
+    indent = "    "
+    for depth in range(axis):  # the axes before the concat axis: shared by the operands
+        lines.append(indent + loop(depth, "out0", depth == 0))
+        indent += "    "
+    offset = "0"
+    for k, name in enumerate(names):
+        inner = indent
+        for depth in range(axis, ndim):
+            lines.append(inner + loop(depth, name, depth == 0))
+            inner += "    "
+        target = index[:axis] + [f"{offset} + a{axis}" if k else f"a{axis}"] + index[axis + 1:]
+        lines.append(f"{inner}out0[{', '.join(target)}] = {name}[{', '.join(index)}]")
+        offset = f"{offset} + {name}.shape[{axis}]" if offset != "0" else f"{name}.shape[{axis}]"
+    return "\n".join(lines) + f"""
+
+
+def kernel({', '.join(names)}, out0):
+    _concat({', '.join(names)}, out0)
+"""
 
 
 def _cuda_concat(op):

@@ -180,9 +180,10 @@ def _slice_part(shape: tuple[int, ...], spec) -> tuple[int, int, int] | None:
 
 
 def concat_tiling_scatters(graph: Graph, b: Builder, node: Node) -> int | None:
-    """Sum of index_scatters whose slices tile the tensor along one axis -> concat(part + 0, ...)."""
+    """Sum of index_scatters whose slices tile the tensor along one axis -> concat(part, ...) + 0."""
     # The gradient of q/k/v slices of one projection: each part written once, no zero-filled
-    # full-size scatters and adds. + 0 keeps the bits: -0.0 + 0.0 is +0.0, as the scatters gave.
+    # full-size scatters and adds. + 0 keeps the bits: -0.0 + 0.0 is +0.0, as the scatters gave;
+    # one add after the concat (one kernel, and the parts stay what concat_of_merged_reshapes reads).
     if node.op != "add":
         return None
     leaves = _add_leaves(graph, node)
@@ -207,8 +208,29 @@ def concat_tiling_scatters(graph: Graph, b: Builder, node: Node) -> int | None:
         position = stop
     if position != node.type.shape[axis]:
         return None
-    zero = b.const(0.0)
-    return b.emit("concat", tuple(b.add(g, zero) for _, g in parts), axis=axis)
+    return b.add(b.emit("concat", tuple(g for _, g in parts), axis=axis), b.const(0.0))
+
+
+def concat_of_merged_reshapes(graph: Graph, b: Builder, node: Node) -> int | None:
+    """concat of reshapes merging each operand's axes from the last axis on -> reshape(concat(operands))."""
+    # concat[axis=2](reshape(p_i, (B, T, H_i * D))) with p_i (B, T, H_i, D) is the (B, T, sum H_i, D)
+    # concat of the p_i, viewed (B, T, sum H_i * D): the attention gradients' heads (B, H, T, D)
+    # transposed to the projection's layout were each copied by their reshape, then again by the
+    # concat; now the concat reads them through their strides, once.
+    if node.op != "concat" or node.attr["axis"] != node.type.ndim - 1:
+        return None
+    axis, sources = node.attr["axis"], []
+    for operand in node.inputs:
+        reshape = graph.node(operand)
+        if reshape.op != "reshape" or len(graph.users(operand)) != 1 or operand in graph.outputs:
+            return None
+        shape = graph.node(reshape.inputs[0]).type.shape
+        if len(shape) < axis + 2 or shape[:axis] != node.type.shape[:axis]:
+            return None
+        sources.append((reshape.inputs[0], shape))
+    if len({shape[axis + 1:] for _, shape in sources}) != 1:
+        return None
+    return b.reshape(b.emit("concat", tuple(source for source, _ in sources), axis=axis), node.type.shape)
 
 
 RULES: tuple[Rule, ...] = (
@@ -222,6 +244,7 @@ RULES: tuple[Rule, ...] = (
     fold_reshape_chain,
     transpose_matmul_result,
     concat_tiling_scatters,
+    concat_of_merged_reshapes,
     fold_batched_weight_gradient,
 )
 
