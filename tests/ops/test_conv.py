@@ -67,6 +67,27 @@ def test_conv2d(case, bias):
         conv_parity(lambda F, x, w: F.conv2d(x, w, **kwargs), inputs, ("x", "w"))
 
 
+@pytest.mark.parametrize("case", list(CONV2D_CASES))
+def test_conv2d_weight_gradient_in_kernel(case, monkeypatch):
+    """The weight gradient's in-kernel products (bendc/ops/conv.py _CPU_CONV_GRAD_WEIGHT: per block of
+    samples, each sample's columns @ g^T added in sample order) for every geometry, with the
+    threshold that picks them lowered to 0 (at the real one only large convs take them)."""
+    from bendc.ops import conv
+
+    monkeypatch.setattr(conv, "GRAD_WEIGHT_IN_KERNEL", 0)
+    x_shape, w_shape, kwargs = CONV2D_CASES[case]
+    inputs = {"x": normal(x_shape, 310), "w": normal(w_shape, 311, 0.5)}
+    conv_parity(lambda F, x, w: F.conv2d(x, w, **kwargs), inputs, ("x", "w"))
+
+
+def test_conv2d_weight_gradient_in_kernel_blocks():
+    """The MNIST net's conv2 geometry at a batch of 19: past the threshold, the samples split in 16
+    parallel blocks of uneven sizes, their partial sums added in block order. The weight gradient sums
+    19 x 144 terms: torch's float32 is 3e-5 (relative) off the reference's float64 there, so 1e-4."""
+    inputs = {"x": normal((19, 8, 14, 14), 312), "w": normal((16, 8, 3, 3), 313, 0.5)}
+    parity(lambda F, x, w: F.conv2d(x, w), inputs, ("x", "w"), rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_unbatched_and_positional():
     inputs = {"x": normal((3, 6, 5), 303), "w": normal((2, 3, 3, 3), 304), "b": normal((2,), 305)}
     conv_parity(lambda F, x, w, b: F.conv2d(x, w, b, 1, 1), inputs, ("x", "w", "b"))
