@@ -483,16 +483,18 @@ def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:
     sizes = _conv_sizes_cpu(attrs, out.shape[2:], ins[1].shape[2:], parallel)
     o, cg, kh, kw = out.shape
     ho, wo = ins[1].shape[2:]
-    if cg * kh * kw * ho * wo * (o // groups) >= GRAD_WEIGHT_IN_KERNEL:
-        source = _CPU_CONV_GRAD_WEIGHT.format(geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes),
-                                              columns=_cpu_taps(sizes, _IM2COL), **sizes)
-        return source + f'''
+    in_kernel = cg * kh * kw * ho * wo * (o // groups) >= GRAD_WEIGHT_IN_KERNEL
+    source = (_CPU_CONV_GRAD_WEIGHT if in_kernel else _CPU_CONV_COLUMNS).format(
+        geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes), columns=_cpu_taps(sizes, _IM2COL), **sizes)
+    source += """
 
 def kernel(in0, in1, out0):
     x = np.ascontiguousarray(in0)
     grad = np.ascontiguousarray(in1)
     batch, channels, ho, wo = grad.shape
-    blocks = {sizes["blocks"]}
+"""
+    if in_kernel:
+        return source + f'''    blocks = {sizes["blocks"]}
     partial = np.zeros((max(blocks, 1), {groups}, {cg * kh * kw}, channels // {groups}), np.float32)
     _grad_weight(x, grad.reshape(batch, channels, ho * wo), partial)
     total = partial[0].copy()
@@ -500,15 +502,7 @@ def kernel(in0, in1, out0):
         total += partial[block]
     out0.reshape({groups}, channels // {groups}, {cg * kh * kw})[...] = total.transpose(0, 2, 1)
 '''
-    source = _CPU_CONV_COLUMNS.format(geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes),
-                                      columns=_cpu_taps(sizes, _IM2COL), **sizes)
-    return source + f'''
-
-def kernel(in0, in1, out0):
-    x = np.ascontiguousarray(in0)
-    grad = np.ascontiguousarray(in1)
-    batch, channels, ho, wo = grad.shape
-    _, cg, kh, kw = out0.shape
+    return source + f'''    _, cg, kh, kw = out0.shape
     col = np.empty((batch, {groups}, cg * kh * kw, ho * wo), np.float32)
     _columns(x, col)
     # per (sample, group): (C/G*KH*KW, Ho*Wo) @ (Ho*Wo, O/G), BLAS, g^T read in place (OpenBLAS runs
