@@ -69,7 +69,9 @@ from bendc.kernels import cuda_kit as kit
 from bendc.kernels import cpu_policy as policy
 from bendc.kernels.cpu_kit import njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
-from bendc.ops.group_norm import LANES, _affine_names, _check_affine, infer_packed_grad, packed_affine_vjp
+from bendc.ops.group_norm import (LANES, _affine_names, _cuda_stats_lines, _strided, infer_affine_norm,
+                                  infer_packed_grad,
+                                  packed_affine_vjp)
 
 # Channels a prange cell takes where a channel's runs are short (S < LANES): the cell walks the
 # samples, each a run of CHANNEL_BLOCK adjacent channels.
@@ -90,14 +92,7 @@ def _check_x(x, attrs, op: str) -> None:
 
 
 def _infer_batch_norm(types, attrs):
-    require_float(types, "batch_norm")
-    names = _affine_names(attrs)
-    if len(types) != 1 + len(names):
-        raise InferError(f"batch_norm takes x{''.join(', ' + n for n in names)}: {1 + len(names)} operands, "
-                         f"got {len(types)}")
-    _check_x(types[0], attrs, "batch_norm")
-    _check_affine(types[0], types[1:], names, "batch_norm")
-    return types[0]
+    return infer_affine_norm(types, attrs, "batch_norm", _check_x)
 
 
 def _infer_batch_norm_grad(types, attrs):
@@ -412,23 +407,6 @@ def _element(op: kit.CudaNode, operand: int, index: str, prefix: str) -> tuple[l
     return split + spatial_split, op.read(operand, [f"{prefix}n", "channel"] + names)
 
 
-def _strided(index: str, extent: str, body: list[str]) -> list[str]:
-    return [f"{index} = t", f"while {index} < {extent}:"] + ["    " + line for line in body] + [f"    {index} += BLOCK"]
-
-
-def _cuda_stats(split: list[str], x: str, eps: float | None) -> list[str]:
-    """The block's channel mean, variance and (with ``eps``) rstd in float64 over ``size`` elements,
-    two trees."""
-    return (["total = np.float64(0.0)"] + _strided("i", "size", split + [f"total += np.float64({x})"])
-            + ["partial[t] = total"] + kit.tree_lines("sum") + ["mean = partial[0] / size", "cuda.syncthreads()",
-                                                                  "squares = np.float64(0.0)"]
-            + _strided("i", "size", split + [f"deviation = np.float64({x}) - mean",
-                                             "squares += deviation * deviation"])
-            + ["partial[t] = squares"] + kit.tree_lines("sum")
-            + ["variance = partial[0] / size"] + ([] if eps is None else [f"rstd = 1.0 / math.sqrt(variance + {eps!r})"])
-            + ["cuda.syncthreads()"])
-
-
 def _channels_loop(op: kit.CudaNode, body: list[str], shared: tuple[str, ...]) -> list[str]:
     """One block per channel (looping where there are more channels than blocks)."""
     samples, channels, spatial = _geometry(op.shapes[0])
@@ -436,6 +414,16 @@ def _channels_loop(op: kit.CudaNode, body: list[str], shared: tuple[str, ...]) -
             + ["t = cuda.threadIdx.x", f"size = {op.count(samples, channels * spatial)} * {spatial}",
                "channel = cuda.blockIdx.x", f"while channel < {channels}:"]
             + ["    " + line for line in body] + ["    channel += cuda.gridDim.x"])
+
+
+def _channel_kernels(op: kit.CudaNode, body: list[str], shared: tuple[str, ...], doc: str) -> kit.Kernels:
+    """One kernel of one block per channel around ``body`` (float64 shared arrays ``shared``), 256
+    threads a block whatever the batch (the channel's N*S values grow with it: kit.sum_block)."""
+    samples, channels, spatial = _geometry(op.shapes[0])
+    block = kit.sum_block(samples * spatial, True)
+    source = f"\nBLOCK = {block}\n" + kit.kernel_source("kernel", op.arguments, _channels_loop(op, body, shared), doc)
+    return kit.Kernels(f"{op.node.op} of {channels} channels of {samples * spatial} (float64 trees)", source,
+                       [kit.block_per_row_launch("kernel", channels, block, 8 * len(shared) * block)])
 
 
 def _out_index(op: kit.CudaNode, prefix: str) -> str:
@@ -446,29 +434,23 @@ def _out_index(op: kit.CudaNode, prefix: str) -> str:
 
 def _cuda_batch_norm(op: kit.CudaNode) -> kit.Kernels:
     attrs = op.attrs
-    samples, channels, spatial = _geometry(op.shapes[0])
-    block = kit.sum_block(samples * spatial, True)
     split, x = _element(op, 0, "i", "x")
     scale = f"rstd * np.float64({op.read(1, ['channel'])})" if attrs["weight"] else "rstd"
     plus = f" + np.float64({op.read(1 + attrs['weight'], ['channel'])})" if attrs["bias"] else ""
-    body = (_cuda_stats(split, x, attrs["eps"]) + [f"scale = {scale}"]
+    body = (_cuda_stats_lines(split, x, "size", attrs["eps"], "i") + [f"scale = {scale}"]
             + _strided("i", "size", split + [f"out0[{_out_index(op, 'x')}] = np.float32((np.float64({x}) - mean) * "
                                              f"scale{plus})"]))
-    source = f"\nBLOCK = {block}\n" + kit.kernel_source(
-        "kernel", op.arguments, _channels_loop(op, body, ("partial",)),
-        "One block per channel: mean and rstd in float64, then the normalized, scaled channel.")
-    return kit.Kernels(f"batch_norm of {channels} channels of {samples * spatial} (float64 trees)", source,
-                       [kit.block_per_row_launch("kernel", channels, block, 8 * block)])
+    return _channel_kernels(op, body, ("partial",),
+                            "One block per channel: mean and rstd in float64, then the normalized, scaled channel.")
 
 
 def _cuda_batch_norm_grad(op: kit.CudaNode) -> kit.Kernels:
     attrs = op.attrs
-    samples, channels, spatial = _geometry(op.shapes[0])
-    block = kit.sum_block(samples * spatial, True)
+    _, channels, spatial = _geometry(op.shapes[0])
     x_split, x = _element(op, 0, "i", "x")
     g_split, g = _element(op, 1, "i", "g")
     wc = f"np.float64({op.read(2, ['channel'])})" if attrs["weight"] else "1.0"
-    body = (_cuda_stats(x_split, x, attrs["eps"]) + ["xc = np.float64(0.0)", "db = np.float64(0.0)"]
+    body = (_cuda_stats_lines(x_split, x, "size", attrs["eps"], "i") + ["xc = np.float64(0.0)", "db = np.float64(0.0)"]
             + _strided("i", "size", x_split + g_split + [f"dy = np.float64({g})",
                                                          f"xc += dy * (np.float64({x}) - mean)", "db += dy"])
             + ["partial[t] = xc", "second[t] = db"] + kit.tree_lines("sum", ("partial", "second"))
@@ -481,24 +463,16 @@ def _cuda_batch_norm_grad(op: kit.CudaNode) -> kit.Kernels:
         body += ["kx = xc * rstd * rstd / size", "gm = db / size", f"scale = rstd * {wc}"]
         body += _strided("i", "size", x_split + g_split + [
             f"out0[{_out_index(op, 'x')}] = np.float32((np.float64({g}) - gm - (np.float64({x}) - mean) * kx) * scale)"])
-    source = f"\nBLOCK = {block}\n" + kit.kernel_source(
-        "kernel", op.arguments, _channels_loop(op, body, ("partial", "second")),
-        "One block per channel: PyTorch's batch_norm backward in float64 (dx, dweight, dbias).")
-    return kit.Kernels(f"batch_norm_grad of {channels} channels of {samples * spatial} (float64 trees)", source,
-                       [kit.block_per_row_launch("kernel", channels, block, 16 * block)])
+    return _channel_kernels(op, body, ("partial", "second"),
+                            "One block per channel: PyTorch's batch_norm backward in float64 (dx, dweight, dbias).")
 
 
 def _cuda_batch_norm_stats(op: kit.CudaNode) -> kit.Kernels:
-    samples, channels, spatial = _geometry(op.shapes[0])
-    block = kit.sum_block(samples * spatial, True)
     split, x = _element(op, 0, "i", "x")
-    body = _cuda_stats(split, x, None) + ["if t == 0:", "    out0[channel] = np.float32(mean)",
-                                         f"    out0[{channels} + channel] = np.float32(variance)"]
-    source = f"\nBLOCK = {block}\n" + kit.kernel_source(
-        "kernel", op.arguments, _channels_loop(op, body, ("partial",)),
-        "One block per channel: its mean and biased variance in float64, rounded once.")
-    return kit.Kernels(f"batch_norm_stats of {channels} channels of {samples * spatial} (float64 trees)", source,
-                       [kit.block_per_row_launch("kernel", channels, block, 8 * block)])
+    body = _cuda_stats_lines(split, x, "size", None, "i") + [
+        "if t == 0:", "    out0[channel] = np.float32(mean)", f"    out0[{op.shapes[0][1]} + channel] = np.float32(variance)"]
+    return _channel_kernels(op, body, ("partial",),
+                            "One block per channel: its mean and biased variance in float64, rounded once.")
 
 
 # ------------------------------------------------------------------ the ops

@@ -105,14 +105,20 @@ def _affine_names(attrs) -> list[str]:
 
 
 def _infer_group_norm(types, attrs):
-    require_float(types, "group_norm")
+    return infer_affine_norm(types, attrs, "group_norm", _check_attrs)
+
+
+def infer_affine_norm(types, attrs, op: str, check_attrs) -> TensorType:
+    """The type of a norm of x (N, C, *) with optional weight and bias operands (attrs ``weight``,
+    ``bias``): x's, its operands checked (group_norm, batch_norm)."""
+    require_float(types, op)
     names = _affine_names(attrs)
     if len(types) != 1 + len(names):
-        raise InferError(f"group_norm takes x{''.join(', ' + n for n in names)}: {1 + len(names)} operands, "
+        raise InferError(f"{op} takes x{''.join(', ' + n for n in names)}: {1 + len(names)} operands, "
                          f"got {len(types)}")
     x = types[0]
-    _check_attrs(x, attrs, "group_norm")
-    _check_affine(x, types[1:], names, "group_norm")
+    check_attrs(x, attrs, op)
+    _check_affine(x, types[1:], names, op)
     return x
 
 
@@ -431,15 +437,18 @@ def _strided(index: str, extent, body: list[str], step: str = "BLOCK") -> list[s
     return [f"{index} = t", f"while {index} < {extent}:"] + ["    " + line for line in body] + [f"    {index} += {step}"]
 
 
-def _cuda_stats_lines(split: list[str], x: str, length: int, eps: float, column: str = "c") -> list[str]:
-    """The block's row mean and rstd in float64 (a shared-memory tree each); every thread gets both."""
+def _cuda_stats_lines(split: list[str], x: str, length: int | str, eps: float | None,
+                      column: str = "c") -> list[str]:
+    """The block's row mean, variance and (with ``eps``) rstd in float64 (a shared-memory tree each);
+    every thread gets them (group_norm's rows, batch_norm's channels)."""
     return (["total = np.float64(0.0)"] + _strided(column, length, split + [f"total += np.float64({x})"])
             + ["partial[t] = total"] + kit.tree_lines("sum") + [f"mean = partial[0] / {length}", "cuda.syncthreads()",
                                                                   "squares = np.float64(0.0)"]
             + _strided(column, length, split + [f"deviation = np.float64({x}) - mean",
                                                 "squares += deviation * deviation"])
             + ["partial[t] = squares"] + kit.tree_lines("sum")
-            + [f"rstd = 1.0 / math.sqrt(partial[0] / {length} + {eps!r})", "cuda.syncthreads()"])
+            + [f"variance = partial[0] / {length}"]
+            + ([] if eps is None else [f"rstd = 1.0 / math.sqrt(variance + {eps!r})"]) + ["cuda.syncthreads()"])
 
 
 def _rows_loop(rows: int | str, body: list[str], what: str) -> list[str]:
