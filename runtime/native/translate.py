@@ -825,6 +825,7 @@ class FunctionTranslator:
         self.returns: Any = None
         self.nonneg, bound = nonneg_names(node, module.globals, module.nonneg_params.get(node.name, frozenset()))
         self.bound = dict.fromkeys(bound)  # the function's own names, for _nonneg
+        self.running: list[str] = []  # the stop names of the range() loops whose body is being lowered: _for
 
     # ---------------------------------------------------------------- driver
     def translate(self) -> Compiled:
@@ -1143,7 +1144,10 @@ class FunctionTranslator:
         if slot is not None:
             body.emit(f"store i64 {index}, ptr {slot}")
         self.loops.append(_Loop(latch, done))
+        running = self._running_stop(call, node.body)
+        self.running += running
         self._nested(node.body)
+        del self.running[len(self.running) - len(running):]
         self.loops.pop()
         if not body.terminated:
             body.branch(latch)
@@ -2073,12 +2077,34 @@ class FunctionTranslator:
         remaining = list(range(len(indices), array.type.ndim))
         return pointer, remaining
 
+    def _running_stop(self, call: ast.Call, statements: list) -> list[str]:
+        """[stop] for ``range(stop)``, ``range(start, stop)`` or ``range(start, stop, step > 0)``
+        with a non-negative start and a name ``stop`` the loop's body does not assign: inside the
+        body start <= i < stop, so stop is positive there (``oh * wo + ow`` with wo a size computed by
+        subtraction indexes without the wraparound select); else []."""
+        args = call.args
+        stop = args[0] if len(args) == 1 else args[1]
+        if not isinstance(stop, ast.Name) or stop.id not in self.bound or stop.id in _assigned_names(statements):
+            return []
+        if len(args) > 1 and not self._nonneg_here(args[0]):
+            return []
+        if len(args) == 3 and not (isinstance(args[2], ast.Constant) and isinstance(args[2].value, int)
+                                   and not isinstance(args[2].value, bool) and args[2].value > 0):
+            return []
+        return [stop.id]
+
+    def _nonneg_here(self, node: ast.expr) -> bool:
+        """Whether an expression cannot be negative here: nonneg_names, and the stops of the range()
+        loops around (_running_stop)."""
+        names = self.nonneg | set(self.running) if self.running else self.nonneg
+        return _nonneg(node, names, self.bound, self.module.globals)
+
     def _never_negative(self, index_nodes: list, axis: int) -> bool:
-        """Whether the index expression of ``axis`` cannot be negative (nonneg_names): then numba's
+        """Whether the index expression of ``axis`` cannot be negative (_nonneg_here): then numba's
         wraparound select is left out."""
         if axis >= len(index_nodes):
             return False
-        return _nonneg(index_nodes[axis], self.nonneg, self.bound, self.module.globals)
+        return self._nonneg_here(index_nodes[axis])
 
     def _load(self, dtype: Scalar, pointer: str) -> Scal:
         if self.dry:
