@@ -184,6 +184,8 @@ class _Llvm:
 
         for name, address in _helperlib.c_helpers.items():  # numba's BLAS wrappers (np.dot), as numba adds them
             llvm.add_symbol(f"numba_{name}", address)
+        self._numpy_sgemm = ctypes.c_int64(numpy_sgemm())  # np.dot's product at one thread (translate.py)
+        llvm.add_symbol("bendc_numpy_sgemm", ctypes.addressof(self._numpy_sgemm))
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.machine)
 
     def _machine(self) -> Any:
@@ -243,6 +245,25 @@ class _Llvm:
     def address(self, symbol: str) -> int:
         with _LOCK:
             return self.engine.get_function_address(symbol)
+
+
+def numpy_sgemm() -> int:
+    """The address of the sgemm of the OpenBLAS numpy bundles (its wheels' ``numpy.libs``, ILP64:
+    ``scipy_sgemm_64_``), 0 where numpy has another BLAS (then np.dot is numba's throughout).
+    ``BENDC_NUMPY_SGEMM=0`` keeps numba's."""
+    if os.environ.get("BENDC_NUMPY_SGEMM", "1") == "0":
+        return 0
+    import glob
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    for path in sorted(glob.glob(os.path.join(folder, "libscipy_openblas64_*.so*"))):
+        try:
+            function = getattr(ctypes.CDLL(path), "scipy_sgemm_64_", None)
+        except OSError:
+            continue
+        if function is not None:
+            return ctypes.cast(function, ctypes.c_void_p).value or 0
+    return 0
 
 
 class _MethodDef(ctypes.Structure):
@@ -558,7 +579,8 @@ class NativeFunction:
         self.objects[signature] = name
         for listener in list(COMPILE_LISTENERS):
             listener(self.module_name, self.__name__)
-        if "prange" in self.source:  # the object calls the thread pool (runtime/native/pool.py): loaded first
+        if "prange" in self.source or "np.dot" in self.source:  # the pool (runtime/native/pool.py) first, and
+            # numba's threading layer (get_num_threads: np.dot asks it)
             from runtime.native import pool
 
             pool.install(state)

@@ -549,6 +549,52 @@ def test_blas_products_transposes_and_full_give_numbas_bits(module):
                            3))
 
 
+def test_float32_products_at_one_thread_call_numpys_sgemm(module):
+    """At numba's thread count 1 a float32 matrix product (np.dot's gemm case) calls numpy's
+    OpenBLAS sgemm (``@bendc_numpy_sgemm``), with numba_xxgemm's operands: here through a
+    recording stand-in that forwards to it, numba's bits all the same; above one thread (inside
+    the pool) numba's, held to one thread. Vector products (gemv, dot) stay numba's."""
+    import ctypes
+
+    import numba
+
+    from runtime.native.jit import llvm_state, numpy_sgemm
+
+    real = numpy_sgemm()
+    assert real, "numpy's wheel bundles OpenBLAS (numpy.libs): its sgemm is found"
+    forward = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13, ctypes.c_int64, ctypes.c_int64)(real)
+    calls = []
+
+    def record(*args):
+        calls.append(tuple(ctypes.c_int64.from_address(args[i]).value for i in (2, 3, 4)))
+        forward(*args)
+
+    stand_in = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13, ctypes.c_int64, ctypes.c_int64)(record)
+    state = llvm_state()
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((6, 5)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+
+    def run():
+        return both(module.products, a, b, np.zeros((6, 8), np.float32), np.zeros((5, 5), np.float32),
+                    np.zeros((1, 4), np.float32), np.zeros((6, 1), np.float32), np.zeros((1, 1), np.float32), 3)
+
+    before = numba.get_num_threads()
+    state._numpy_sgemm.value = ctypes.cast(stand_in, ctypes.c_void_p).value
+    try:
+        numba.set_num_threads(1)
+        native, reference = run()
+        assert_same_bits(native, reference)
+        assert calls == [(4, 6, 5), (5, 5, 3), (6, 6, 5)]  # (n, m, k) as numba's call_xxgemm orders them
+        if numba.config.NUMBA_NUM_THREADS > 1:
+            numba.set_num_threads(2)
+            assert_same_bits(*run())
+            assert len(calls) == 3, "more than one thread: numba's sgemm"
+    finally:
+        state._numpy_sgemm.value = real
+        numba.set_num_threads(before)
+
+
 def test_what_the_translator_does_not_cover_stays_numbas(module):
     """Slices and array methods are numba's: the function says why, and runs all the same."""
     out = np.zeros(4, np.float32)
