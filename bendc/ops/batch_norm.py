@@ -69,7 +69,7 @@ from bendc.kernels import cuda_kit as kit
 from bendc.kernels import cpu_policy as policy
 from bendc.kernels.cpu_kit import njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
-from bendc.ops.group_norm import (LANES, _affine_names, _cuda_stats_lines, _strided, infer_affine_norm,
+from bendc.ops.group_norm import (LANE_COUNT, LANES, _affine_names, _cuda_stats_lines, _strided, infer_affine_norm,
                                   infer_packed_grad,
                                   packed_affine_vjp)
 
@@ -201,7 +201,7 @@ def _wide_sums(sums: dict[str, str], grad: bool) -> list[str]:
     """Channel c's sums (one prange cell): LANES partial sums running over every sample's full blocks
     and one over the runs' tails (a local array each: LLVM knows it aliases nothing, so the lane loop
     vectorizes), added once at the end (_channel_sum's order); then its statistics. The lane count is
-    the argument ``lanes``, not a literal (group_norm.py's _lane_lines: a literal 32-trip loop is
+    the argument (``lanes``: LANE_COUNT), not a literal (group_norm.py's _lane_lines: a literal 32-trip loop is
     unrolled before the loop vectorizer runs)."""
     names = list(sums)
     lines = [f"lanes_{k} = np.empty(lanes)" for k in range(len(names))]
@@ -211,7 +211,7 @@ def _wide_sums(sums: dict[str, str], grad: bool) -> list[str]:
     lines += ["    for block in range(spatial // lanes):", "        base = block * lanes",
               "        for k in range(lanes):", "            i = base + k"]
     lines += [f"            lanes_{k}[k] += {term}" for k, term in enumerate(sums.values())]
-    lines += ["    for i in range(spatial - spatial % lanes, spatial):"]
+    lines += ["    for i in range(spatial // lanes * lanes, spatial):"]
     lines += [f"        {name}_tail += {term}" for name, term in sums.items()]
     lines += [f"{name} = 0.0" for name in names] + ["for k in range(lanes):"]
     lines += [f"    {name} += lanes_{k}[k]" for k, name in enumerate(names)]
@@ -292,7 +292,8 @@ def _cpu_batch_norm(attrs, ins, out):
     weight, bias = attrs["weight"], attrs["bias"]
     wide = spatial >= LANES
     parallel, out_parallel = _parallel(ins[0].numel, wide, channels, samples)
-    lines = [njit_decorator(parallel if wide else parallel or out_parallel), "def _channels(x3, w, b, y3, eps, lanes):",
+    lines = [njit_decorator(parallel if wide else parallel or out_parallel),
+             "def _channels(x3, w, b, y3, eps, lane_count):", LANE_COUNT,
              "    samples, channels = x3.shape[0], x3.shape[1]",
              f"    spatial = {_spatial(wide, spatial)}", "    size = samples * spatial"]
     if wide:
@@ -329,7 +330,7 @@ def _cpu_batch_norm_grad(attrs, ins, out):
     parallel, out_parallel = _parallel(ins[0].numel, wide, channels, samples)
     out_parallel = out_parallel and grad_input
     lines = [njit_decorator(parallel if wide else parallel or out_parallel),
-             "def _channels(x3, g3, w, dx3, dweight, dbias, eps, lanes):",
+             "def _channels(x3, g3, w, dx3, dweight, dbias, eps, lane_count):", LANE_COUNT,
              "    samples, channels = x3.shape[0], x3.shape[1]",
              f"    spatial = {_spatial(wide, spatial)}", "    size = samples * spatial"]
     wc = "np.float64(w[c])" if weight else "1.0"
@@ -377,7 +378,7 @@ def _cpu_batch_norm_stats(attrs, ins, out):
     samples, channels, spatial = _geometry(ins[0].shape)
     wide = spatial >= LANES
     parallel, _ = _parallel(ins[0].numel, wide, channels, samples)
-    lines = [njit_decorator(parallel), "def _channels(x3, out, eps, lanes):",
+    lines = [njit_decorator(parallel), "def _channels(x3, out, eps, lane_count):", LANE_COUNT,
              "    samples, channels = x3.shape[0], x3.shape[1]",
              f"    spatial = {_spatial(wide, spatial)}", "    size = samples * spatial"]
     if wide:

@@ -74,6 +74,12 @@ from bendc.ops.base import InferError, Lowering, define_op, require_float
 # Independent partial sums per row statistic: 32 float64 lanes are four AVX-512 vectors (on the
 # example's rows of 1024, 32 lanes ran ~2x faster than 8 scalar ones, 64 no faster than 32).
 LANES = 32
+# The kernels' first line: the lane count (their argument lane_count, LANES) bound to a name whose
+# every binding is non-negative, so the native translator indexes ``row[block * lanes + k]`` without
+# numba's negative-index wraparound (a parameter may be anything): with it the lane loops read x
+# through gathers (group_norm_grad of (64, 8, 16, 16), 2 groups: 208 -> 139 us alone; the tail loops
+# start at length // lanes * lanes for the same reason: a difference may be negative).
+LANE_COUNT = "    lanes = max(lane_count, 1)"
 
 
 # ------------------------------------------------------------------ shapes
@@ -274,7 +280,7 @@ def packed_affine_vjp(b, node, grad, needs, grad_op: str, **attrs):
 def _lane_lines(names: list[str], terms: list[str], length: str, indent: str) -> list[str]:
     """Source lines summing ``terms`` (expressions of ``i``) over ``range(length)`` into ``names``
     (float64) in lane_sum's order, the lanes of the k-th sum in the row's array ``lanes_k``
-    (allocated once per row, _row_lines). The lane count is the kernel's argument ``lanes``, not a
+    (allocated once per row, _row_lines). The lane count ``lanes`` is the kernel's argument (LANE_COUNT), not a
     literal: LLVM would unroll a literal 32-trip loop before its loop vectorizer runs (numba leaves
     the SLP vectorizer off), and the scalar code is ~2x slower."""
     lines = ["for k in range(lanes):"] + [f"    lanes_{k}[k] = 0.0" for k in range(len(names))]
@@ -282,7 +288,7 @@ def _lane_lines(names: list[str], terms: list[str], length: str, indent: str) ->
     lines += [f"for block in range({length} // lanes):", "    base = block * lanes", "    for k in range(lanes):",
               "        i = base + k"]
     lines += [f"        lanes_{k}[k] += {term}" for k, term in enumerate(terms)]
-    lines.append(f"for i in range({length} - {length} % lanes, {length}):")
+    lines.append(f"for i in range({length} // lanes * lanes, {length}):")
     lines += [f"    {name}_tail += {term}" for name, term in zip(names, terms)]
     lines += [f"{name} = 0.0" for name in names] + ["for k in range(lanes):"]
     lines += [f"    {name} += lanes_{k}[k]" for k, name in enumerate(names)]
@@ -318,7 +324,7 @@ def _cpu_group_norm(attrs, ins, out):
     weight, bias = attrs["weight"], attrs["bias"]
     scale = "rstd * np.float64(w[g * per_group + j])" if weight else "rstd"
     shift = " + shift" if bias else ""
-    lines = [njit_decorator(parallel), "def _rows(x3, x2, w, b, y3, groups, eps, lanes):",
+    lines = [njit_decorator(parallel), "def _rows(x3, x2, w, b, y3, groups, eps, lane_count):", LANE_COUNT,
              "    per_group, spatial = x3.shape[1], x3.shape[2]", "    size = x2.shape[1]"] + _row_lines(parallel, 2)
     lines += _stats_lines("        ")
     lines += ["        for j in range(per_group):", f"            scale = {scale}"]
@@ -350,7 +356,8 @@ def _cpu_group_norm_grad(attrs, ins, out):
     parallel = policy.parallel("rows", ins[0].numel) and rows > 1
     weight, grad_input, grad_affine = attrs["weight"], attrs["grad_input"], attrs["grad_affine"]
     wj = "np.float64(w[g * per_group + j])" if weight else "1.0"
-    lines = [njit_decorator(parallel), "def _rows(x3, x2, g3, w, dx3, ds, db, stats, groups, eps, lanes):",
+    lines = [njit_decorator(parallel), "def _rows(x3, x2, g3, w, dx3, ds, db, stats, groups, eps, lane_count):",
+             LANE_COUNT,
              "    per_group, spatial = x3.shape[1], x3.shape[2]", "    size = x2.shape[1]"] + _row_lines(parallel, 2)
     lines += _stats_lines("        ")
     lines += ["        stats[r, 0] = mean", "        stats[r, 1] = rstd",
