@@ -247,6 +247,31 @@ class _Llvm:
             return self.engine.get_function_address(symbol)
 
 
+def _copies_keeping_aliases(args: Sequence[Any]) -> list:
+    """Copies of the array arguments that alias each other as the arguments do (an output written
+    over a donated input, views of one buffer): each C-contiguous base array copied once and the
+    arguments viewed into its copy at the same offsets and strides; other arrays copied alone."""
+    bases: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    copies = []
+    for a in args:
+        if not isinstance(a, np.ndarray):
+            copies.append(a)
+            continue
+        base = a
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        if not base.flags.c_contiguous or base.dtype.hasobject:
+            copies.append(np.array(a, copy=True))
+            continue
+        if id(base) not in bases:
+            bases[id(base)] = (base, np.array(base, copy=True))
+        original, copy = bases[id(base)]
+        offset = a.__array_interface__["data"][0] - original.__array_interface__["data"][0]
+        copies.append(np.ndarray(a.shape, a.dtype, buffer=copy.reshape(-1).view(np.uint8), offset=offset,
+                                 strides=a.strides))
+    return copies
+
+
 def numpy_sgemm() -> int:
     """The address of the sgemm of the OpenBLAS numpy bundles (its wheels' ``numpy.libs``, ILP64:
     ``scipy_sgemm_64_``), 0 where numpy has another BLAS (then np.dot is numba's throughout).
@@ -463,7 +488,7 @@ class NativeFunction:
 
     def _checked(self, function: Callable, args: Sequence[Any]) -> None:
         """BENDC_NATIVE_CHECK: run numba on copies of the arguments too, and compare every array."""
-        copies = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args]
+        copies = _copies_keeping_aliases(args)
         status = function(*args)
         if status != 0:
             raise self.status_error(status)

@@ -2057,6 +2057,10 @@ class FunctionTranslator:
             raise self.fail("more indices than dimensions")
         body = self.body
         offset: Scal | None = None
+        size = array.type.dtype.size
+        strides = array.strides[:len(indices)]
+        elements = size > 1 and any(stride.const is None for stride in strides) and \
+            all(stride.const is None or int(stride.const) % size == 0 for stride in strides)
         for axis, index in enumerate(indices):
             if not (isinstance(index, Scal) and index.type.is_int):
                 raise self.fail("an index that is not an integer (slices and arrays are numba's)")
@@ -2066,16 +2070,32 @@ class FunctionTranslator:
                 negative = body.value(f"icmp slt i64 {position.ref}, 0")
                 wrapped = body.value(f"add i64 {position.ref}, {array.shape[axis].ref}")
                 position = Scal(INTP, body.value(f"select i1 {negative}, i64 {wrapped}, i64 {position.ref}"))
-            term = self._int_op("mul", position, array.strides[axis])
+            stride = self._element_stride(array.strides[axis], size) if elements else array.strides[axis]
+            term = self._int_op("mul", position, stride)
             offset = term if offset is None else self._int_op("add", offset, term)
         if offset is None:
             pointer = array.data
         elif offset.const is not None and int(offset.const) == 0:
             pointer = array.data
+        elif elements:
+            pointer = body.value(f"getelementptr {array.type.dtype.memory}, ptr {array.data}, i64 {offset.ref}")
         else:
             pointer = body.value(f"getelementptr i8, ptr {array.data}, i64 {offset.ref}")
         remaining = list(range(len(indices), array.type.ndim))
         return pointer, remaining
+
+    def _element_stride(self, stride: Scal, size: int) -> Scal:
+        """A byte stride in elements of ``size`` bytes. An array with a stride only known at run time
+        is indexed in elements (``getelementptr float, ptr, i64 i * (stride / 4)``), not bytes: LLVM's
+        loop vectorizer then checks that element stride for 1 and runs unit strides through vector
+        loads; in bytes it checked for a stride of one byte, never true, and read every strided view
+        (attention's heads, concat's parts) through gathers. Exact: each entry takes only aligned
+        arrays (numpy's ALIGNED: every stride of an axis longer than 1 a multiple of the element's
+        alignment, here its size) and the views made inside keep multiples; an axis of length 1 is
+        indexed at 0 whatever its stride."""
+        if stride.const is not None:
+            return literal(int(stride.const) // size, INTP)
+        return Scal(INTP, self.body.value(f"sdiv i64 {stride.ref}, {size}"))
 
     def _running_stop(self, call: ast.Call, statements: list) -> list[str]:
         """[stop] for ``range(stop)``, ``range(start, stop)`` or ``range(start, stop, step > 0)``

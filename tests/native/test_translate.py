@@ -272,6 +272,17 @@ SOURCE = HEADER + textwrap.dedent('''
             k += 1
 
     @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def strided_rows(x, out):
+        for i in range(x.shape[0]):
+            for j in range(x.shape[1]):
+                out[i, j] = x[i, j] * np.float32(2.0)
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def bump(a, out):
+        for i in range(a.shape[0]):
+            out[i] = a[i] + np.float32(1.0)
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
     def running_stop(x, out):
         rows, width = x.shape
         wo = width - 2   # a difference: may be negative, but not inside range(wo)'s body
@@ -462,6 +473,25 @@ def test_a_range_stop_is_positive_inside_its_loop(module, tmp_path, monkeypatch)
     assert wraps("running_stop") == 0
     # every index of out (read and written by +=, in both loops) and x[r, ow + 2] from a start < 0
     assert wraps("running_stop_wraps") == 5
+
+
+def test_arrays_of_any_strides_are_indexed_in_elements(module, tmp_path, monkeypatch):
+    """An array whose strides are known only at run time (layout A: a slice of columns, a
+    transposed view) is indexed in elements, ``getelementptr float, ptr, i64 i * (stride / 4)``:
+    LLVM's vectorizer versions the loop on that element stride being 1 (in bytes it checked for a
+    one-byte stride, never true, and gathered every element). numba's bits for unit, wider and
+    negative strides; a C-contiguous array keeps its constant byte strides."""
+    monkeypatch.setenv("BENDC_NATIVE_DUMP", str(tmp_path))
+    big = np.arange(6 * 20, dtype=np.float32).reshape(6, 20)
+    for view in (big[:, 1:17], big[:, ::2], big[::-1, 18:2:-1], big.T[:5]):
+        assert not view.flags.c_contiguous
+        native, reference = both(module.strided_rows, view, np.zeros(view.shape, np.float32))
+        assert_same_bits(native, reference)
+        assert np.array_equal(native[1], view * 2)
+    texts = [p.read_text() for p in tmp_path.glob("*.ll") if not p.name.endswith(".opt.ll")]
+    functions = [t.split(".strided_rows.0\"(", 1)[1].split("\ndefine ", 1)[0] for t in texts
+                 if ".strided_rows.0\"(" in t]
+    assert functions and all("getelementptr float, ptr" in function for function in functions)
 
 
 def test_conditional_expressions_of_names_and_numbers_are_selects(module, tmp_path, monkeypatch):
@@ -900,3 +930,29 @@ def test_checking_follows_the_environment_at_every_call(monkeypatch):
     assert not jit.checking()
     os.environ["BENDC_NATIVE_CHECK"] = "1"
     assert jit.checking()
+
+
+def test_the_native_check_keeps_arguments_that_alias_each_other_aliased(module, monkeypatch):
+    """BENDC_NATIVE_CHECK runs numba on copies: arguments that share memory (an output written over
+    a donated input, two views of one buffer) share it in the copies too, so an in-place kernel is
+    compared with numba's in-place run (copied apart, numba's input kept its old values and every
+    donated optimizer step "differed"); a wrong native result still fails."""
+    monkeypatch.setenv("BENDC_NATIVE_CHECK", "1")
+    a = np.arange(8, dtype=np.float32)
+    module.bump(a, a)                        # in place: both runs add 1 to the same buffer
+    assert np.array_equal(a, np.arange(8, dtype=np.float32) + 1)
+    buffer = np.arange(12, dtype=np.float32)
+    module.bump(buffer[:6], buffer[6:])      # two views of one buffer, at their offsets
+    assert np.array_equal(buffer[6:], np.arange(6, dtype=np.float32) + 1)
+    copies = jit._copies_keeping_aliases([buffer[6:], buffer[::2], 3, buffer[1:5].reshape(2, 2)])
+    assert np.shares_memory(copies[0], copies[1]) and not np.shares_memory(copies[0], buffer)
+    assert all(np.array_equal(c, o) and c.strides == o.strides
+               for c, o in zip(copies, [buffer[6:], buffer[::2], None, buffer[1:5].reshape(2, 2)]) if o is not None)
+
+    def wrong(a, out):  # a native result that is not numba's
+        out[:] = a + np.float32(2.0)
+        return 0
+
+    a = np.arange(8, dtype=np.float32)
+    with pytest.raises(AssertionError, match="argument 0 differs"):
+        module.bump._checked(wrong, [a, a])
