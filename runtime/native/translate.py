@@ -2430,7 +2430,8 @@ class FunctionTranslator:
     def _dot(self, args: list) -> Arr | None:
         """np.dot of two matrices (into ``out`` when given): numba's dot_2_mm / dot_3_mm, calling
         numba's own BLAS wrappers (numba_xxgemm, numba_xxgemv, numba_xxdot: scipy's BLAS) with the
-        same operands, transposes and leading dimensions, so the products are numba's bit for bit."""
+        same operands, transposes and leading dimensions, so the products are numba's bit for bit
+        (a float32 matrix product at one thread: numpy's sgemm with them, _numpy_sgemm)."""
         if len(args) not in (2, 3) or not all(isinstance(a, Arr) for a in args):
             raise self.fail("np.dot of values that are not arrays")
         a, b = args[0], args[1]
