@@ -2091,8 +2091,9 @@ class FunctionTranslator:
         loads; in bytes it checked for a stride of one byte, never true, and read every strided view
         (attention's heads, concat's parts) through gathers. Exact: each entry takes only aligned
         arrays (numpy's ALIGNED: every stride of an axis longer than 1 a multiple of the element's
-        alignment, here its size) and the views made inside keep multiples; an axis of length 1 is
-        indexed at 0 whatever its stride."""
+        alignment, its size on the 64-bit platforms bendc runs on) and the views made inside keep
+        multiples; an axis of length 1 is indexed at 0 whatever its stride. A constant stride that
+        is not a multiple keeps the array in bytes (_element)."""
         if stride.const is not None:
             return literal(int(stride.const) // size, INTP)
         return Scal(INTP, self.body.value(f"sdiv i64 {stride.ref}, {size}"))
