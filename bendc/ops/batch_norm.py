@@ -70,8 +70,7 @@ from bendc.kernels import cpu_policy as policy
 from bendc.kernels.cpu_kit import njit_decorator
 from bendc.ops.base import InferError, Lowering, define_op, require_float
 from bendc.ops.group_norm import (LANE_COUNT, LANES, _affine_names, _cuda_stats_lines, _strided, infer_affine_norm,
-                                  infer_packed_grad,
-                                  packed_affine_vjp)
+                                  infer_packed_grad, lane_add, lane_finish, lane_start, packed_affine_vjp)
 
 # Channels a prange cell takes where a channel's runs are short (S < LANES): the cell walks the
 # samples, each a run of CHANNEL_BLOCK adjacent channels.
@@ -202,21 +201,14 @@ def _wide_sums(sums: dict[str, str], grad: bool) -> list[str]:
     and one over the runs' tails (a local array each: LLVM knows it aliases nothing, so the lane loop
     vectorizes), added once at the end (_channel_sum's order); then its statistics. The lane count is
     the argument (``lanes``: LANE_COUNT), not a literal (group_norm.py's _lane_lines: a literal 32-trip loop is
-    unrolled before the loop vectorizer runs)."""
+    unrolled before the loop vectorizer runs); the lane lines are group norm's (lane_start, lane_add,
+    lane_finish)."""
     names = list(sums)
-    lines = [f"lanes_{k} = np.empty(lanes)" for k in range(len(names))]
-    lines += ["for k in range(lanes):"] + [f"    lanes_{k}[k] = 0.0" for k in range(len(names))]
-    lines += ["shift = np.float64(x3[0, c, 0])"] + [f"{name}_tail = 0.0" for name in names]
+    lines = [f"lanes_{k} = np.empty(lanes)" for k in range(len(names))] + lane_start(names)
+    lines += ["shift = np.float64(x3[0, c, 0])"]
     lines += ["for n in range(samples):", "    row = x3[n, c]"] + (["    grow = g3[n, c]"] if grad else [])
-    lines += ["    for block in range(spatial // lanes):", "        base = block * lanes",
-              "        for k in range(lanes):", "            i = base + k"]
-    lines += [f"            lanes_{k}[k] += {term}" for k, term in enumerate(sums.values())]
-    lines += ["    for i in range(spatial // lanes * lanes, spatial):"]
-    lines += [f"        {name}_tail += {term}" for name, term in sums.items()]
-    lines += [f"{name} = 0.0" for name in names] + ["for k in range(lanes):"]
-    lines += [f"    {name} += lanes_{k}[k]" for k, name in enumerate(names)]
-    lines += [f"{name} += {name}_tail" for name in names]
-    return lines + _FINISH
+    lines += ["    " + line for line in lane_add(names, list(sums.values()), "spatial")]
+    return lines + lane_finish(names) + _FINISH
 
 
 def _narrow_sums(sums: dict[str, str], grad: bool, parallel: bool) -> list[str]:

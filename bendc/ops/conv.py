@@ -467,7 +467,7 @@ def _grad_weight(x, grad, partial):
 # (288, 576) @ (576, 64) a sample, 33.2 -> 20.2 ms (its 42 MB of columns no longer go through
 # memory), conv1's (9, 676) @ (676, 32) 1.34 -> 1.16 ms; the step 95.6 -> 81.7 ms at 1 thread,
 # 80-86 -> 43.5 at 2 (numpy's batched product ran on OpenBLAS's own threads; these run on the pool).
-GRAD_WEIGHT_IN_KERNEL = 1 << 16  # multiply-adds of one sample's product (taps x Ho*Wo x O/G), from
+GRAD_WEIGHT_IN_KERNEL = 1 << 16  # multiply-adds of one sample's product (taps x Ho*Wo x O/G) from which it runs in the kernel
 
 
 def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:

@@ -283,17 +283,32 @@ def _lane_lines(names: list[str], terms: list[str], length: str, indent: str) ->
     (allocated once per row, _row_lines). The lane count ``lanes`` is the kernel's argument (LANE_COUNT), not a
     literal: LLVM would unroll a literal 32-trip loop before its loop vectorizer runs (numba leaves
     the SLP vectorizer off), and the scalar code is ~2x slower."""
-    lines = ["for k in range(lanes):"] + [f"    lanes_{k}[k] = 0.0" for k in range(len(names))]
-    lines += [f"{name}_tail = 0.0" for name in names]
-    lines += [f"for block in range({length} // lanes):", "    base = block * lanes", "    for k in range(lanes):",
-              "        i = base + k"]
-    lines += [f"        lanes_{k}[k] += {term}" for k, term in enumerate(terms)]
-    lines.append(f"for i in range({length} // lanes * lanes, {length}):")
-    lines += [f"    {name}_tail += {term}" for name, term in zip(names, terms)]
-    lines += [f"{name} = 0.0" for name in names] + ["for k in range(lanes):"]
-    lines += [f"    {name} += lanes_{k}[k]" for k, name in enumerate(names)]
-    lines += [f"{name} += {name}_tail" for name in names]
+    lines = lane_start(names) + lane_add(names, terms, length) + lane_finish(names)
     return [indent + line for line in lines]
+
+
+def lane_start(names: list[str]) -> list[str]:
+    """The sums' lanes (``lanes_k``, allocated by the caller) and tails zeroed."""
+    return (["for k in range(lanes):"] + [f"    lanes_{k}[k] = 0.0" for k in range(len(names))]
+            + [f"{name}_tail = 0.0" for name in names])
+
+
+def lane_add(names: list[str], terms: list[str], length: str) -> list[str]:
+    """``terms`` (expressions of ``i``) over ``range(length)`` added into the lanes (the full blocks
+    of ``lanes``) and the tails (the rest); a caller may add several runs into the same lanes (batch
+    norm: each sample's run of a channel)."""
+    return ([f"for block in range({length} // lanes):", "    base = block * lanes", "    for k in range(lanes):",
+             "        i = base + k"]
+            + [f"        lanes_{k}[k] += {term}" for k, term in enumerate(terms)]
+            + [f"for i in range({length} // lanes * lanes, {length}):"]
+            + [f"    {name}_tail += {term}" for name, term in zip(names, terms)])
+
+
+def lane_finish(names: list[str]) -> list[str]:
+    """Each sum: its lanes added in lane order, then its tail."""
+    return ([f"{name} = 0.0" for name in names] + ["for k in range(lanes):"]
+            + [f"    {name} += lanes_{k}[k]" for k, name in enumerate(names)]
+            + [f"{name} += {name}_tail" for name in names])
 
 
 def _row_lines(parallel: bool, sums: int) -> list[str]:

@@ -592,14 +592,15 @@ def test_float32_products_at_one_thread_call_numpys_sgemm(module):
 
     real = numpy_sgemm()
     assert real, "numpy's wheel bundles OpenBLAS (numpy.libs): its sgemm is found"
-    forward = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13, ctypes.c_int64, ctypes.c_int64)(real)
+    sgemm = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13, ctypes.c_int64, ctypes.c_int64)  # Fortran's, ILP64
+    forward = sgemm(real)
     calls = []
 
     def record(*args):
         calls.append(tuple(ctypes.c_int64.from_address(args[i]).value for i in (2, 3, 4)))
         forward(*args)
 
-    stand_in = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13, ctypes.c_int64, ctypes.c_int64)(record)
+    stand_in = sgemm(record)
     state = llvm_state()
     rng = np.random.default_rng(3)
     a = rng.standard_normal((6, 5)).astype(np.float32)
