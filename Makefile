@@ -10,11 +10,11 @@ LOCK := requirements/lock.txt
 $(VENV)/.installed-core: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(LOCK) -e .
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[mkl]"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-core $(LOCK)
-	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test,cuda,distributed]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test,cuda,distributed,mkl]"
 	touch $@
 
 train: $(VENV)/.installed-core

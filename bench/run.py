@@ -850,7 +850,14 @@ def bench_data_parallel(runs: int) -> dict:
 def machine() -> dict:
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
             "threads": bench_threads(), "load_average": os.getloadavg(),
-            "numpy": np.__version__, "bendc": bendc.__version__, "blas": blas()}
+            "numpy": np.__version__, "bendc": bendc.__version__, "blas": blas(), "bendc_sgemm": bendc_sgemm()}
+
+
+def bendc_sgemm() -> str:
+    """The sgemm bendc's float32 products call (runtime/native/blas.py: MKL or OpenBLAS, BENDC_BLAS)."""
+    from runtime.native import blas as native_blas
+
+    return native_blas.sgemm().name
 
 
 def format_row(result: dict) -> str:

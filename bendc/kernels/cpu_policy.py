@@ -32,11 +32,12 @@ The costs per cell (2-core machine, bench/run.py and the examples):
 
 Threads: numba's thread count (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads`` in the
 process), on bendc's pool (numba's layer where the user set ``NUMBA_THREADING_LAYER``:
-runtime/cpu.py picks ``workqueue`` for numba's own parallel kernels otherwise). BLAS: at one
-thread matmul's products run on numpy's OpenBLAS; above one they run on the pool, one sgemm a
-block of the output on scipy's OpenBLAS held to one thread (runtime/native/products.py,
-pool.one_blas_thread), as do the tiled attention's and the conv's products inside their parallel
-work items (numba's np.dot), so that one pool serves the step.
+runtime/cpu.py picks ``workqueue`` for numba's own parallel kernels otherwise). BLAS: one sgemm
+(runtime/native/blas.py, ``BENDC_BLAS``): MKL, sequential, where installed; matmul's products run
+on it at one thread and above one on the pool, one sgemm a block of the output
+(runtime/native/products.py), as do the tiled attention's and the conv's products inside their
+parallel work items (np.dot), so that one pool serves the step. Without MKL: numpy's OpenBLAS at
+one thread, scipy's held to one thread on the pool (pool.one_blas_thread).
 """
 from __future__ import annotations
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from runtime.native import blas
 from runtime.native import translate as _translate
 from runtime.native.translate import NONE_ARG, ArrayArg, ModuleTranslator
 from runtime.native.types import BOOL, FLOAT32, FLOAT64, INT64, SCALARS, Array, Scalar, Unsupported, scalar_of
@@ -184,8 +185,13 @@ class _Llvm:
 
         for name, address in _helperlib.c_helpers.items():  # numba's BLAS wrappers (np.dot), as numba adds them
             llvm.add_symbol(f"numba_{name}", address)
-        self._numpy_sgemm = ctypes.c_int64(numpy_sgemm())  # np.dot's product at one thread (translate.py)
-        llvm.add_symbol("bendc_numpy_sgemm", ctypes.addressof(self._numpy_sgemm))
+        # np.dot's float32 product (translate.py _sgemm64): runtime/native/blas.py's ILP64 sgemm, and
+        # whether it may run inside the pool (1) or at one thread only (0)
+        chosen = blas.sgemm()
+        self.sgemm64 = ctypes.c_int64(chosen.address if chosen.ilp64 else 0)
+        self.sgemm64_any_thread = ctypes.c_int64(int(chosen.any_thread))
+        llvm.add_symbol("bendc_sgemm64", ctypes.addressof(self.sgemm64))
+        llvm.add_symbol("bendc_sgemm64_any_thread", ctypes.addressof(self.sgemm64_any_thread))
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.machine)
 
     def _machine(self) -> Any:
@@ -270,25 +276,6 @@ def _copies_keeping_aliases(args: Sequence[Any]) -> list:
         copies.append(np.ndarray(a.shape, a.dtype, buffer=copy.reshape(-1).view(np.uint8), offset=offset,
                                  strides=a.strides))
     return copies
-
-
-def numpy_sgemm() -> int:
-    """The address of the sgemm of the OpenBLAS numpy bundles (its wheels' ``numpy.libs``, ILP64:
-    ``scipy_sgemm_64_``), 0 where numpy has another BLAS (then np.dot is numba's throughout).
-    ``BENDC_NUMPY_SGEMM=0`` keeps numba's."""
-    if os.environ.get("BENDC_NUMPY_SGEMM", "1") == "0":
-        return 0
-    import glob
-
-    folder = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
-    for path in sorted(glob.glob(os.path.join(folder, "libscipy_openblas64_*.so*"))):
-        try:
-            function = getattr(ctypes.CDLL(path), "scipy_sgemm_64_", None)
-        except OSError:
-            continue
-        if function is not None:
-            return ctypes.cast(function, ctypes.c_void_p).value or 0
-    return 0
 
 
 class _MethodDef(ctypes.Structure):
@@ -489,7 +476,12 @@ class NativeFunction:
     def _checked(self, function: Callable, args: Sequence[Any]) -> None:
         """BENDC_NATIVE_CHECK: run numba on copies of the arguments too, and compare every array."""
         copies = _copies_keeping_aliases(args)
-        status = function(*args)
+        state = llvm_state()  # np.dot as numba calls it (scipy's OpenBLAS): MKL's bits are another sgemm's
+        sgemm, state.sgemm64.value = state.sgemm64.value, 0
+        try:
+            status = function(*args)
+        finally:
+            state.sgemm64.value = sgemm
         if status != 0:
             raise self.status_error(status)
         self.dispatcher(*copies)

@@ -1,24 +1,26 @@
 """Matrix products on bendc's thread pool: ``matmul(a, b, out)``, out = a @ b.
 
-At numba's thread count above 1 a float32 product runs as sgemm calls, one per block of the
-output, dealt over bendc's pool (runtime/native/pool.py): the step's products and its other
-parallel kernels then share one pool. numpy's OpenBLAS keeps its own threads, which after a call
-spin for a long time and take the cores from the pool's workers (measured: the transformer's
-attention kernels gained nothing at 2 threads beside them). The sgemm is scipy's OpenBLAS, the
-library numba's np.dot calls, held to one thread (``pool.one_blas_thread``); numpy's OpenBLAS
-has one global thread count, so it cannot run one thread inside the pool and the user's own count
-outside it.
+The sgemm is runtime/native/blas.py's choice. With MKL (sequential, ``BENDC_BLAS``) a float32
+product runs on it at every thread count: one call at one thread (no launch), one call a block of
+the output above one. Without it, at numba's thread count above 1 the product runs as scipy's
+OpenBLAS calls, one per block, held to one thread (``pool.one_blas_thread``), and at one thread as
+numpy's matmul. Blocks are dealt over bendc's pool (runtime/native/pool.py): the step's products
+and its other parallel kernels then share one pool. numpy's OpenBLAS keeps its own threads, which
+after a call spin for a long time and take the cores from the pool's workers (measured: the
+transformer's attention kernels gained nothing at 2 threads beside them); numpy's OpenBLAS has one
+global thread count, so it cannot run one thread inside the pool and the user's own count outside
+it.
 
 ``bendc_matmul`` is a CPython builtin (METH_FASTCALL) compiled from the LLVM IR below: it reads
 the three arrays' fields itself (~0.3 us a call against ~7 us for the same work in Python). It
 takes float32 matrices whose rows or columns are adjacent (row-major, or a transposed view, any
 leading stride: transposes are BLAS flags, not copies) and an output with adjacent columns; for
-anything else, and at one thread, it returns 1 and :func:`matmul` calls numpy. The output is cut
-along its rows (along its columns when it has fewer rows than columns) into one block a thread.
+anything else, and at one thread without MKL, it returns 1 and :func:`matmul` calls numpy. The
+output is cut along its rows (along its columns when it has fewer rows than columns) into one
+block a thread. The sgemm's integers are 32-bit (scipy's) or 64-bit (MKL's ``sgemm_64``).
 Bits: the same at one thread count, call after call; another count may change the last bits of
-a product (a thin block can take another OpenBLAS kernel than the whole product: (1000, 600) @
-(600, 2) does), and one thread is numpy's OpenBLAS (the one numpy bundles, 0.3.31 here, ~5-13% faster
-than scipy's 0.3.30 on the bench's shapes), two or more scipy's.
+a product (a thin block can take another sgemm kernel than the whole product: OpenBLAS's (1000,
+600) @ (600, 2) does).
 
 Measured (2-vCPU machine, 2 threads, products alone, us): 256x64x192 numpy at one thread 53,
 numpy at two 34, the pool 37; 256x64x64 20 / 13 / 9.5; 1024x512x128 1081 / 567 / 548. In a
@@ -97,10 +99,13 @@ declare ptr @PyLong_FromLong(i64)
 @bendc_ndarray_type = external global ptr
 @bendc_none = external global ptr
 @bendc_sgemm = global i64 0
+@bendc_sgemm_ilp64 = global i64 0
+@bendc_sgemm_one_thread = global i64 0
 
 ; the context, i64 words: 0 status, 1 sgemm, 2 transa, 3 transb, 4 M, 5 N, 6 K, 7 A, 8 lda, 9 B,
 ; 10 ldb, 11 C, 12 ldc, 13 which (0: N is cut, 1: M), 14 units (N or M), 15 blocks, 16-18 the
-; bytes A, B and C advance a unit. C = op(A) op(B), column-major (BLAS's sgemm).
+; bytes A, B and C advance a unit, 19 ilp64 (1: sgemm's integers are 64-bit). C = op(A) op(B),
+; column-major (BLAS's sgemm).
 define internal i64 @bendc_word(ptr %ctx, i64 %n) alwaysinline {{
 entry:
   %p = getelementptr i64, ptr %ctx, i64 %n
@@ -112,12 +117,12 @@ define internal void @bendc_gemm_task(ptr %args, ptr %dims, ptr %steps, ptr %ctx
 entry:
   %ta = alloca i8
   %tb = alloca i8
-  %m.a = alloca i32
-  %n.a = alloca i32
-  %k.a = alloca i32
-  %lda.a = alloca i32
-  %ldb.a = alloca i32
-  %ldc.a = alloca i32
+  %m.a = alloca i64
+  %n.a = alloca i64
+  %k.a = alloca i64
+  %lda.a = alloca i64
+  %ldb.a = alloca i64
+  %ldc.a = alloca i64
   %alpha = alloca float
   %beta = alloca float
   %first.p = load ptr, ptr %args
@@ -167,6 +172,18 @@ call:
   store i8 %ta.8, ptr %ta
   %tb.8 = trunc i64 %transb to i8
   store i8 %tb.8, ptr %tb
+  %ilp64 = call i64 @bendc_word(ptr %ctx, i64 19)
+  %wide = icmp ne i64 %ilp64, 0
+  br i1 %wide, label %int64, label %int32
+int64:
+  store i64 %m.1, ptr %m.a
+  store i64 %n.1, ptr %n.a
+  store i64 %k, ptr %k.a
+  store i64 %lda, ptr %lda.a
+  store i64 %ldb, ptr %ldb.a
+  store i64 %ldc, ptr %ldc.a
+  br label %sizes
+int32:
   %m.32 = trunc i64 %m.1 to i32
   store i32 %m.32, ptr %m.a
   %n.32 = trunc i64 %n.1 to i32
@@ -179,6 +196,8 @@ call:
   store i32 %ldb.32, ptr %ldb.a
   %ldc.32 = trunc i64 %ldc to i32
   store i32 %ldc.32, ptr %ldc.a
+  br label %sizes
+sizes:
   store float 1.0, ptr %alpha
   store float 0.0, ptr %beta
   call void %sgemm(ptr %ta, ptr %tb, ptr %m.a, ptr %n.a, ptr %k.a, ptr %alpha, ptr %a, ptr %lda.a, ptr %b,
@@ -203,7 +222,7 @@ no:
 ; bendc_matmul(a, b, out): None where it computed out = a @ b on the pool, else 1 (nothing written)
 define ptr @bendc_matmul_fast(ptr %self, ptr %args, i64 %nargs) {{
 entry:
-  %ctx = alloca [19 x i64]
+  %ctx = alloca [20 x i64]
   %pargs = alloca ptr
   %pdims = alloca i64
   %psteps = alloca i64
@@ -226,7 +245,10 @@ shapes:
   %same.n = icmp eq i64 %c.d1, %b.d1
   %ok.1 = and i1 %same.k, %same.m
   %ok.2 = and i1 %ok.1, %same.n
-  %ok.3 = and i1 %ok.2, %many
+  %one.ok.w = load i64, ptr @bendc_sgemm_one_thread
+  %one.ok = icmp ne i64 %one.ok.w, 0
+  %threads.ok = or i1 %many, %one.ok
+  %ok.3 = and i1 %ok.2, %threads.ok
   %m.pos = icmp sgt i64 %a.d0, 0
   %k.pos = icmp sgt i64 %a.d1, 0
   %n.pos = icmp sgt i64 %b.d1, 0
@@ -280,6 +302,7 @@ plan:
   %step.b = select i1 %by.rows, i64 %a.s0, i64 0
   %step.c = select i1 %by.rows, i64 %c.s0, i64 4
   %sgemm = load i64, ptr @bendc_sgemm
+  %ilp64 = load i64, ptr @bendc_sgemm_ilp64
   %a.i = ptrtoint ptr %a.data to i64
   %b.i = ptrtoint ptr %b.data to i64
   %c.i = ptrtoint ptr %c.data to i64
@@ -287,13 +310,21 @@ plan:
 """ + "".join(f"  %w{i}.p = getelementptr i64, ptr %ctx, i64 {i}\n  store i64 {value}, ptr %w{i}.p\n"
               for i, value in enumerate(["%sgemm", "%transa", "%transb", "%n", "%m", "%k", "%b.i", "%lda", "%a.i",
                                          "%ldb", "%c.i", "%c.ld", "%which", "%units", "%blocks", "%step.a",
-                                         "%step.b", "%step.c"], start=1)) + f"""
+                                         "%step.b", "%step.c", "%ilp64"], start=1)) + f"""
   store ptr null, ptr %pargs
   store i64 %blocks, ptr %pdims
   store i64 1, ptr %psteps
   %thread = call ptr @PyEval_SaveThread()
+  %alone = icmp eq i64 %blocks, 1
+  br i1 %alone, label %direct, label %pooled
+direct:  ; one block: the caller's own sgemm call, no launch
+  call void @bendc_gemm_task(ptr %pargs, ptr %pdims, ptr %psteps, ptr %ctx)
+  br label %done
+pooled:
   call void @bendc_parallel_for(ptr @bendc_gemm_task, ptr %pargs, ptr %pdims, ptr %psteps, ptr %ctx, i64 0,
                                 i64 1, i32 %threads)
+  br label %done
+done:
   call void @PyEval_RestoreThread(ptr %thread)
   %none = load ptr, ptr @bendc_none
   call void @Py_IncRef(ptr %none)
@@ -312,7 +343,7 @@ def _fast() -> Callable[..., Any] | None:
             if "fast" not in _STATE:
                 from numba import _helperlib
 
-                from runtime.native import pool
+                from runtime.native import blas, pool
                 from runtime.native.jit import _builtin_function, llvm_state, numpy_offsets
 
                 state = llvm_state()
@@ -320,16 +351,23 @@ def _fast() -> Callable[..., Any] | None:
                 fast = None
                 if pool.uses_own_pool():
                     state.load(state.compile(ir(numpy_offsets())), "bendc_matmul_fast")
-                    sgemm = _helperlib._import_cython_function("scipy.linalg.cython_blas", "sgemm")
+                    chosen = blas.sgemm()
+                    if chosen.address and chosen.any_thread:  # MKL: at any thread count
+                        sgemm, ilp64, one_thread = chosen.address, chosen.ilp64, 1
+                    else:  # scipy's OpenBLAS (LP64), above one thread; numpy's matmul at one
+                        sgemm = _helperlib._import_cython_function("scipy.linalg.cython_blas", "sgemm")
+                        ilp64, one_thread = False, 0
                     pool.global_int64("bendc_sgemm").value = sgemm
+                    pool.global_int64("bendc_sgemm_ilp64").value = int(ilp64)
+                    pool.global_int64("bendc_sgemm_one_thread").value = one_thread
                     fast = _builtin_function(state.address("bendc_matmul_fast"), "bendc_matmul")
                 _STATE["fast"] = fast
     return _STATE["fast"]
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out = a @ b (matrices): on the pool at numba's thread count above 1 (float32 operands with
-    adjacent rows or columns), else numpy's."""
+    """out = a @ b (matrices): bendc's sgemm (float32 operands with adjacent rows or columns; on the
+    pool at numba's thread count above 1, and at one with MKL), else numpy's."""
     fast = _STATE["fast"] if "fast" in _STATE else _fast()
     if fast is None or fast(a, b, out) is not None:
         np.matmul(a, b, out=out)

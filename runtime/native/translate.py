@@ -2432,7 +2432,7 @@ class FunctionTranslator:
         """np.dot of two matrices (into ``out`` when given): numba's dot_2_mm / dot_3_mm, calling
         numba's own BLAS wrappers (numba_xxgemm, numba_xxgemv, numba_xxdot: scipy's BLAS) with the
         same operands, transposes and leading dimensions, so the products are numba's bit for bit
-        (a float32 matrix product at one thread: numpy's sgemm with them, _numpy_sgemm)."""
+        (a float32 matrix product: bendc's sgemm with them where it may run, _sgemm64)."""
         if len(args) not in (2, 3) or not all(isinstance(a, Arr) for a in args):
             raise self.fail("np.dot of values that are not arrays")
         a, b = args[0], args[1]
@@ -2510,9 +2510,9 @@ class FunctionTranslator:
         transa, lda, data_a = parameters(b)
         transb, ldb, data_b = parameters(a)
         ldc = (out.shape[1] if out.layout == "C" else out.shape[0]).ref
-        if dtype == FLOAT32:  # at one thread numpy's sgemm (runtime/native/jit.py numpy_sgemm), else numba's
-            called, mm = self._numpy_sgemm(done + ".blas", (transa, transb), (n.ref, m.ref, k.ref), alpha, beta,
-                                           (data_a, lda), (data_b, ldb), (out.data, ldc))
+        if dtype == FLOAT32:  # bendc's sgemm (runtime/native/blas.py) where it may run, else numba's
+            called, mm = self._sgemm64(done + ".blas", (transa, transb), (n.ref, m.ref, k.ref), alpha, beta,
+                                       (data_a, lda), (data_b, ldb), (out.data, ldc))
             statuses.append((called, "0"))
         statuses.append((mm, body.value(
             f"call i32 @numba_xxgemm(i8 {kind}, i8 {transa}, i8 {transb}, i64 {n.ref}, i64 {m.ref}, i64 {k.ref}, "
@@ -2525,24 +2525,30 @@ class FunctionTranslator:
         body.start(done)
         return out if len(args) == 2 else None
 
-    def _numpy_sgemm(self, finish: str, transposes: tuple, sizes: tuple, alpha: str, beta: str, a: tuple, b: tuple,
-                     c: tuple) -> tuple[str, str]:
-        """Where numba's thread count is 1 and numpy's sgemm was found (``@bendc_numpy_sgemm``, its
-        address or 0), call it with the operands numba_xxgemm would take (Fortran's sgemm: every
-        argument by address, 64-bit integers) and go to ``finish``; else go on in a new block (numba's
-        call). Returns (the calling block, the new block, where the body now is). numpy's
-        OpenBLAS is numba's (scipy's) OpenBLAS one release later: the same kernels, the same bits
-        (600 random shapes compared), ~20% faster on conv2d's per-sample (64, 288) @ (288, 576).
-        Inside the pool (more than one thread) the products stay scipy's, held to one thread."""
+    def _sgemm64(self, finish: str, transposes: tuple, sizes: tuple, alpha: str, beta: str, a: tuple, b: tuple,
+                 c: tuple) -> tuple[str, str]:
+        """Where bendc's sgemm was found (``@bendc_sgemm64``, its address or 0: runtime/native/blas.py,
+        MKL's or numpy's OpenBLAS, ILP64) and may run here (``@bendc_sgemm64_any_thread``, or
+        numba's thread count is 1), call it with the operands numba_xxgemm would take (Fortran's
+        sgemm: every argument by address, 64-bit integers) and go to ``finish``; else go on in a new
+        block (numba's call: scipy's OpenBLAS, held to one thread inside the pool). Returns (the
+        calling block, the new block, where the body now is). numpy's OpenBLAS is numba's (scipy's)
+        one release later: the same kernels, the same bits (600 random shapes compared), ~20% faster
+        on conv2d's per-sample (64, 288) @ (288, 576); MKL (sequential) ~1.2-1.3x faster again, on
+        its own bits, and the same library at any thread count."""
         body = self.body
-        self.module.declare("bendc_numpy_sgemm", "@bendc_numpy_sgemm = external global i64")
+        self.module.declare("bendc_sgemm64", "@bendc_sgemm64 = external global i64")
+        self.module.declare("bendc_sgemm64_any_thread", "@bendc_sgemm64_any_thread = external global i64")
         self.module.declare("get_num_threads", "declare i32 @get_num_threads()")
-        address = body.value("load i64, ptr @bendc_numpy_sgemm")
+        address = body.value("load i64, ptr @bendc_sgemm64")
         found = body.value(f"icmp ne i64 {address}, 0")
+        anywhere = body.value("load i64, ptr @bendc_sgemm64_any_thread")
         threads = body.value("call i32 @get_num_threads()")
         one = body.value(f"icmp eq i32 {threads}, 1")
-        call, otherwise = body.label("dot.numpy"), body.label("dot.numpy.no")
-        body.cbranch(body.value(f"and i1 {found}, {one}"), call, otherwise)
+        pooled = body.value(f"icmp ne i64 {anywhere}, 0")
+        here = body.value(f"or i1 {one}, {pooled}")
+        call, otherwise = body.label("dot.sgemm"), body.label("dot.sgemm.no")
+        body.cbranch(body.value(f"and i1 {found}, {here}"), call, otherwise)
         body.start(call)
         characters = []
         for code in transposes:

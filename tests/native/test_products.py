@@ -4,11 +4,12 @@ A child process (numba reads NUMBA_NUM_THREADS at import) checks ``bendc_matmul`
 layout the builtin takes (row-major, transposed, wider leading strides; outputs with wider rows),
 row and column cuts, blocks of one row or column: every element within 1e-5 of the float64
 product (the output starts as NaN, so an element no block wrote fails), the same bits on a second
-call, and the same bits as one whole-matrix sgemm of the same library (scipy's OpenBLAS) where the
-blocks are large. (Where a block is thin, OpenBLAS may take another kernel for it than for the
+call, and the same bits as one whole-matrix sgemm of the same library (MKL where
+``BENDC_BLAS=mkl``, else scipy's OpenBLAS) where the blocks are large. (Where a block is thin, OpenBLAS may take another kernel for it than for the
 whole product: (1000, 600) @ (600, 2) differs from the whole product in the last bits. So products
 give the same bits at one thread count, not across counts.) Every other operand is declined
-(nothing written) and ``matmul`` then gives numpy's product, or numpy's error.
+(nothing written) and ``matmul`` then gives numpy's product, or numpy's error. At one thread the
+builtin runs MKL's product (one call, no launch) and declines OpenBLAS's (numpy's is faster).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import textwrap
 import pytest
 
 from conftest import child_report
+from runtime.native import blas
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the pool is Linux's (futex); elsewhere numba's")
 
@@ -25,12 +27,16 @@ CHILD = textwrap.dedent('''
     import json
     import numba
     import numpy as np
-    from scipy.linalg import blas
-    from runtime.native import pool, products
+    from scipy.linalg import blas as scipy_blas
+    from runtime.native import blas, pool, products
 
     rng = np.random.default_rng(0)
     fast = products._fast()
-    report = {"own": fast is not None, "differ": [], "far": [], "declined": []}
+    chosen = blas.sgemm()
+    report = {"own": fast is not None, "differ": [], "far": [], "declined": [], "blas": chosen.name}
+    def whole_product(a, b):  # the same library's one call: MKL's, or scipy's OpenBLAS inside the pool
+        return chosen.matmul(a, b) if chosen.any_thread else scipy_blas.sgemm(1.0, a, b)
+
     shapes = [(5, 3, 7), (256, 64, 192), (64, 256, 256), (256, 64, 64), (128, 256, 64), (1, 8, 9), (9, 8, 1),
               (300, 1, 5), (1000, 70, 33), (33, 70, 1000), (2, 600, 1000), (1000, 600, 2), (700, 300, 3)]
 
@@ -45,7 +51,7 @@ CHILD = textwrap.dedent('''
         a0 = rng.standard_normal((m, k)).astype(np.float32)
         b0 = rng.standard_normal((k, n)).astype(np.float32)
         exact = a0.astype(np.float64) @ b0.astype(np.float64)
-        whole = blas.sgemm(1.0, a0, b0)
+        whole = whole_product(a0, b0)
         for an, a in layouts(a0).items():
             for bn, b in layouts(b0).items():
                 for out in (np.full((m, n), np.nan, np.float32), np.full((m, n + 2), np.nan, np.float32)[:, :n]):
@@ -84,17 +90,27 @@ CHILD = textwrap.dedent('''
         if not np.array_equal(out, expected):
             report["declined"].append(name + " (numpy)")
     report["counts"] = pool.counts()
-    numba.set_num_threads(1)  # one thread: numpy's product (the builtin declines)
+    numba.set_num_threads(1)  # one thread: MKL's product, or numpy's (the builtin declines OpenBLAS)
     report["one thread"] = fast(a, b, np.zeros((4, 5), np.float32))
+    a, b, out = rng.standard_normal((300, 70)).astype(np.float32), rng.standard_normal((70, 90)).astype(np.float32), \
+        np.full((300, 90), np.nan, np.float32)
+    fast(a.T.copy().T, b, out)
+    report["one thread same"] = bool(np.array_equal(out, whole_product(a, b))) if chosen.any_thread else None
     print(json.dumps(report))
 ''')
 
 
-@pytest.mark.parametrize("threads", ["2", "3"])
-def test_products_on_the_pool_are_right_and_repeat_their_bits(tmp_path, threads):
-    report = child_report(CHILD, threads=threads)
+@pytest.mark.parametrize("threads,library", [("2", "openblas"), ("3", "openblas"), ("2", "mkl"), ("3", "mkl")])
+def test_products_on_the_pool_are_right_and_repeat_their_bits(tmp_path, threads, library):
+    if library == "mkl" and blas.mkl_library() is None:
+        pytest.skip("MKL is not installed (the mkl extra)")
+    report = child_report(CHILD, threads=threads, BENDC_BLAS=library)
+    assert report["blas"].startswith("MKL" if library == "mkl" else "numpy's OpenBLAS"), report["blas"]
     assert report["own"]
     assert report["differ"] == [] and report["far"] == []
     assert report["declined"] == []
     assert report["counts"]["launches"] > 0
-    assert report["one thread"] == 1
+    if library == "mkl":
+        assert report["one thread"] is None and report["one thread same"], "one thread: MKL's one call"
+    else:
+        assert report["one thread"] == 1

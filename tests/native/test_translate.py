@@ -579,21 +579,24 @@ def test_blas_products_transposes_and_full_give_numbas_bits(module):
                            3))
 
 
-def test_float32_products_at_one_thread_call_numpys_sgemm(module):
-    """At numba's thread count 1 a float32 matrix product (np.dot's gemm case) calls numpy's
-    OpenBLAS sgemm (``@bendc_numpy_sgemm``), with numba_xxgemm's operands: here through a
-    recording stand-in that forwards to it, numba's bits all the same; above one thread (inside
-    the pool) numba's, held to one thread. Vector products (gemv, dot) stay numba's."""
+def test_float32_products_call_bendcs_sgemm_where_it_may_run(module):
+    """A float32 matrix product (np.dot's gemm case) calls bendc's sgemm (``@bendc_sgemm64``,
+    runtime/native/blas.py) with numba_xxgemm's operands: at numba's thread count 1 always, above
+    it only where that sgemm may run inside the pool (``@bendc_sgemm64_any_thread``: MKL
+    sequential, not numpy's OpenBLAS), else numba's. Here through a recording stand-in that
+    forwards to numpy's OpenBLAS: numba's bits all the same. Vector products (gemv, dot) stay
+    numba's."""
     import ctypes
 
     import numba
 
-    from runtime.native.jit import llvm_state, numpy_sgemm
+    from runtime.native import blas
+    from runtime.native.jit import llvm_state
 
-    real = numpy_sgemm()
-    assert real, "numpy's wheel bundles OpenBLAS (numpy.libs): its sgemm is found"
+    openblas = blas._numpy_openblas()
+    assert openblas is not None and openblas.ilp64, "numpy's wheel bundles OpenBLAS (numpy.libs): its sgemm is found"
     sgemm = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 13, ctypes.c_int64, ctypes.c_int64)  # Fortran's, ILP64
-    forward = sgemm(real)
+    forward = sgemm(openblas.address)
     calls = []
 
     def record(*args):
@@ -611,18 +614,24 @@ def test_float32_products_at_one_thread_call_numpys_sgemm(module):
                     np.zeros((1, 4), np.float32), np.zeros((6, 1), np.float32), np.zeros((1, 1), np.float32), 3)
 
     before = numba.get_num_threads()
-    state._numpy_sgemm.value = ctypes.cast(stand_in, ctypes.c_void_p).value
+    saved = state.sgemm64.value, state.sgemm64_any_thread.value
+    state.sgemm64.value = ctypes.cast(stand_in, ctypes.c_void_p).value
+    state.sgemm64_any_thread.value = 0
     try:
         numba.set_num_threads(1)
         native, reference = run()
         assert_same_bits(native, reference)
-        assert calls == [(4, 6, 5), (5, 5, 3), (6, 6, 5)]  # (n, m, k) as numba's call_xxgemm orders them
+        products = [(4, 6, 5), (5, 5, 3), (6, 6, 5)]  # (n, m, k) as numba's call_xxgemm orders them
+        assert calls == products
         if numba.config.NUMBA_NUM_THREADS > 1:
             numba.set_num_threads(2)
             assert_same_bits(*run())
-            assert len(calls) == 3, "more than one thread: numba's sgemm"
+            assert calls == products, "more than one thread, an sgemm for one thread only: numba's"
+            state.sgemm64_any_thread.value = 1
+            assert_same_bits(*run())
+            assert calls == products * 2, "an sgemm that may run in the pool: called at two threads too"
     finally:
-        state._numpy_sgemm.value = real
+        state.sgemm64.value, state.sgemm64_any_thread.value = saved
         numba.set_num_threads(before)
 
 
