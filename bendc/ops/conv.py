@@ -879,11 +879,14 @@ def _tiled_max_pool(attrs) -> bool:
 
 def _tiled_max_cell(attrs) -> list[str]:
     """Window (oh, ow)'s first max (a NaN wins, torch's rule) as ``best`` and its tap ``a * kw + b``
-    as ``tap``, the taps unrolled: kernel-size literals."""
+    as ``tap``, the taps unrolled: kernel-size literals. The tap is an int32, as wide as the floats
+    beside it: LLVM sizes a loop's vectors by its widest type, and an int64 tap held the gradient's
+    loops to 8 lanes (mnist_cnn's max_pool2d_grad, (64, 64, 24, 24), 1.79 -> 0.86 ms alone)."""
     kh, kw = attrs["kernel_size"]
-    return ["best = np.float32(-np.inf)", "tap = 0",
+    return ["best = np.float32(-np.inf)", "tap = np.int32(0)",
             f"for a in range({kh}):", f"    for b in range({kw}):",
-            f"        value = x[plane, oh * {kh} + a, ow * {kw} + b]", f"        k = a * {kw} + b"] + _select_lines(("tap", "k"))
+            f"        value = x[plane, oh * {kh} + a, ow * {kw} + b]",
+            f"        k = np.int32(a * {kw} + b)"] + _select_lines(("tap", "k"))
 
 
 def _cpu_tiled_max_pool(attrs, ins, out) -> str:
@@ -914,7 +917,7 @@ def _cpu_tiled_max_pool_grad(attrs, ins, out) -> str:
               "                dx[plane, ih, iw] = np.float32(0.0)",
               f"        for ih in range(ho * {kh}):", f"            for iw in range(wo * {kw}, width):",
               "                dx[plane, ih, iw] = np.float32(0.0)",
-              "        taps = np.empty(wo, np.int64)",
+              "        taps = np.empty(wo, np.int32)",
               "        for oh in range(ho):", "            for ow in range(wo):"]
              + ["                " + line for line in _tiled_max_cell(attrs)]
              + ["                taps[ow] = tap",
@@ -922,7 +925,7 @@ def _cpu_tiled_max_pool_grad(attrs, ins, out) -> str:
                 "                    delta = np.float32(0.0) + g[plane, oh, ow]",
                 f"                    for b in range({kw}):",
                 f"                        dx[plane, oh * {kh} + a, ow * {kw} + b] = "
-                f"delta if taps[ow] == a * {kw} + b else np.float32(0.0)"])
+                f"delta if taps[ow] == np.int32(a * {kw} + b) else np.float32(0.0)"])
     return ("\n".join(lines) + "\n\n\n"
             "def kernel(in0, in1, out0):\n"
             "    batch, channels, height, width = out0.shape\n"

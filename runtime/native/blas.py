@@ -9,10 +9,12 @@ so not BendcError: runtime/native/pool.py's BENDC_POOL_SPIN_US is checked the sa
 MKL runs sequential here (``MKL_Set_Threading_Layer``, before its first call): its sgemm is then
 safe to call from the pool's threads (runtime/native/pool.py) and keeps no threads of its own, so
 one sgemm serves a kernel at one thread and inside the pool's work items, with the same bits at any
-thread count. Where MKL was already running with another threading layer in this process (a numpy
-or another library linked to it called it first), it answers with that layer and bendc leaves it
-alone. The OpenBLAS fallback is two libraries: numpy's at one thread (its one global thread count
-stays the user's) and scipy's, held to one thread, inside the pool.
+thread count. Only the ``mkl`` wheel's library is taken, and not where numpy itself is built on
+MKL (conda's numpy: bendc would take that MKL's threads from the user's numpy). Where MKL was
+already running with another threading layer in this process (another library linked to the
+wheel called it first), it answers with that layer and bendc leaves it alone. The OpenBLAS
+fallback is two libraries: numpy's at one thread (its one global thread count stays the user's)
+and scipy's, held to one thread, inside the pool.
 
 Measured (this 2-vCPU Sapphire Rapids machine, one thread, ``OPENBLAS_*`` unset, GFLOP/s, best of
 3 in one process; M x N x K): MKL 2026.2 / numpy's OpenBLAS 0.3.31: 1024x128x512 153/122,
@@ -77,21 +79,31 @@ def choice() -> str:
 
 
 def mkl_library() -> str | None:
-    """The path of MKL's single dynamic library (``libmkl_rt.so.N``) where the ``mkl`` wheel is
-    installed (its recorded files), else in this environment's ``lib``; None where neither has it."""
+    """The path of MKL's single dynamic library (``libmkl_rt.so.N``) of the ``mkl`` wheel (its
+    recorded files); None where the wheel is not installed. Only the wheel's: an MKL another
+    package brought (conda's, which its numpy links) is that package's, threads and all."""
     if not sys.platform.startswith("linux"):
         return None
     from importlib import metadata
 
     try:
-        files = metadata.distribution("mkl").files or []
-        found = [metadata.distribution("mkl").locate_file(f) for f in files if f.name.startswith("libmkl_rt.so")]
+        distribution = metadata.distribution("mkl")
     except metadata.PackageNotFoundError:
-        found = []
-    for path in sorted(str(p) for p in found) + sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*"))):
+        return None
+    found = [distribution.locate_file(f) for f in distribution.files or [] if f.name.startswith("libmkl_rt.so")]
+    for path in sorted(str(p) for p in found):
         if os.path.isfile(path):
             return os.path.realpath(path)
     return None
+
+
+def _numpy_blas() -> dict:
+    """numpy's build configuration of its BLAS (name, version); empty where numpy does not say
+    (numpy < 2 has no ``mode="dicts"``)."""
+    try:
+        return dict(np.show_config(mode="dicts")["Build Dependencies"]["blas"])
+    except Exception:  # noqa: BLE001
+        return {}
 
 
 def _intel() -> bool:
@@ -106,7 +118,7 @@ def _mkl() -> Sgemm | None:
     """MKL's ILP64 sgemm (``sgemm_64``: 64-bit integers whatever ``MKL_INTERFACE_LAYER`` says),
     sequential; None where it is missing or runs threaded already."""
     path = mkl_library()
-    if path is None:
+    if path is None or "mkl" in str(_numpy_blas().get("name", "")).lower():  # numpy's own MKL keeps its threads
         return None
     try:
         library = ctypes.CDLL(path)
@@ -132,10 +144,7 @@ def _numpy_openblas() -> Sgemm | None:
         except OSError:
             continue
         if function is not None:
-            try:
-                version = np.show_config(mode="dicts")["Build Dependencies"]["blas"].get("version", "")
-            except Exception:  # noqa: BLE001 (only a label)
-                version = ""
+            version = _numpy_blas().get("version", "")
             return Sgemm(ctypes.cast(function, ctypes.c_void_p).value or 0, True, False,
                          f"numpy's OpenBLAS {version}".strip())
     return None

@@ -102,3 +102,13 @@ def test_a_step_trains_alike_on_either_blas():
     reference = np.array(runs[("openblas", "1")]["losses"])
     for key, run in runs.items():
         assert np.allclose(run["losses"], reference, rtol=1e-5, atol=0), key
+
+
+@needs_mkl
+def test_a_numpy_built_on_mkl_keeps_its_mkl(monkeypatch):
+    """conda's numpy links MKL itself: bendc would set that library sequential under the user's
+    numpy, so it takes no MKL there (numpy's own products keep their threads)."""
+    monkeypatch.setattr(blas, "_numpy_blas", lambda: {"name": "mkl-sdl", "version": "2023.1"})
+    assert blas._mkl() is None
+    monkeypatch.setattr(blas, "_numpy_blas", lambda: {"name": "scipy-openblas", "version": "0.3.31"})
+    assert blas._mkl() is not None, "numpy on OpenBLAS: the wheel's MKL is taken"
