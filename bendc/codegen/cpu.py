@@ -17,8 +17,8 @@ from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
 from bendc.kernels.epilogue import Epilogue
 from bendc.kernels.templates import helper_functions
-from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, element, loop_nest, njit_decorator,
-                                   sum_layout, sum_lines, vectorizable_math)
+from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, SumLines, element, heavy_body, loop_nest, njit_decorator,
+                                   sum_layout, sum_lines, through_row, vectorizable_math)
 from bendc.ops import OPS
 from bendc.ops.base import reduced_axes
 
@@ -174,6 +174,7 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
     prologue: list[str] = []
     epilogue: list[str] = []
     row_sums: list[int] = []
+    in_cell_order: list[tuple[int, SumLines, int, str]] = []  # (its body line, its lines, number, label)
     for number, id in enumerate(step.nodes):
         if id not in sums:
             cells.member(number, id)
@@ -185,6 +186,8 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
                            loops, layout, layout.runs[sums.index(id)], f"%{id} = {node.op}")
         prologue += source.prologue
         epilogue += source.epilogue
+        if source.cell is not None:
+            in_cell_order.append((len(body), source, number, f"%{id} = {node.op}"))
         body.append(source.body)
         if source.row is not None:
             row_sums.append(source.row)
@@ -197,11 +200,21 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
             cells.write(id, out_of[id], prologue)
 
     extents = cells.extents()
+    # A heavy body's sums in cell order add after its innermost loop, through a float32 row
+    # (cpu_kit.through_row): the loop itself then runs 16 lanes, not 8.
+    scratch: list[str] = []
+    inner = len(domain) - 1
+    if in_cell_order and not layout.lanes and domain and layout.parallel_axis != inner and heavy_body(body):
+        for line, source, number, what in in_cell_order:
+            if through_row(source, number, loops, extents[inner], what):
+                body[line] = source.body
+                after.setdefault(inner, []).extend(source.after[inner])
+                scratch += source.scratch
     args = ", ".join([cells.arg_of[v] for v in step.inputs] + [out_of[o] for o in step.outputs])
     lines = [njit_decorator(layout.parallel_axis is not None), f"def kernel({args}):"]
     lines.extend("    " + line for line in cells.hoisted + prologue)
     lines.extend(loop_nest(extents, loops, layout.parallel_axis, body, chunks=layout.chunks, lanes=layout.lanes,
-                           before=before, after=after, row_sums=row_sums))
+                           before=before, after=after, row_sums=row_sums, scratch=scratch))
     lines.extend("    " + line for line in epilogue)
     return "\n".join(lines) + "\n"
 

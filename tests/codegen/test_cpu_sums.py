@@ -140,6 +140,50 @@ def test_sums_through_row_blocks_give_the_unrolled_lanes_bits(monkeypatch, tmp_p
         assert_bitwise(got, unrolled)
 
 
+def test_a_heavy_body_adds_its_cell_order_sums_after_the_loop(monkeypatch, tmp_path):
+    """gelu's backward fused with the bias gradient's sum over rows (a sum in cell order): the
+    innermost loop writes each float32 term into a row and a second loop adds the row into the
+    float64 cells (cpu_kit.through_row: the first loop holds no float64, so it runs 16 lanes). The
+    bits are those of the adds inside the loop (the same adds in the same order); a light body
+    (relu's backward) keeps its adds in the loop; the gradients match torch's."""
+    from bendc.codegen import cpu as cpu_codegen
+
+    def step(x, w, b, v, c, target):
+        h = F.gelu(F.linear(x, w, b))
+        r = F.relu(F.linear(h, v, c))
+        loss = ((r - target) ** 2).mean()
+        loss.backward()
+        return w.grad, b.grad, v.grad, c.grad
+
+    args = (data((48, 40), 1), data((70, 40), 2, 0.0) * 0.2, data((70,), 3), data((30, 70), 4) * 0.2, data((30,), 5),
+            data((48, 30), 6))
+    results = []
+    for heavy in (True, False):
+        if not heavy:
+            monkeypatch.setattr(cpu_codegen, "heavy_body", lambda body: False)
+        jitted = bendc.jit(step, leaves=("w", "b", "v", "c"), target="cpu", cache_dir=str(tmp_path / str(heavy)))
+        results.append(jitted(*args))
+        fused = [source for source in jitted.kernels().values() if "sum_to_size" in source]
+        gelu = [source for source in fused if "gelu_vjp" in source]
+        relu = [source for source in fused if "gelu" not in source and "= where" in source]
+        assert len(gelu) == 1 and relu, list(jitted.kernels())
+        split = re.search(r"(u\d+)\[i1\] = v\d+  # %\d+ = sum_to_size: the cell's term, added after the loop",
+                          gelu[0])
+        assert bool(split) == heavy, gelu[0]
+        if heavy:
+            assert re.search(rf"\+= np\.float64\({split.group(1)}\[i1\]\)", gelu[0]), gelu[0]
+            assert re.search(rf"{split.group(1)} = np\.empty\(\w+\.shape\[\d\], np\.float32\)", gelu[0]), gelu[0]
+        assert not any("added after the loop" in source for source in relu), relu
+    for got, in_loop in zip(*results):
+        assert_bitwise(got, in_loop)
+    tensors = [torch.tensor(a, requires_grad=k in (1, 2, 3, 4)) for k, a in enumerate(args)]
+    x, w, b, v, c, target = tensors
+    r = torch.relu(torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)), v, c))
+    ((r - target) ** 2).mean().backward()
+    for got, expected in zip(results[0], (w.grad, b.grad, v.grad, c.grad)):
+        assert_close(got, expected.numpy())
+
+
 def test_statistics_and_unfused_sums_use_lanes():
     def step(x, m):
         y = F.layer_norm(x, (100,))
