@@ -196,8 +196,10 @@ def build_cpu(graph: Graph, cache_dir: str, donate: Sequence[str] = (), progress
     bendc/codegen/compile_pool.py) and bind the plan."""
     started = time.perf_counter()
     plan = build_plan(graph)
-    render_plan(plan, graph)
+    # The memory plan first: an elementwise kernel writes a donated parameter's update into the
+    # parameter's own argument (plan.donations; bendc/codegen/cpu.py _render_elementwise_loops).
     decisions = plan_memory(plan, donated_params(graph, donate))
+    render_plan(plan, graph)
     from bendc.progress import expect
     from runtime.machine import dispatchers
 

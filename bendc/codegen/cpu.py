@@ -51,7 +51,8 @@ def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str
     if step.kind == "elementwise":
         domain = elementwise_domain(graph, step.nodes)
         summary = f"{len(nodes)} fused elementwise ops over [{','.join(map(str, domain))}]"
-        body = _render_elementwise(step, graph, domain)
+        in_place = {out: param for out, param in (plan.donations.items() if plan else ()) if out in step.outputs}
+        body = _render_elementwise(step, graph, domain, in_place)
     else:
         node = nodes[0]
         summary = f"{node.op} ({step.kind})"
@@ -152,16 +153,22 @@ class _Cells:
         return extents
 
 
-def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
+def _render_elementwise(step: Step, graph: Graph, domain: tuple[int, ...], in_place: dict[int, int]) -> str:
     # Adjacent axes that every array indexes densely (or none does) are one loop: the kernel is
     # rendered over the collapsed domain, called through a wrapper that reshapes its arguments.
     collapse = collapse_domain(step, graph, domain)
     if collapse is not None:
-        return wrap(_render_elementwise_loops(step, collapse.graph, collapse.domain), step, collapse)
-    return _render_elementwise_loops(step, graph, domain)
+        return wrap(_render_elementwise_loops(step, collapse.graph, collapse.domain, in_place), step, collapse)
+    return _render_elementwise_loops(step, graph, domain, in_place)
 
 
-def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...]) -> str:
+def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...], in_place: dict[int, int]) -> str:
+    """``in_place``: output -> the donated parameter (an input of the step) the runtime writes it
+    over (plan.donations: its array is the parameter's). Such an output is stored through the
+    parameter's own argument: the loop then loads and stores one array at one index, which LLVM
+    vectorizes, where an output argument that is the input's memory under another name failed
+    the vectorizer's run-time overlap check and ran the scalar loop (gpt_small's AdamW update,
+    (256, 64): 0.049 ms in place against 0.014 ms into separate arrays)."""
     cells = _Cells(graph, domain, {value: f"in{k}" for k, value in enumerate(step.inputs)})
     loops, body, local = cells.loops, cells.body, cells.local
     sums = epilogues(graph, step.nodes)
@@ -197,7 +204,8 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...])
             after.setdefault(axis, []).extend(text)
     for id in step.outputs:
         if id not in sums:
-            cells.write(id, out_of[id], prologue)
+            target = cells.arg_of[in_place[id]] if id in in_place else out_of[id]
+            cells.write(id, target, prologue)
 
     extents = cells.extents()
     # A heavy body's sums in cell order add after its innermost loop, through a float32 row
