@@ -189,12 +189,13 @@ def _render_elementwise_loops(step: Step, graph: Graph, domain: tuple[int, ...],
         node = graph.node(id)
         kept = reduction_index(graph, node, loops)
         cells.note(cells.written, out_of[id], kept)
+        what = f"%{id} = {node.op}"
         source = sum_lines(number, local[node.inputs[0]], out_of[id], kept, set(reduced_axes(graph, node)),
-                           loops, layout, layout.runs[sums.index(id)], f"%{id} = {node.op}")
+                           loops, layout, layout.runs[sums.index(id)], what)
         prologue += source.prologue
         epilogue += source.epilogue
         if source.cell is not None:
-            in_cell_order.append((len(body), source, number, f"%{id} = {node.op}"))
+            in_cell_order.append((len(body), source, number, what))
         body.append(source.body)
         if source.row is not None:
             row_sums.append(source.row)

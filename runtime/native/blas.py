@@ -70,6 +70,10 @@ class Sgemm:
         return out
 
 
+# No sgemm of bendc's own (address 0): np.dot as numba calls it (scipy's OpenBLAS).
+NUMBA_SGEMM = Sgemm(0, True, False, "numba's (scipy's OpenBLAS)")
+
+
 def choice() -> str:
     """``BENDC_BLAS``, checked."""
     value = os.environ.get("BENDC_BLAS", "auto").strip().lower() or "auto"
@@ -162,10 +166,10 @@ def sgemm() -> Sgemm:
             wanted = choice()
             found = None
             if os.environ.get("BENDC_NUMPY_SGEMM", "1") == "0":
-                found = Sgemm(0, True, False, "numba's (scipy's OpenBLAS)")
+                found = NUMBA_SGEMM
             if found is None and (wanted == "mkl" or (wanted == "auto" and _intel())):
                 found = _mkl()
             if found is None:
-                found = _numpy_openblas() or Sgemm(0, True, False, "numba's (scipy's OpenBLAS)")
+                found = _numpy_openblas() or NUMBA_SGEMM
             _CHOSEN["sgemm"] = found
     return _CHOSEN["sgemm"]

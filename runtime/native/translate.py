@@ -2431,8 +2431,9 @@ class FunctionTranslator:
     def _dot(self, args: list) -> Arr | None:
         """np.dot of two matrices (into ``out`` when given): numba's dot_2_mm / dot_3_mm, calling
         numba's own BLAS wrappers (numba_xxgemm, numba_xxgemv, numba_xxdot: scipy's BLAS) with the
-        same operands, transposes and leading dimensions, so the products are numba's bit for bit
-        (a float32 matrix product: bendc's sgemm with them where it may run, _sgemm64)."""
+        same operands, transposes and leading dimensions, so the products are numba's bit for bit;
+        except a float32 matrix product, which calls bendc's sgemm with them where it may run
+        (_sgemm64: numpy's OpenBLAS gives numba's bits, MKL its own)."""
         if len(args) not in (2, 3) or not all(isinstance(a, Arr) for a in args):
             raise self.fail("np.dot of values that are not arrays")
         a, b = args[0], args[1]
