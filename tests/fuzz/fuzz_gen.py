@@ -2463,11 +2463,15 @@ def _sort_scatter_family(self: Builder) -> bool:
     if form == "sort" and draw(st.integers(0, 2)) == 0:  # an integer sort (ties everywhere), torch's stable order
         descending = draw(st.booleans())
         if draw(st.booleans()):
-            expr = f"{x.name}.long().sort(dim={dim}, descending={descending}, stable=True).values.float()"
-            self.emit(expr, x.shape, x.bound, (), "sort_scatter", exact=True)
+            # torch's spelling casts to x's dtype: .float() in torch's float64 run would hand float32
+            # to the next op (F.linear then refuses a float64 weight)
+            values = f"{x.name}.long().sort(dim={dim}, descending={descending}, stable=True).values"
+            self.emit(f"{values}.float()", x.shape, x.bound, (), "sort_scatter", exact=True,
+                      torch_expr=f"{values}.to({x.name}.dtype)")
         else:
             order = f"torch.argsort({x.name}.long(), dim={dim}, descending={descending}, stable=True)"
-            self.emit(f"{x.name} * {order}.float()", x.shape, x.bound * size, (x,), "sort_scatter", exact=False)
+            self.emit(f"{x.name} * {order}.float()", x.shape, x.bound * size, (x,), "sort_scatter", exact=False,
+                      torch_expr=f"{x.name} * {order}.to({x.name}.dtype)")
         return True
     if form == "sort":
         descending = draw(st.booleans())
