@@ -30,6 +30,11 @@ Workloads (each a median of several timed runs after warm-up):
   attention    causal grouped-query attention forward + backward (B=4, H=8, Hkv=2, T=512, D=64):
                the tiled, triangular and dense schedules (same compiler, each forced), and vs
                torch's scaled_dot_product_attention (eager, same thread count)
+  attention_short  the same at T=64 (B=4, H=8, Hkv=2, D=64): the pass's own schedule (tiled: each head
+               fused in cache), triangular and dense, vs torch's SDPA
+Steps against torch alternate in rounds; each turn runs STEPS_PER_TURN steps in a row, as a training
+loop does, and the figures are the medians of all but each turn's first (``first_step_ms``: those, which
+start after the other framework's step; see STEPS_PER_TURN).
 --target cuda runs bench/cuda_bench.py's workloads instead (mlp, transformer, gpt, attention,
 elementwise, launch_overhead: the cubin runtime's graph and eager launches and numba's loop vs
 torch eager CUDA and torch.compile(mode="reduce-overhead")); without a GPU it stops with a message.
@@ -289,23 +294,42 @@ def attention_step(q, k, v, g):
     return o, q.grad, k.grad, v.grad
 
 
-def interleaved_times(fns: dict, runs: int, warmup: int = 2) -> dict:
-    """Seconds of each run of each function, timed in alternating rounds (a noisy machine drifts)."""
+# Consecutive steps each framework runs per turn of the alternating rounds. A training loop runs
+# step after step; a step that follows the other framework's pays for it: the other's data in the
+# caches and, at two threads and more, torch's OpenMP workers still spinning after its step (~5 ms
+# of a core after a torch.compile step, measured with getrusage around a sleep: the next bendc
+# step ran 6.2 ms against 4.2 ms back to back, gpt_small at 2 threads). So each turn runs STEPS_PER_TURN
+# steps and the steady figure is the median of all but each turn's first; the first steps are
+# reported beside (``first_step_ms``).
+STEPS_PER_TURN = 4
+
+
+def interleaved_times(fns: dict, runs: int, warmup: int = 2, block: int = 1, firsts: dict | None = None) -> dict:
+    """Seconds of each run of each function, timed in alternating rounds (a noisy machine drifts).
+    With ``block`` > 1 each round runs each function ``block`` times in a row: the first of them
+    (right after another function) goes to ``firsts`` where given, the others to the result."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict = {name: [] for name in fns}
     for _ in range(runs):
         for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            for index in range(block):
+                start = time.perf_counter()
+                fn()
+                seconds = time.perf_counter() - start
+                if block > 1 and index == 0:
+                    if firsts is not None:
+                        firsts.setdefault(name, []).append(seconds)
+                else:
+                    times[name].append(seconds)
     return times
 
 
-def interleaved_medians(fns: dict, runs: int, warmup: int = 2) -> dict:
+def interleaved_medians(fns: dict, runs: int, warmup: int = 2, block: int = 1, firsts: dict | None = None) -> dict:
     """Median seconds of each function, timed in alternating rounds (a noisy machine drifts)."""
-    return {name: statistics.median(values) for name, values in interleaved_times(fns, runs, warmup).items()}
+    return {name: statistics.median(values)
+            for name, values in interleaved_times(fns, runs, warmup, block, firsts).items()}
 
 
 def bench_attention(target: str, runs: int, shape: tuple[int, int, int, int, int],
@@ -353,8 +377,10 @@ def bench_attention(target: str, runs: int, shape: tuple[int, int, int, int, int
             result["auto_reason"] = reason.split("; ")[0]
     fns = {schedule: (lambda step=step: step(q, k, v, g)) for schedule, step in steps.items()}
     fns["torch"] = torch_step
-    times = interleaved_times(fns, runs)
+    firsts: dict = {}
+    times = interleaved_times(fns, runs, block=STEPS_PER_TURN, firsts=firsts)
     seconds = {name: statistics.median(values) for name, values in times.items()}
+    result["first_step_ms"] = {name: statistics.median(values) * 1e3 for name, values in firsts.items()}
     for schedule in steps:
         result[f"{schedule}_ms"] = seconds[schedule] * 1e3
         result[f"{schedule}_min_ms"] = min(times[schedule]) * 1e3
@@ -447,7 +473,9 @@ def compare_with_torch(result: dict, bendc_step, torch_step, loss_fn, runs: int,
             fns["compile"] = lambda: torch_step(compiled)
         except Exception as error:  # inductor needs a working C++ toolchain
             result["torch_compile_error"] = str(error).splitlines()[0][:200]
-    seconds = interleaved_medians(fns, runs)
+    firsts: dict = {}
+    seconds = interleaved_medians(fns, runs, block=STEPS_PER_TURN, firsts=firsts)
+    result["first_step_ms"] = {name: statistics.median(values) * 1e3 for name, values in firsts.items()}
     result.update({"bendc_ms": seconds["bendc"] * 1e3, "torch_eager_ms": seconds["eager"] * 1e3,
                    "speedup_vs_torch_eager": seconds["eager"] / seconds["bendc"]})
     if "compile" in seconds:
@@ -891,6 +919,9 @@ def main(argv: list[str] | None = None) -> int:
                                               with_torch=not args.quick),
         "fusion": lambda: bench_fusion(args.target),
         "attention": lambda: bench_attention(args.target, runs, (2, 8, 2, 128, 64) if args.quick else (4, 8, 2, 512, 64)),
+        # T=64: each head fused in cache (the pass's choice from t=8 to 64) against the per-row schedules
+        "attention_short": lambda: bench_attention(args.target, runs, (2, 8, 2, 32, 64) if args.quick else (4, 8, 2, 64, 64),
+                                                   ("auto", "triangular", "dense"), "attention_short"),
         # T=2048, B=4: the pass's own choice, which must be tiled (triangular's P and G would take
         # 512 MiB, over the budget); few runs.
         "attention_long": lambda: bench_attention(args.target, 3, (1, 8, 2, 512, 64) if args.quick else (4, 8, 2, 2048, 64),
