@@ -59,7 +59,11 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
     first = block * BLOCK
     end = min(first + BLOCK, t)
     rows = end - first
-    queries = q[first:end]
+    # Q^T once a block, so that no tile product reads a transposed right operand (MKL's sgemm ran
+    # 64x64x64 at 115 GFLOP/s with one, 146 without), and one buffer for the tiles' scores
+    queries_t = np.empty((q.shape[1], rows), np.float32)
+    _transposed_into(q[first:end], queries_t)
+    scores_full = np.empty(BLOCK * rows, np.float32)
     top = np.full(rows, -np.inf, np.float32)  # running max of each query's scores
     total = np.zeros(rows, np.float32)  # running sum of exp(score - top)
     acc = np.zeros((rows, width), np.float32)
@@ -71,7 +75,8 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
         k0 = key_block * BLOCK
         k1 = min(k0 + BLOCK, t)
         cols = k1 - k0
-        scores = np.dot(k[k0:k1], queries.T)  # (keys, queries)
+        scores = scores_full[:cols * rows].reshape((cols, rows))
+        np.dot(k[k0:k1], queries_t, scores)  # (keys, queries)
         diagonal = causal and key_block == block
         for r in range(rows):
             new[r] = top[r]
@@ -269,12 +274,18 @@ def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
     tile_v = np.empty((BLOCK, width), np.float32)
     tile_k = np.empty((BLOCK, depth), np.float32)
     tile_q = np.empty((BLOCK, depth), np.float32)
+    probs_full = np.empty(BLOCK * BLOCK, np.float32)
+    scores_full = np.empty(BLOCK * BLOCK, np.float32)
     for block in range(blocks):
         first = block * BLOCK
         end = min(first + BLOCK, t)
         rows = end - first
         queries = q[first:end]
         grads = g[first:end]
+        queries_t = np.empty((depth, rows), np.float32)  # Q^T and dO^T: see _forward_block
+        grads_t = np.empty((width, rows), np.float32)
+        _transposed_into(queries, queries_t)
+        _transposed_into(grads, grads_t)
         for r in range(rows):
             s = np.float32(0.0)
             for c in range(width):
@@ -286,7 +297,8 @@ def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
             k1 = min(k0 + BLOCK, t)
             cols = k1 - k0
             diagonal = causal and key_block == block
-            probs = np.dot(k[k0:k1], queries.T)  # (keys, queries)
+            probs = probs_full[:cols * rows].reshape((cols, rows))
+            np.dot(k[k0:k1], queries_t, probs)  # (keys, queries)
             for c in range(cols):
                 tile_row = probs[c]
                 for r in range(rows):
@@ -294,7 +306,8 @@ def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
                     tile_row[r] = np.float32(0.0) if diagonal and c > r else e
             np.dot(probs, grads, tile_v[:cols])
             _add_into(dv[k0:k1], tile_v, cols)
-            scores = np.dot(v[k0:k1], grads.T)  # dP^T, then dS^T in place
+            scores = scores_full[:cols * rows].reshape((cols, rows))
+            np.dot(v[k0:k1], grads_t, scores)  # dP^T, then dS^T in place
             for c in range(cols):
                 tile_row = scores[c]
                 p = probs[c]
