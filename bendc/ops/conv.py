@@ -275,6 +275,24 @@ _CONV_GEOMETRY = """    batch, channels, height, width = {image}.shape
     blocks = {blocks}"""
 _PAD_SAMPLE = """            for c in range(channels):
                 padded[c, r0:r1, q0:q1] = x[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}]"""
+_PLANES = """
+        padded = np.zeros((channels, ph, pw), np.float32)"""
+# Without padding the taps read the sample's planes in place: each tap's window is inside them (the
+# padded plane's extent is at most the image's), and the copy was a quarter of im2col's time
+# (the MNIST net's conv2, (32, 26, 26) a sample: 39.7 -> 30.6 us).
+_UNPADDED_SAMPLE = """            padded = x[n]"""
+
+
+def _unpadded(sizes: dict) -> bool:
+    return sizes["top"] == sizes["left"] == sizes["pad_h"] == sizes["pad_w"] == 0
+
+
+def _sample_planes(sizes: dict) -> dict:
+    """The template's ``planes`` (the block's padded planes) and ``pad`` (sample n's planes into
+    them) lines, or none and sample n's own planes where the conv has no padding."""
+    if _unpadded(sizes):
+        return dict(planes="", pad=_UNPADDED_SAMPLE)
+    return dict(planes=_PLANES, pad=_PAD_SAMPLE.format(**sizes))
 # one tap's walk over the output positions: im2col reads the padded plane, col2im adds into it
 _UNROLLED_TAPS = """            for c in range(channels):
                 pad = padded[c]
@@ -330,8 +348,7 @@ def _conv(x, weight, {parameters}):
     (C/G*KH*KW, Ho*Wo) by BLAS into the sample's output block, then the bias{what}."""
 {geometry}
     groups, og, taps = weight.shape{setup}
-    for block in {loop}(blocks):
-        padded = np.zeros((channels, ph, pw), np.float32)
+    for block in {loop}(blocks):{planes}
         col = np.empty((groups, taps, ho * wo), np.float32){scratch}
         for n in range(block * batch // blocks, (block + 1) * batch // blocks):
 {pad}
@@ -368,7 +385,7 @@ def _cpu_conv2d(attrs, ins, out, epilogue: Epilogue | None = None) -> str:
                "\n        block_out = np.empty((groups, og, ho * wo), np.float32)  # the conv's result: not written")
     source = _CPU_CONV_FORWARD.format(
         parameters=", ".join(parameters), what=", then the fused epilogue on the block" if epilogue else "",
-        geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes), columns=_cpu_taps(sizes, _IM2COL),
+        geometry=_cpu_geometry(sizes, "x"), columns=_cpu_taps(sizes, _IM2COL), **_sample_planes(sizes),
         scratch=scratch, result="value[n].reshape(groups, og, ho * wo)" if writes_value else "block_out",
         bias=bias, call=call, setup=setup, finish=finish, decorator=sizes["decorator"], loop=sizes["loop"])
     value = ("out0" if epilogue is None else epilogue.value_output) if writes_value else None
@@ -392,18 +409,19 @@ def _grad_input(grad, weight, dx):
     BLAS, then col2im: each dx plane the sum of the column entries it fed, in tap order."""
 {geometry}
     groups, taps, og = weight.shape
-    for block in {loop}(blocks):
-        padded = np.empty((channels, ph, pw), np.float32)
+    for block in {loop}(blocks):{planes}
         col = np.empty((groups, taps, ho * wo), np.float32)
         for n in range(block * batch // blocks, (block + 1) * batch // blocks):
             for g in range(groups):
                 np.dot(weight[g], grad[n, g], col[g])
-            padded[:] = np.float32(0.0)
-{columns}
+{zero}
+{columns}{copy}
+'''
+
+_GRAD_INPUT_COPY = """
             for c in range(channels):
                 dx[n, c] = np.float32(0.0)
-                dx[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}] = padded[c, r0:r1, q0:q1]
-'''
+                dx[n, c, r0 - {top}:r1 - {top}, q0 - {left}:q1 - {left}] = padded[c, r0:r1, q0:q1]"""
 
 
 def _cpu_conv2d_grad_input(attrs, ins, out) -> str:
@@ -412,8 +430,13 @@ def _cpu_conv2d_grad_input(attrs, ins, out) -> str:
     groups = attrs["groups"]
     o, cg, kh, kw = ins[1].shape
     sizes = _conv_sizes_cpu(attrs, (kh, kw), ins[0].shape[2:], policy.parallel("rows", max(ins[0].numel, out.numel)))
+    if _unpadded(sizes):  # col2im adds into dx's planes in place (see _UNPADDED_SAMPLE)
+        lines = dict(planes="", zero="            padded = dx[n]\n            padded[:] = np.float32(0.0)", copy="")
+    else:
+        lines = dict(planes="\n        padded = np.empty((channels, ph, pw), np.float32)",
+                     zero="            padded[:] = np.float32(0.0)", copy=_GRAD_INPUT_COPY.format(**sizes))
     source = _CPU_CONV_GRAD_INPUT.format(geometry=_cpu_geometry(sizes, "dx"), columns=_cpu_taps(sizes, _COL2IM),
-                                         **sizes)
+                                         **lines, **sizes)
     return source + f'''
 
 def kernel(in0, in1, out0):
@@ -430,8 +453,7 @@ _CPU_CONV_COLUMNS = '''
 def _columns(x, columns):
     """Per block of samples: each sample's columns, columns[n] (G, C/G*KH*KW, Ho*Wo)."""
 {geometry}
-    for block in {loop}(blocks):
-        padded = np.zeros((channels, ph, pw), np.float32)
+    for block in {loop}(blocks):{planes}
         for n in range(block * batch // blocks, (block + 1) * batch // blocks):
             col = columns[n]
 {pad}
@@ -446,8 +468,7 @@ def _grad_weight(x, grad, partial):
     (C/G*KH*KW, Ho*Wo) @ (Ho*Wo, O/G) by BLAS, added to the block's partial[block, g] in sample order."""
 {geometry}
     groups, taps, og = partial.shape[1], partial.shape[2], partial.shape[3]
-    for block in {loop}(blocks):
-        padded = np.zeros((channels, ph, pw), np.float32)
+    for block in {loop}(blocks):{planes}
         col = np.empty((groups, taps, ho * wo), np.float32)
         product = np.empty((taps, og), np.float32)
         total = partial[block]  # zeros
@@ -485,7 +506,7 @@ def _cpu_conv2d_grad_weight(attrs, ins, out) -> str:
     ho, wo = ins[1].shape[2:]
     in_kernel = cg * kh * kw * ho * wo * (o // groups) >= GRAD_WEIGHT_IN_KERNEL
     source = (_CPU_CONV_GRAD_WEIGHT if in_kernel else _CPU_CONV_COLUMNS).format(
-        geometry=_cpu_geometry(sizes, "x"), pad=_PAD_SAMPLE.format(**sizes), columns=_cpu_taps(sizes, _IM2COL), **sizes)
+        geometry=_cpu_geometry(sizes, "x"), columns=_cpu_taps(sizes, _IM2COL), **_sample_planes(sizes), **sizes)
     source += """
 
 def kernel(in0, in1, out0):
