@@ -255,3 +255,26 @@ def test_outputs_the_caller_keeps_are_never_reused(tmp_path):
     dropped = id(again[0])
     del again
     assert id(step(x)[0]) == dropped  # recycled: nothing held it
+
+
+def test_views_of_planned_buffers_are_taken_once_and_copies_each_call(tmp_path):
+    """A view step whose operand is a planned buffer is taken once, when the plan is bound (its
+    array is the same every call); a reshape that numpy answers with a copy (here of a transposed
+    buffer) stays in the launch list, so a second call with other inputs sees its new data."""
+    def program(x, w):
+        t = (x * w).exp().permute(1, 0)  # a view of a planned buffer: bound once
+        return (t * 3.0).sum(), t.reshape(-1)[3:9] * 2.0  # the reshape of the transposed buffer copies
+
+    step = bendc.jit(program, target="cpu", cache_dir=str(tmp_path))
+    reference = bendc.jit(program, target="reference")
+    for seed in (1, 2):
+        args = (np.random.default_rng(seed).standard_normal((5, 4), np.float32),
+                np.random.default_rng(seed + 9).standard_normal((5, 4), np.float32))
+        for got, want, name in zip(step(*args), reference(*args), ("sum", "copy")):
+            assert_close(got, want, f"{name}, call {seed}")
+    cpu = step._executable().run.program
+    views = [name for name, _, _, _, view, _ in cpu.program if view]
+    bound = [array for array in cpu.values if isinstance(array, np.ndarray) and not array.flags.owndata]
+    assert any(name.startswith("reshape") for name in views), views  # the copying reshape runs each call
+    assert not any(name.startswith("permute") for name in views), views  # the view was bound
+    assert bound, "no view bound"
