@@ -80,6 +80,18 @@ def test_within_stated_ulp_of_torch_and_float64(name):
     assert against_exact.max() <= exact_ulp, f"{name}: {against_exact.max()} ulp from float64"
 
 
+def test_exp_through_underflow_every_float():
+    """Every float32 from -110 to -87 (denormal results, then 0): within 1 ulp of float64's e^x
+    rounded to float32, and +0 wherever x < -104 (where the helper returns 0 without computing
+    a tiny product: masked attention scores are -inf)."""
+    bits = np.arange(np.float32(-87.0).view(np.int32), np.float32(-110.0).view(np.int32) + 1, dtype=np.int32)
+    x = np.concatenate([bits.view(np.float32), np.float32([-np.inf, -3.4028235e38])])
+    actual = _apply(cpu_math.bendc_exp, x)
+    assert _ulp(actual, _float64(np.exp, x)).max() <= 1
+    below = x < np.float32(-104.0)
+    assert below.sum() > 1000 and np.array_equal(actual[below].view(np.int32), np.zeros(below.sum(), np.int32))
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_edge_cases_are_torchs(name):
     """±0 keep their sign, infinities and NaN come out as torch's, overflow and underflow at
