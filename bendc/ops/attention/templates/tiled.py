@@ -171,11 +171,12 @@ def _small_forward_head(q, k, v, out, lse, scale, causal, qt, st, top, total):
             row[r] = e
             total[r] += e
     bendc_rows_fma(out, st, DOWN, v, t, 0, width, SOURCES_TO_CHUNK if causal else 0, True)
+    for r in range(t):  # a loop of its own, so the logs run in vectors (in the rows' loop: one at a time)
+        lse[r] = top[r] + math.log(total[r])
     for r in range(t):
         line = out[r]
         for w in range(width):
             line[w] = line[w] / total[r]
-        lse[r] = top[r] + math.log(total[r])
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
@@ -192,11 +193,11 @@ def _small_backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal, first_me
     _transposed_into(g, gt)
     for r in range(tp):
         delta[r] = np.float32(0.0)
+    for w in range(width):  # each row's sum in w order, the rows in lanes
+        line = gt[w]
+        for r in range(t):
+            delta[r] += line[r] * o[r, w]
     for r in range(t):
-        s = np.float32(0.0)
-        for w in range(width):
-            s += g[r, w] * o[r, w]
-        delta[r] = s
         logsum[r] = lse[r]
     _small_scores(k, qt, st, causal)
     for c in range(t):
