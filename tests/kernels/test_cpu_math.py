@@ -81,11 +81,11 @@ def test_within_stated_ulp_of_torch_and_float64(name):
 
 
 def test_exp_through_underflow_every_float():
-    """Every float32 from -110 to -87 (denormal results, then 0): within 1 ulp of float64's e^x
-    rounded to float32, and +0 wherever x < -104 (where the helper returns 0 without computing
-    a tiny product: masked attention scores are -inf)."""
-    bits = np.arange(np.float32(-87.0).view(np.int32), np.float32(-110.0).view(np.int32) + 1, dtype=np.int32)
-    x = np.concatenate([bits.view(np.float32), np.float32([-np.inf, -3.4028235e38])])
+    """Every float32 from -87 to -180 (denormal results, then 0): within 1 ulp of float64's e^x
+    rounded to float32, and +0 wherever x < -104 (the helper clamps at -176, where its two factors
+    of 2^n are +0, so that -inf, a masked attention score, makes no underflowing product)."""
+    bits = np.arange(np.float32(-87.0).view(np.int32), np.float32(-180.0).view(np.int32) + 1, dtype=np.int32)
+    x = np.concatenate([bits.view(np.float32), np.float32([-np.inf, -3.4028235e38, -1e30])])
     actual = _apply(cpu_math.bendc_exp, x)
     assert _ulp(actual, _float64(np.exp, x)).max() <= 1
     below = x < np.float32(-104.0)
