@@ -32,9 +32,10 @@ Workloads (each a median of several timed runs after warm-up):
                torch's scaled_dot_product_attention (eager, same thread count)
   attention_short  the same at T=64 (B=4, H=8, Hkv=2, D=64): the pass's own schedule (tiled: each head
                fused in cache), triangular and dense, vs torch's SDPA
-Steps against torch alternate in rounds; each turn runs STEPS_PER_TURN steps in a row, as a training
-loop does, and the figures are the medians of all but each turn's first (``first_step_ms``: those, which
-start after the other framework's step; see STEPS_PER_TURN).
+Steps against torch alternate in rounds; each turn starts after TURN_PAUSE idle and runs steps in
+a row, as a training loop does (at least STEPS_PER_TURN and TURN_SECONDS of them), and the figures
+are the medians of all but each turn's first (``first_step_ms``: those, which start after the other
+framework's step; see STEPS_PER_TURN).
 --target cuda runs bench/cuda_bench.py's workloads instead (mlp, transformer, gpt, attention,
 elementwise, launch_overhead: the cubin runtime's graph and eager launches and numba's loop vs
 torch eager CUDA and torch.compile(mode="reduce-overhead")); without a GPU it stops with a message.
@@ -296,25 +297,33 @@ def attention_step(q, k, v, g):
 
 # Consecutive steps each framework runs per turn of the alternating rounds. A training loop runs
 # step after step; a step that follows the other framework's pays for it: the other's data in the
-# caches and, at two threads and more, torch's OpenMP workers still spinning after its step (~5 ms
-# of a core after a torch.compile step, measured with getrusage around a sleep: the next bendc
-# step ran 6.2 ms against 4.2 ms back to back, gpt_small at 2 threads). So each turn runs STEPS_PER_TURN
-# steps and the steady figure is the median of all but each turn's first; the first steps are
-# reported beside (``first_step_ms``).
+# caches and, at two threads and more, torch's OpenMP workers still spinning after its step (~5-7
+# ms of a core after a torch.compile step, measured with getrusage around a sleep: the next bendc
+# step ran 6.2 ms against 4.2 ms back to back, gpt_small at 2 threads; the attention at T=64, ~0.6
+# ms a step back to back, ran ~1.05 ms through turns of 4 steps). So each turn starts after
+# TURN_PAUSE seconds idle (the other's workers asleep by then) and runs at least STEPS_PER_TURN
+# steps and TURN_SECONDS of them; the steady figure is the median of all but each turn's first, and
+# the first steps are reported beside (``first_step_ms``).
 STEPS_PER_TURN = 4
+TURN_SECONDS = 0.05
+TURN_PAUSE = 0.02
 
 
 def interleaved_times(fns: dict, runs: int, warmup: int = 2, block: int = 1, firsts: dict | None = None) -> dict:
     """Seconds of each run of each function, timed in alternating rounds (a noisy machine drifts).
-    With ``block`` > 1 each round runs each function ``block`` times in a row: the first of them
-    (right after another function) goes to ``firsts`` where given, the others to the result."""
+    With ``block`` > 1 each round runs each function in a turn of its own, after TURN_PAUSE seconds
+    idle: at least ``block`` calls and TURN_SECONDS of them; the first call of a turn goes to
+    ``firsts`` where given, the others to the result."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict = {name: [] for name in fns}
     for _ in range(runs):
         for name, fn in fns.items():
-            for index in range(block):
+            if block > 1:
+                time.sleep(TURN_PAUSE)
+            index, turn = 0, time.perf_counter()
+            while index < block or (block > 1 and time.perf_counter() - turn < TURN_SECONDS):
                 start = time.perf_counter()
                 fn()
                 seconds = time.perf_counter() - start
@@ -323,6 +332,7 @@ def interleaved_times(fns: dict, runs: int, warmup: int = 2, block: int = 1, fir
                         firsts.setdefault(name, []).append(seconds)
                 else:
                     times[name].append(seconds)
+                index += 1
     return times
 
 

@@ -13,7 +13,9 @@ def _recording(calls: list, name: str):
     return lambda: calls.append(name)
 
 
-def test_each_turn_runs_its_steps_in_a_row_and_its_first_is_reported_apart() -> None:
+def test_each_turn_runs_its_steps_in_a_row_and_its_first_is_reported_apart(monkeypatch) -> None:
+    monkeypatch.setattr(run, "TURN_SECONDS", 0.0)  # turns of exactly `block` steps
+    monkeypatch.setattr(run, "TURN_PAUSE", 0.0)
     calls: list = []
     fns = {"bendc": _recording(calls, "bendc"), "torch": _recording(calls, "torch")}
     firsts: dict = {}
@@ -31,3 +33,18 @@ def test_one_step_a_turn_keeps_every_step() -> None:
                                   firsts=firsts)
     assert calls == ["a", "b"] * 5
     assert [len(times["a"]), len(times["b"]), firsts] == [5, 5, {}]
+
+
+def test_a_turn_of_short_steps_lasts_turn_seconds(monkeypatch) -> None:
+    """Steps of 1 ms (a fake clock) in turns of at least 4 steps and 10.5 ms: 11 steps a turn."""
+    clock = [0.0]
+
+    def step() -> None:
+        clock[0] += 0.001
+
+    monkeypatch.setattr(run, "TURN_SECONDS", 0.0105)
+    monkeypatch.setattr(run, "TURN_PAUSE", 0.0)
+    monkeypatch.setattr(run.time, "perf_counter", lambda: clock[0])
+    firsts: dict = {}
+    times = run.interleaved_times({"short": step}, runs=2, warmup=0, block=4, firsts=firsts)
+    assert (len(times["short"]), len(firsts["short"])) == (2 * 10, 2)
