@@ -336,10 +336,18 @@ def interleaved_times(fns: dict, runs: int, warmup: int = 2, block: int = 1, fir
     return times
 
 
-def interleaved_medians(fns: dict, runs: int, warmup: int = 2, block: int = 1, firsts: dict | None = None) -> dict:
+def interleaved_medians(fns: dict, runs: int, warmup: int = 2) -> dict:
     """Median seconds of each function, timed in alternating rounds (a noisy machine drifts)."""
-    return {name: statistics.median(values)
-            for name, values in interleaved_times(fns, runs, warmup, block, firsts).items()}
+    return {name: statistics.median(values) for name, values in interleaved_times(fns, runs, warmup).items()}
+
+
+def interleaved_turns(fns: dict, runs: int) -> tuple[dict, dict]:
+    """Each function timed in turns of STEPS_PER_TURN steps and more (interleaved_times): the seconds
+    of all but each turn's first step, and the median milliseconds of the first steps (the
+    ``first_step_ms`` of a result)."""
+    firsts: dict = {}
+    times = interleaved_times(fns, runs, block=STEPS_PER_TURN, firsts=firsts)
+    return times, {name: statistics.median(values) * 1e3 for name, values in firsts.items()}
 
 
 def bench_attention(target: str, runs: int, shape: tuple[int, int, int, int, int],
@@ -387,10 +395,8 @@ def bench_attention(target: str, runs: int, shape: tuple[int, int, int, int, int
             result["auto_reason"] = reason.split("; ")[0]
     fns = {schedule: (lambda step=step: step(q, k, v, g)) for schedule, step in steps.items()}
     fns["torch"] = torch_step
-    firsts: dict = {}
-    times = interleaved_times(fns, runs, block=STEPS_PER_TURN, firsts=firsts)
+    times, result["first_step_ms"] = interleaved_turns(fns, runs)
     seconds = {name: statistics.median(values) for name, values in times.items()}
-    result["first_step_ms"] = {name: statistics.median(values) * 1e3 for name, values in firsts.items()}
     for schedule in steps:
         result[f"{schedule}_ms"] = seconds[schedule] * 1e3
         result[f"{schedule}_min_ms"] = min(times[schedule]) * 1e3
@@ -483,9 +489,8 @@ def compare_with_torch(result: dict, bendc_step, torch_step, loss_fn, runs: int,
             fns["compile"] = lambda: torch_step(compiled)
         except Exception as error:  # inductor needs a working C++ toolchain
             result["torch_compile_error"] = str(error).splitlines()[0][:200]
-    firsts: dict = {}
-    seconds = interleaved_medians(fns, runs, block=STEPS_PER_TURN, firsts=firsts)
-    result["first_step_ms"] = {name: statistics.median(values) * 1e3 for name, values in firsts.items()}
+    times, result["first_step_ms"] = interleaved_turns(fns, runs)
+    seconds = {name: statistics.median(values) for name, values in times.items()}
     result.update({"bendc_ms": seconds["bendc"] * 1e3, "torch_eager_ms": seconds["eager"] * 1e3,
                    "speedup_vs_torch_eager": seconds["eager"] / seconds["bendc"]})
     if "compile" in seconds:
