@@ -7,13 +7,15 @@ static Python scalars, and the target.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from itertools import repeat
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -210,6 +212,57 @@ def is_array_like(value: Any) -> bool:
         hasattr(value, attr) for attr in ("__array__", "__dlpack__", "__cuda_array_interface__"))
 
 
+_DICT, _LIST, _TUPLE, _NONE, _OTHER = (object() for _ in range(5))  # _fast_items' container marks
+
+
+def _fast_items(items: Iterable, dynamics: Iterable[bool], seens: Iterable[dict[int, int]], inputs: list,
+                part: list) -> bool:
+    """Values for the fast call path (a call's arguments, a container's children), each with its
+    ``dynamic`` flag and its ``seen`` table (id of an array -> its input position): each value's
+    tokens appended to ``part``: a container's mark and size (a dict's keys) then its children's
+    tokens in flatten's order; a leaf's spec (dtype and shape, ``("alias", i)`` for an array seen
+    before, a scalar's type and value, or its type alone where dynamic). Marks and sizes say the
+    structure as a TreeDef would, without building one, and make each value's tokens
+    self-delimiting. Each new array is appended to ``inputs``. False where a leaf is none of those
+    or an array is not C-contiguous (the call is then bound). Named tuples, dataclasses and
+    container subclasses go through tree.flatten."""
+    for value, dynamic, seen in zip(items, dynamics, seens):
+        kind = type(value)
+        if kind is np.ndarray:
+            if not value.flags.c_contiguous:
+                return False
+            first = seen.get(id(value))
+            if first is None:
+                seen[id(value)] = len(inputs)
+                part.append((value.dtype.char, value.shape))
+                inputs.append(value)
+            else:
+                part.append(("alias", first))
+        elif kind is dict:
+            part.append((_DICT, tuple(value)))
+            if not _fast_items(value.values(), repeat(dynamic), repeat(seen), inputs, part):
+                return False
+        elif kind is list or kind is tuple:
+            part.append((_LIST if kind is list else _TUPLE, len(value)))
+            if not _fast_items(value, repeat(dynamic), repeat(seen), inputs, part):
+                return False
+        elif value is None:
+            part.append(_NONE)
+        elif dynamic and (kind is float or kind is int):
+            part.append((kind,))
+            inputs.append(np.array(value, np.float32))
+        elif kind is float or kind is int or kind is bool or kind is str:
+            part.append((kind, value))
+        elif isinstance(value, (tuple, list, dict)) or dataclasses.is_dataclass(value):
+            leaves, treedef = tree.flatten(value)
+            part.append((_OTHER, treedef))
+            if not _fast_items(leaves, repeat(dynamic), repeat(seen), inputs, part):
+                return False
+        else:
+            return False
+    return True
+
+
 class JitFunction:
     """The callable that ``bendc.jit`` returns."""
 
@@ -259,8 +312,8 @@ class JitFunction:
         self._names = tuple(self.signature.parameters)
         self._keywords = frozenset(name for name, p in self.signature.parameters.items()
                                    if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        self._dynamic_positions = frozenset(self._names.index(name) for name in self.dynamic)
-        self._leaf_positions = frozenset(self._names.index(name) for name in self.leaves)
+        self._dynamic_flags = tuple(name in self.dynamic for name in self._names)  # per parameter, in order
+        self._leaf_flags = tuple(name in self.leaves for name in self._names)
         self._last: Executable | None = None
 
     def _parameter_names(self, names: Sequence[str] | str, option: str) -> tuple[str, ...]:
@@ -335,51 +388,9 @@ class JitFunction:
         inputs: list = []
         seen_leaves: dict[int, int] = {}  # id of an array -> its input position (one object, one input)
         seen_constants: dict[int, int] = {}
-        for index, value in enumerate(args):
-            kind = type(value)
-            seen = seen_leaves if index in self._leaf_positions else seen_constants
-            if kind is np.ndarray:
-                if not value.flags.c_contiguous:
-                    return None
-                first = seen.get(id(value))
-                if first is not None:
-                    key.append(("alias", first))
-                    continue
-                seen[id(value)] = len(inputs)
-                key.append((value.dtype.char, value.shape))
-                inputs.append(value)
-            elif kind is float or kind is int or kind is bool:
-                if index in self._dynamic_positions and kind is not bool:
-                    key.append((kind,))
-                    inputs.append(np.array(value, np.float32))
-                else:
-                    key.append((kind, value))
-            elif kind is dict or kind is list or kind is tuple or kind is str or value is None:
-                leaves, treedef = tree.flatten(value)
-                part: list = [treedef]
-                dynamic = index in self._dynamic_positions
-                for leaf in leaves:
-                    leaf_kind = type(leaf)
-                    if leaf_kind is np.ndarray:
-                        if not leaf.flags.c_contiguous:
-                            return None
-                        first = seen.get(id(leaf))
-                        if first is not None:
-                            part.append(("alias", first))
-                            continue
-                        seen[id(leaf)] = len(inputs)
-                        part.append((leaf.dtype.char, leaf.shape))
-                        inputs.append(leaf)
-                    elif dynamic and (leaf_kind is float or leaf_kind is int):
-                        part.append((leaf_kind,))
-                        inputs.append(np.array(leaf, np.float32))
-                    elif leaf_kind is float or leaf_kind is int or leaf_kind is bool or leaf_kind is str:
-                        part.append((leaf_kind, leaf))
-                    else:
-                        return None
-                key.append(tuple(part))
-            else:
-                return None
+        seens = [seen_leaves if leaf else seen_constants for leaf in self._leaf_flags]
+        if not _fast_items(args, self._dynamic_flags, seens, inputs, key):
+            return None  # binding explains what the fast path does not take
         return tuple(key), inputs
 
     def _bind(self, args, kwargs) -> "Binding":

@@ -285,13 +285,7 @@ class Template:
         if (self.treedef.kind == "tuple" and all(child.kind == "leaf" for child in self.treedef.children)
                 and list(slots) == [("out", i) for i in range(len(slots))]):
             return tuple  # a flat tuple of every output in order (``return loss, w.grad``)
-        treedef = self.treedef
-
-        def rebuild(results: Sequence) -> Any:
-            values = [results[value] if kind == "out" else value for kind, value in slots]
-            return _build(treedef, iter(values))
-
-        return rebuild
+        return _build_function(self.treedef, slots)
 
     def to_json(self) -> Any:
         return to_json(self.treedef, lambda i: {"kind": self.slots[i][0], "value": self.slots[i][1]})
@@ -300,3 +294,41 @@ class Template:
     def from_json(data: Any) -> "Template":
         treedef, slots = from_json(data, lambda entry: (entry["kind"], entry["value"]))
         return Template(treedef, tuple(slots))
+
+
+def _build_function(treedef: TreeDef, slots: Sequence[tuple[str, Any]]) -> Callable[[Sequence], Any]:
+    """``rebuild`` as one generated expression (``({k0: r[0], k1: r[1]}, [r[2], s0])``): the hot path
+    builds the return value without walking the treedef. Keys, types and static values are
+    constants of the function's namespace, never written into its text."""
+    namespace: dict[str, Any] = {}
+    leaves = iter(slots)
+
+    def constant(value: Any) -> str:
+        name = f"c{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    def expression(node: TreeDef) -> str:
+        kind = node.kind
+        if kind == "leaf":
+            slot, value = next(leaves)
+            return f"r[{int(value)}]" if slot == "out" else constant(value)
+        if kind == "none":
+            return "None"
+        items = [expression(child) for child in node.children]
+        if kind == "tuple":
+            return "(" + "".join(item + ", " for item in items) + ")"
+        if kind == "list":
+            return "[" + ", ".join(items) + "]"
+        if kind == "dict":
+            return "{" + ", ".join(f"{constant(key)}: {item}" for key, item in zip(node.keys, items)) + "}"
+        if kind == "namedtuple":
+            return f"{constant(node.type)}(" + ", ".join(items) + ")"
+        if kind == "dataclass":
+            return f"{constant(node.type)}(**{{" + ", ".join(
+                f"{constant(key)}: {item}" for key, item in zip(node.keys, items)) + "})"
+        raise AssertionError(f"unknown treedef kind {kind}")
+
+    source = f"def rebuild(r):\n    return {expression(treedef)}\n"
+    exec(compile(source, "<bendc rebuild>", "exec"), namespace)
+    return namespace["rebuild"]

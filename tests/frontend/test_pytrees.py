@@ -187,6 +187,35 @@ def test_pytree_calls_take_the_fast_path_and_a_changed_leaf_misses_it():
     assert len(weighted.signatures()) == 4
 
 
+def test_the_fast_key_tells_apart_every_structure_a_treedef_does(monkeypatch):
+    """The fast path keys a pytree by container marks, sizes and dict keys in flatten's order, not
+    by a TreeDef: structures with the same leaves in the same order (another nesting, key order, a
+    tuple against a named tuple or a list, None against an empty dict) are other signatures, each
+    found again on the fast path with the right value, and a named tuple or dataclass output comes
+    back rebuilt from the generated rebuild."""
+    @bendc.jit(target="reference")
+    def first_minus_last(tree_):
+        leaves = tree.leaves(tree_)
+        return Result(leaves[0] - leaves[-1], Pair(leaves[0], {1: leaves[-1]}))
+
+    x, y = np.ones(2, np.float32), np.full(2, 3.0, np.float32)
+    calls = [[x, [y]], [[x], y], {"a": x, "b": y}, {"b": x, "a": y}, (x, y), Pair(x, y), [x, y],
+             Result(x, y), {"a": x, "n": None, "b": y}, {"a": x, "n": {}, "b": y}]
+    for call in calls:
+        assert first_minus_last(call).loss.tolist() == [-2.0, -2.0]
+    assert len(first_minus_last.signatures()) == len(calls) == len(first_minus_last._fast)
+    binds = []
+    original = type(first_minus_last)._bind
+    monkeypatch.setattr(type(first_minus_last), "_bind", lambda self, *a: binds.append(a) or original(self, *a))
+    for call in calls:
+        result = first_minus_last(call)
+        assert isinstance(result, Result) and isinstance(result.grads, Pair)
+        assert result.grads.b[1].tolist() == [3.0, 3.0] and result.loss.tolist() == [-2.0, -2.0]
+    assert binds == [] and len(first_minus_last.signatures()) == len(calls)
+    first_minus_last([x, np.ones((2, 2), np.float32)[:, 0]])  # a strided leaf: bound, not fast
+    assert len(binds) == 1
+
+
 def test_an_artifact_returning_a_named_tuple_runs_with_the_runtime(tmp_path, capsys):
     from bendc import cli
 
