@@ -378,12 +378,17 @@ def run_program(program_seed: int, target: str) -> None:
                 continue
             exact = exact if exact is not None else _torch_float64_grads(model, x, seed_value)
             # An ill-conditioned gradient (a norm over two nearly equal values) is as far from float64
-            # in torch's own float32 as it is in ours: allow four times torch's float32 error.
+            # in torch's own float32 as it is in ours: allow four times torch's largest float32 error
+            # in the same gradient. Largest, not the cell's own: rounding spreads over every cell of
+            # such a gradient, and torch's float32 may land near float64 in one cell by chance (seen:
+            # program seed 35340608, batch norms over two rows: torch's float32 off by up to 28% of
+            # the gradient's largest value and by 0.07% in one cell, bendc's by up to 9%).
             error, allowed = np.abs(got - exact[name]), np.maximum(
-                2e-3 * np.abs(exact[name]) + 2e-5, 4 * np.abs(want - exact[name]))
+                2e-3 * np.abs(exact[name]) + 2e-5, 4 * np.abs(want - exact[name]).max())
             assert (error <= allowed).all(), (
                 f"{where}\ngradient of {name}: bendc {got}, torch float32 {want}, torch float64 {exact[name]}; "
-                f"|bendc - float64| {error} over {allowed} (2e-3 relative + 2e-5, or 4x torch float32's error)")
+                f"|bendc - float64| {error} over {allowed} (2e-3 relative + 2e-5, or 4x torch float32's "
+                "largest error in this gradient)")
 
 
 BATCH_NORM_CASES = {"BatchNorm1d", "BatchNorm2d", "train", "eval", "momentum=None", "momentum=float", "affine=True",
