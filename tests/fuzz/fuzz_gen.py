@@ -35,8 +35,8 @@ MAX_RANK = 4
 # Shapes come from a small pool so generated kernels (whose sources hold the shapes) repeat
 # across programs and numba's compiles are shared. (4, 8) and (6, 3) are the shapes of known bug 5.
 BASE_SHAPES = [(), (1,), (3,), (4,), (1, 4), (4, 1), (2, 3), (3, 4), (4, 4), (2, 1, 4), (2, 3, 4), (4, 8), (6, 3)]
-# Past bendc.kernels.cpu_policy.parallel_from("rows") and parallel_from("elementwise") cells (~9.4K and
-# ~37K at a 10 us launch): CPU op kernels and fused elementwise kernels this large run their cells
+# Past bendc.kernels.cpu_policy.parallel_from("rows") and parallel_from("elementwise") cells (~4.7K and
+# ~18.7K at a 5 us launch): CPU op kernels and fused elementwise kernels this large run their cells
 # with prange. Drawn rarely (each such program compiles its own parallel kernels).
 LARGE_SHAPES = [(512, 512), (16, 64, 64)]
 ATTENTION_SHAPES = [(1, 2, 3, 4), (1, 1, 4, 2), (2, 2, 2, 4),
