@@ -7,7 +7,6 @@ static Python scalars, and the target.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import os
@@ -253,13 +252,13 @@ def _fast_items(items: Iterable, dynamics: Iterable[bool], seens: Iterable[dict[
             inputs.append(np.array(value, np.float32))
         elif kind is float or kind is int or kind is bool or kind is str:
             part.append((kind, value))
-        elif isinstance(value, (tuple, list, dict)) or dataclasses.is_dataclass(value):
+        else:  # a container only tree.flatten knows (a named tuple, a dataclass, a subclass), else a leaf
             leaves, treedef = tree.flatten(value)
+            if treedef is tree.LEAF:
+                return False  # the fast path takes no such leaf (a dataclass type, a numpy scalar, ...)
             part.append((_OTHER, treedef))
             if not _fast_items(leaves, repeat(dynamic), repeat(seen), inputs, part):
                 return False
-        else:
-            return False
     return True
 
 

@@ -214,6 +214,10 @@ def test_the_fast_key_tells_apart_every_structure_a_treedef_does(monkeypatch):
     assert binds == [] and len(first_minus_last.signatures()) == len(calls)
     first_minus_last([x, np.ones((2, 2), np.float32)[:, 0]])  # a strided leaf: bound, not fast
     assert len(binds) == 1
+    # a dataclass type is a leaf (a static value), not a container: bound, as any leaf the fast path
+    # does not take (the fast path once asked dataclasses.is_dataclass, true of the type too, and recursed)
+    assert first_minus_last([x, Result, y]).loss.tolist() == [-2.0, -2.0]
+    assert len(binds) == 2
 
 
 def test_an_artifact_returning_a_named_tuple_runs_with_the_runtime(tmp_path, capsys):
