@@ -60,6 +60,29 @@ CHILD = textwrap.dedent('''
 
 
     report = {"shapes": all(check(n) for n in (0, 1, 2, 3, 7, 8, 9, 64, 1000, 4097))}
+
+
+    def claims(chunks, helpers):
+        """The chunks each side took in a sequence of claims (helper 0: the caller), by the pool's
+        own claim function over the word as the claims' adds leave it."""
+        word, taken = chunks << pool.CHUNKS_SHIFT, {0: [], 1: []}
+        for helper in helpers:
+            index = pool.claimed(word, helper)
+            word += (1 << pool.BACK_SHIFT) if helper else 1
+            if index >= 0:
+                taken[helper].append(index)
+        return taken
+
+
+    good = pool.uses_own_pool()  # (numba's layer, where the user chose one, has no claim word)
+    for chunks in (1, 2, 7, 16, 1024) if good else ():
+        for _ in range(20):
+            helpers = rng.integers(0, 2, chunks + 5)  # claims past the last chunk find none
+            taken = claims(chunks, helpers)
+            front, back = taken[0], taken[1]
+            good &= front == list(range(len(front))) and back == list(range(chunks - 1, chunks - 1 - len(back), -1))
+            good &= sorted(front + back) == list(range(chunks))
+    report["claims"] = good
     a = rng.standard_normal(100).astype(np.float32)
     out = np.zeros_like(a)
     module.offset(a, out, 37)  # a range that starts past 0
@@ -113,6 +136,15 @@ def test_prange_runs_on_the_pool_with_the_callers_help(tmp_path):
     assert report["shapes"] and report["offset"]
     assert report["launches"] > 0 and report["helped"] > 0
     assert report["serial"] == 0
+
+
+def test_the_caller_claims_chunks_from_the_first_and_workers_from_the_last(tmp_path):
+    """Interleaved claims of the caller and a worker (random orders, 1 to 1024 chunks, more claims
+    than chunks), through the pool's own claim function: every chunk taken once, the caller's
+    from the first chunk up, the worker's from the last down (so at 2 threads each thread runs the
+    same rows of every loop), none after the last."""
+    report = _child(tmp_path)
+    assert report["claims"]
 
 
 def test_two_python_threads_launching_at_once_both_finish(tmp_path):
