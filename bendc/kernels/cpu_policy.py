@@ -34,8 +34,11 @@ The costs per cell (2-core machine, bench/run.py and the examples):
 - ``"elementwise"``: a fused elementwise kernel, ~0.2-1 ns a cell (the CNN step's kernels of
   2^16-2^17 cells went from 5.35 to 2.36 ms at one thread when they stopped launching on numba's
   workqueue), parallel from ~18.7K cells;
-- ``"sums"``: a kernel that only sums (an unfused sum, the norm statistics: ~0.13 ns a cell in
-  lanes), parallel from ~75K cells.
+- ``"sums"``: a kernel that only sums (an unfused sum: ~0.13 ns a cell in lanes), parallel from
+  ~75K cells. The norm statistics (~0.3-0.4 ns a cell: two passes for rstd) ask as elementwise
+  kernels: they read the rows a parallel kernel just wrote, which a serial kernel at 2 threads
+  fetched from the other core's cache (gpt_small's norm_rstd 0.015 ms at 1 thread, 0.031 serial
+  at 2, 0.011 split).
 
 Threads: numba's thread count (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads`` in the
 process), on bendc's pool (numba's layer where the user set ``NUMBA_THREADING_LAYER``:

@@ -157,6 +157,9 @@ def vjp_norm_rstd(b, node, grad, needs):
     return (b.div(b.neg(b.mul(grad, cubed)), b.const(float(columns))),)
 
 
+STAT_BLOCKS = 16  # a parallel statistics kernel's blocks of rows (each allocates its row of squares once)
+
+
 def _cpu_stat(rstd: bool):
     """A row kernel: the float64 mean (and squared deviations) in lanes, rounded once to float32.
 
@@ -167,8 +170,7 @@ def _cpu_stat(rstd: bool):
         x = ins[0]
         dims = tuple(attrs["dims"])
         rows, columns = _stat_geometry(x.shape, dims)
-        parallel = policy.parallel("sums", x.numel) and rows > 1  # only sums
-        loop = "prange" if parallel else "range"
+        parallel = policy.parallel("elementwise", x.numel) and rows > 1
         add, total = row_lanes("x[r]", "x.shape[1]")
         lines = [add, f"mean = {total} / x.shape[1]"]
         if rstd:
@@ -177,21 +179,19 @@ def _cpu_stat(rstd: bool):
             lines += ["for c in range(x.shape[1]):", "    deviation = np.float64(x[r, c]) - mean",
                       "    squares[c] = deviation * deviation", add,
                       f"out[r] = np.float32(1.0 / math.sqrt({total} / x.shape[1] + {eps!r}))"]
-            # one row of squares per thread: inside the parallel loop, before it otherwise
-            row_buffer = "squares = np.empty(x.shape[1], np.float64)"
-            if parallel:
-                lines.insert(0, row_buffer)
-                before = ""
-            else:
-                before = f"    {row_buffer}\n"
         else:
             lines.append("out[r] = np.float32(mean)")
-            before = ""
+        squares = ["squares = np.empty(x.shape[1], np.float64)"] if rstd else []
+        if parallel:  # blocks of rows over the threads, a row of squares allocated once a block
+            body = [f"blocks = min(x.shape[0], {STAT_BLOCKS})", "for block in prange(blocks):",
+                    *("    " + line for line in squares),
+                    "    for r in range(block * x.shape[0] // blocks, (block + 1) * x.shape[0] // blocks):",
+                    *("        " + line for line in lines)]
+        else:
+            body = [*squares, "for r in range(x.shape[0]):", *("    " + line for line in lines)]
         return (
             njit_decorator(parallel) + "\n"
-            f"def _rows(x, out):\n{before}"
-            f"    for r in {loop}(x.shape[0]):\n"
-            + "".join(f"        {line}\n" for line in lines) + "\n\n"
+            "def _rows(x, out):\n" + "".join(f"    {line}\n" for line in body) + "\n\n"
             "def kernel(in0, out0):\n"
             f"    rows = in0.size // {max(columns, 1)}  # from the shape: one source for every batch size\n"
             f"    _rows(np.ascontiguousarray(in0).reshape((rows, {columns})), out0.reshape(rows))\n"
