@@ -17,7 +17,10 @@ takes float32 matrices whose rows or columns are adjacent (row-major, or a trans
 leading stride: transposes are BLAS flags, not copies) and an output with adjacent columns; for
 anything else, and at one thread without MKL, it returns 1 and :func:`matmul` calls numpy. The
 output is cut along its rows (along its columns when it has fewer rows than columns) into one
-block a thread. The sgemm's integers are 32-bit (scipy's) or 64-bit (MKL's ``sgemm_64``).
+block a thread, or, where K is long beside both (``K_CUT_RATIO``: a weight's gradient x^T g over a
+batch's rows), K is cut: each thread's sgemm multiplies its block of K into the output (the first)
+or a partial product (the others: a scratch the runtime keeps, one product at a time), then the
+output's rows add the partials in block order over the pool. The sgemm's integers are 32-bit (scipy's) or 64-bit (MKL's ``sgemm_64``).
 Bits: the same at one thread count, call after call; another count may change the last bits of
 a product (a thin block can take another sgemm kernel than the whole product: OpenBLAS's (1000,
 600) @ (600, 2) does).
@@ -39,6 +42,13 @@ _LOCK = threading.Lock()
 # Cut a product over the threads from this many multiply-adds a thread (~4 us of sgemm): below it
 # the caller makes one sgemm call, with no launch.
 CUT_FROM = 1 << 18
+# Cut K instead (each thread multiplies its own rows of K, the partial products are then added in
+# block order) where K is at least this many times the output's longer side: a weight's gradient
+# over a batch's rows, whose rows the pool's threads wrote (runtime/native/pool.py: each thread the
+# same rows of every loop). Alone after a kernel that wrote the operands on the pool, 2 threads:
+# (64 x 512) @ (512 x 192) 101-114 -> 75-82 us, (128 x 1024) @ (1024 x 384) 546-548 -> 401; (512 x
+# 256) @ (256 x 512) 489-497 against 536-542 cut along K (not cut: K is half the side).
+K_CUT_RATIO = 2
 NPY_FLOAT32 = np.dtype(np.float32).num
 
 
@@ -101,16 +111,183 @@ declare ptr @PyLong_FromLong(i64)
 @bendc_sgemm = global i64 0
 @bendc_sgemm_ilp64 = global i64 0
 @bendc_sgemm_one_thread = global i64 0
+; the K cut's partial products (runtime-owned, grown with realloc; one product at a time holds it)
+@bendc_scratch = internal global ptr null
+@bendc_scratch_bytes = internal global i64 0
+@bendc_scratch_busy = internal global i32 0
+declare ptr @realloc(ptr, i64)
 
 ; the context, i64 words: 0 status, 1 sgemm, 2 transa, 3 transb, 4 M, 5 N, 6 K, 7 A, 8 lda, 9 B,
-; 10 ldb, 11 C, 12 ldc, 13 which (0: N is cut, 1: M), 14 units (N or M), 15 blocks, 16-18 the
-; bytes A, B and C advance a unit, 19 ilp64 (1: sgemm's integers are 64-bit). C = op(A) op(B),
-; column-major (BLAS's sgemm).
+; 10 ldb, 11 C, 12 ldc, 13 which (0: N is cut, 1: M, 2: K), 14 units (N, M or K), 15 blocks, 16-18 the
+; bytes A, B and C advance a unit, 19 ilp64 (1: sgemm's integers are 64-bit), 20 the partials (K
+; cut: block j > 0 writes its product to partial j - 1, M x N with ldc M), 21-22 the sum's units (the
+; rows of the row-major output, N) and blocks. C = op(A) op(B), column-major (BLAS's sgemm).
 define internal i64 @bendc_word(ptr %ctx, i64 %n) alwaysinline {{
 entry:
   %p = getelementptr i64, ptr %ctx, i64 %n
   %v = load i64, ptr %p
   ret i64 %v
+}}
+
+; blocks first .. last - 1 of a K cut: block j multiplies K's units [j K / blocks, (j + 1) K / blocks)
+; into C (j = 0) or its partial (M x N, ldc M)
+define internal void @bendc_gemm_k_blocks(ptr %ctx, i64 %first, i64 %last) {{
+entry:
+  %ta = alloca i8
+  %tb = alloca i8
+  %m.a = alloca i64
+  %n.a = alloca i64
+  %k.a = alloca i64
+  %lda.a = alloca i64
+  %ldb.a = alloca i64
+  %ldc.a = alloca i64
+  %alpha = alloca float
+  %beta = alloca float
+  store float 1.0, ptr %alpha
+  store float 0.0, ptr %beta
+  %sgemm.i = call i64 @bendc_word(ptr %ctx, i64 1)
+  %sgemm = inttoptr i64 %sgemm.i to ptr
+  %transa = call i64 @bendc_word(ptr %ctx, i64 2)
+  %transb = call i64 @bendc_word(ptr %ctx, i64 3)
+  %ta.8 = trunc i64 %transa to i8
+  store i8 %ta.8, ptr %ta
+  %tb.8 = trunc i64 %transb to i8
+  store i8 %tb.8, ptr %tb
+  %m = call i64 @bendc_word(ptr %ctx, i64 4)
+  %n = call i64 @bendc_word(ptr %ctx, i64 5)
+  %units = call i64 @bendc_word(ptr %ctx, i64 14)
+  %blocks = call i64 @bendc_word(ptr %ctx, i64 15)
+  %a.i = call i64 @bendc_word(ptr %ctx, i64 7)
+  %lda = call i64 @bendc_word(ptr %ctx, i64 8)
+  %b.i = call i64 @bendc_word(ptr %ctx, i64 9)
+  %ldb = call i64 @bendc_word(ptr %ctx, i64 10)
+  %c.i = call i64 @bendc_word(ptr %ctx, i64 11)
+  %ldc = call i64 @bendc_word(ptr %ctx, i64 12)
+  %a.step = call i64 @bendc_word(ptr %ctx, i64 16)
+  %b.step = call i64 @bendc_word(ptr %ctx, i64 17)
+  %partials = call i64 @bendc_word(ptr %ctx, i64 20)
+  %ilp64 = call i64 @bendc_word(ptr %ctx, i64 19)
+  %wide = icmp ne i64 %ilp64, 0
+  %mn = mul i64 %m, %n
+  %partial.bytes = mul i64 %mn, 4
+  %any = icmp ult i64 %first, %last
+  br i1 %any, label %block, label %out
+block:
+  %j = phi i64 [ %first, %entry ], [ %j.1, %next ]
+  %k0.m = mul i64 %j, %units
+  %k0 = udiv i64 %k0.m, %blocks
+  %j.1 = add i64 %j, 1
+  %k1.m = mul i64 %j.1, %units
+  %k1 = udiv i64 %k1.m, %blocks
+  %k = sub i64 %k1, %k0
+  %a.off = mul i64 %k0, %a.step
+  %a.at = add i64 %a.i, %a.off
+  %a = inttoptr i64 %a.at to ptr
+  %b.off = mul i64 %k0, %b.step
+  %b.at = add i64 %b.i, %b.off
+  %b = inttoptr i64 %b.at to ptr
+  %own = icmp eq i64 %j, 0
+  %p.j = sub i64 %j, 1
+  %p.off = mul i64 %p.j, %partial.bytes
+  %p.at = add i64 %partials, %p.off
+  %c.at = select i1 %own, i64 %c.i, i64 %p.at
+  %c = inttoptr i64 %c.at to ptr
+  %ldc.j = select i1 %own, i64 %ldc, i64 %m
+  br i1 %wide, label %int64, label %int32
+int64:
+  store i64 %m, ptr %m.a
+  store i64 %n, ptr %n.a
+  store i64 %k, ptr %k.a
+  store i64 %lda, ptr %lda.a
+  store i64 %ldb, ptr %ldb.a
+  store i64 %ldc.j, ptr %ldc.a
+  br label %sizes
+int32:
+  %m.32 = trunc i64 %m to i32
+  store i32 %m.32, ptr %m.a
+  %n.32 = trunc i64 %n to i32
+  store i32 %n.32, ptr %n.a
+  %k.32 = trunc i64 %k to i32
+  store i32 %k.32, ptr %k.a
+  %lda.32 = trunc i64 %lda to i32
+  store i32 %lda.32, ptr %lda.a
+  %ldb.32 = trunc i64 %ldb to i32
+  store i32 %ldb.32, ptr %ldb.a
+  %ldc.32 = trunc i64 %ldc.j to i32
+  store i32 %ldc.32, ptr %ldc.a
+  br label %sizes
+sizes:
+  call void %sgemm(ptr %ta, ptr %tb, ptr %m.a, ptr %n.a, ptr %k.a, ptr %alpha, ptr %a, ptr %lda.a, ptr %b,
+                   ptr %ldb.a, ptr %beta, ptr %c, ptr %ldc.a)
+  br label %next
+next:
+  %more = icmp ult i64 %j.1, %last
+  br i1 %more, label %block, label %out
+out:
+  ret void
+}}
+
+; the K cut's sum: rows [u0, u1) of the row-major output (N rows of M, row stride ldc) each adds the
+; partials in block order, C = ((P0 + P1) + P2) + ...
+define internal void @bendc_gemm_sum_task(ptr %args, ptr %dims, ptr %steps, ptr %ctx) {{
+entry:
+  %first.p = load ptr, ptr %args
+  %first = ptrtoint ptr %first.p to i64
+  %count = load i64, ptr %dims
+  %last = add i64 %first, %count
+  %units = call i64 @bendc_word(ptr %ctx, i64 21)
+  %blocks = call i64 @bendc_word(ptr %ctx, i64 22)
+  %u0.m = mul i64 %first, %units
+  %u0 = udiv i64 %u0.m, %blocks
+  %u1.m = mul i64 %last, %units
+  %u1 = udiv i64 %u1.m, %blocks
+  %m = call i64 @bendc_word(ptr %ctx, i64 4)
+  %n = call i64 @bendc_word(ptr %ctx, i64 5)
+  %c.i = call i64 @bendc_word(ptr %ctx, i64 11)
+  %ldc = call i64 @bendc_word(ptr %ctx, i64 12)
+  %parts = call i64 @bendc_word(ptr %ctx, i64 15)
+  %partials.i = call i64 @bendc_word(ptr %ctx, i64 20)
+  %c0 = inttoptr i64 %c.i to ptr
+  %p0 = inttoptr i64 %partials.i to ptr
+  %mn = mul i64 %m, %n
+  %rows = icmp ult i64 %u0, %u1
+  %some = icmp ugt i64 %parts, 1
+  %go = and i1 %rows, %some
+  br i1 %go, label %part, label %out
+part:
+  %j = phi i64 [ 1, %entry ], [ %j.1, %part.next ]
+  %p.j = sub i64 %j, 1
+  %p.skip = mul i64 %p.j, %mn
+  br label %row
+row:
+  %r = phi i64 [ %u0, %part ], [ %r.1, %row.next ]
+  %c.row.off = mul i64 %r, %ldc
+  %c.row = getelementptr float, ptr %c0, i64 %c.row.off
+  %p.row.off.0 = mul i64 %r, %m
+  %p.row.off = add i64 %p.row.off.0, %p.skip
+  %p.row = getelementptr float, ptr %p0, i64 %p.row.off
+  br label %cell
+cell:
+  %i = phi i64 [ 0, %row ], [ %i.1, %cell ]
+  %c.at = getelementptr float, ptr %c.row, i64 %i
+  %p.at = getelementptr float, ptr %p.row, i64 %i
+  %c.v = load float, ptr %c.at
+  %p.v = load float, ptr %p.at
+  %sum = fadd float %c.v, %p.v
+  store float %sum, ptr %c.at
+  %i.1 = add i64 %i, 1
+  %cells = icmp ult i64 %i.1, %m
+  br i1 %cells, label %cell, label %row.next
+row.next:
+  %r.1 = add i64 %r, 1
+  %more.rows = icmp ult i64 %r.1, %u1
+  br i1 %more.rows, label %row, label %part.next
+part.next:
+  %j.1 = add i64 %j, 1
+  %more.parts = icmp ult i64 %j.1, %parts
+  br i1 %more.parts, label %part, label %out
+out:
+  ret void
 }}
 
 define internal void @bendc_gemm_task(ptr %args, ptr %dims, ptr %steps, ptr %ctx) {{
@@ -137,6 +314,13 @@ entry:
   %u1 = udiv i64 %u1.m, %blocks
   %size = sub i64 %u1, %u0
   %empty = icmp eq i64 %size, 0
+  %which.0 = call i64 @bendc_word(ptr %ctx, i64 13)
+  %cuts.k = icmp eq i64 %which.0, 2
+  br i1 %cuts.k, label %kcut, label %cut
+kcut:  ; each block of K its own sgemm call (a chunk can hold several blocks: a busy pool runs them all)
+  call void @bendc_gemm_k_blocks(ptr %ctx, i64 %first, i64 %last)
+  br label %out
+cut:
   br i1 %empty, label %out, label %call
 call:
   %sgemm.i = call i64 @bendc_word(ptr %ctx, i64 1)
@@ -222,7 +406,7 @@ no:
 ; bendc_matmul(a, b, out): None where it computed out = a @ b on the pool, else 1 (nothing written)
 define ptr @bendc_matmul_fast(ptr %self, ptr %args, i64 %nargs) {{
 entry:
-  %ctx = alloca [20 x i64]
+  %ctx = alloca [23 x i64]
   %pargs = alloca ptr
   %pdims = alloca i64
   %psteps = alloca i64
@@ -294,13 +478,63 @@ plan:
   %enough = icmp sge i64 %mnk, %enough.at
   %blocks.0 = select i1 %enough, i64 %threads.64, i64 1
   %by.rows = icmp sge i64 %m, %n
-  %which = select i1 %by.rows, i64 0, i64 1
-  %units = select i1 %by.rows, i64 %m, i64 %n
-  %few = icmp ult i64 %units, %blocks.0
-  %blocks = select i1 %few, i64 %units, i64 %blocks.0
-  %step.a = select i1 %by.rows, i64 0, i64 %b.s1
-  %step.b = select i1 %by.rows, i64 %a.s0, i64 0
+  %which.0 = select i1 %by.rows, i64 0, i64 1
+  %units.0 = select i1 %by.rows, i64 %m, i64 %n
+  %few = icmp ult i64 %units.0, %blocks.0
+  %blocks.1 = select i1 %few, i64 %units.0, i64 %blocks.0
+  %step.a.0 = select i1 %by.rows, i64 0, i64 %b.s1
+  %step.b.0 = select i1 %by.rows, i64 %a.s0, i64 0
   %step.c = select i1 %by.rows, i64 %c.s0, i64 4
+  ; K at least {K_CUT_RATIO}x the output's longer side (a weight's gradient over a batch's rows): K is cut,
+  ; each thread's sgemm reads its own rows of both operands, and the partials are added
+  %wider = select i1 %by.rows, i64 %m, i64 %n
+  %k.need = mul i64 %wider, {K_CUT_RATIO}
+  %long.k = icmp sge i64 %k, %k.need
+  %shared = icmp sgt i64 %blocks.0, 1
+  %want.k = and i1 %long.k, %shared
+  br i1 %want.k, label %scratch, label %whole
+scratch:
+  %held = cmpxchg ptr @bendc_scratch_busy, i32 0, i32 1 acquire monotonic
+  %got = extractvalue {{ i32, i1 }} %held, 1
+  br i1 %got, label %size, label %whole
+size:
+  %few.k = icmp ult i64 %k, %blocks.0
+  %k.blocks = select i1 %few.k, i64 %k, i64 %blocks.0
+  %k.parts = sub i64 %k.blocks, 1
+  %part.cells = mul i64 %k.parts, %mn
+  %need = mul i64 %part.cells, 4
+  %have = load i64, ptr @bendc_scratch_bytes
+  %short = icmp ugt i64 %need, %have
+  br i1 %short, label %grow, label %ready
+grow:
+  %old = load ptr, ptr @bendc_scratch
+  %new = call ptr @realloc(ptr %old, i64 %need)
+  %failed = icmp eq ptr %new, null
+  br i1 %failed, label %let.go, label %grown
+grown:
+  store ptr %new, ptr @bendc_scratch
+  store i64 %need, ptr @bendc_scratch_bytes
+  br label %ready
+let.go:
+  store atomic i32 0, ptr @bendc_scratch_busy release, align 4
+  br label %whole
+ready:
+  %partials.r = load ptr, ptr @bendc_scratch
+  br label %cut.chosen
+whole:
+  br label %cut.chosen
+cut.chosen:
+  %k.cut = phi i1 [ true, %ready ], [ false, %whole ]
+  %k.blocks.p = phi i64 [ %k.blocks, %ready ], [ 1, %whole ]
+  %partials.p = phi ptr [ %partials.r, %ready ], [ null, %whole ]
+  %which = select i1 %k.cut, i64 2, i64 %which.0
+  %units = select i1 %k.cut, i64 %k, i64 %units.0
+  %blocks = select i1 %k.cut, i64 %k.blocks.p, i64 %blocks.1
+  %step.a = select i1 %k.cut, i64 %b.s0, i64 %step.a.0
+  %step.b = select i1 %k.cut, i64 %a.s1, i64 %step.b.0
+  %partials = ptrtoint ptr %partials.p to i64
+  %few.rows = icmp ult i64 %m, %threads.64
+  %sum.blocks = select i1 %few.rows, i64 %m, i64 %threads.64
   %sgemm = load i64, ptr @bendc_sgemm
   %ilp64 = load i64, ptr @bendc_sgemm_ilp64
   %a.i = ptrtoint ptr %a.data to i64
@@ -310,7 +544,8 @@ plan:
 """ + "".join(f"  %w{i}.p = getelementptr i64, ptr %ctx, i64 {i}\n  store i64 {value}, ptr %w{i}.p\n"
               for i, value in enumerate(["%sgemm", "%transa", "%transb", "%n", "%m", "%k", "%b.i", "%lda", "%a.i",
                                          "%ldb", "%c.i", "%c.ld", "%which", "%units", "%blocks", "%step.a",
-                                         "%step.b", "%step.c", "%ilp64"], start=1)) + f"""
+                                         "%step.b", "%step.c", "%ilp64", "%partials", "%m", "%sum.blocks"],
+                                        start=1)) + f"""
   store ptr null, ptr %pargs
   store i64 %blocks, ptr %pdims
   store i64 1, ptr %psteps
@@ -323,6 +558,12 @@ direct:  ; one block: the caller's own sgemm call, no launch
 pooled:
   call void @bendc_parallel_for(ptr @bendc_gemm_task, ptr %pargs, ptr %pdims, ptr %psteps, ptr %ctx, i64 0,
                                 i64 1, i32 %threads)
+  br i1 %k.cut, label %sum, label %done
+sum:  ; the partials added into C, its rows over the pool, then the partials given back
+  store i64 %sum.blocks, ptr %pdims
+  call void @bendc_parallel_for(ptr @bendc_gemm_sum_task, ptr %pargs, ptr %pdims, ptr %psteps, ptr %ctx, i64 0,
+                                i64 1, i32 %threads)
+  store atomic i32 0, ptr @bendc_scratch_busy release, align 4
   br label %done
 done:
   call void @PyEval_RestoreThread(ptr %thread)

@@ -2,10 +2,12 @@
 
 A child process (numba reads NUMBA_NUM_THREADS at import) checks ``bendc_matmul`` for every
 layout the builtin takes (row-major, transposed, wider leading strides; outputs with wider rows),
-row and column cuts, blocks of one row or column: every element within 1e-5 of the float64
+row, column and K cuts (a long K, a weight's gradient: each thread's block of K by one call, the
+partials added in block order), blocks of one row or column: every element within 1e-5 of the float64
 product (the output starts as NaN, so an element no block wrote fails), the same bits on a second
 call, and the same bits as one whole-matrix sgemm of the same library (MKL where
-``BENDC_BLAS=mkl``, else scipy's OpenBLAS) where the blocks are large. (Where a block is thin, OpenBLAS may take another kernel for it than for the
+``BENDC_BLAS=mkl``, else scipy's OpenBLAS) where the blocks are large, or as the same library's
+blocks of K added in order where K is cut. (Where a block is thin, OpenBLAS may take another kernel for it than for the
 whole product: (1000, 600) @ (600, 2) differs from the whole product in the last bits. So products
 give the same bits at one thread count, not across counts.) Every other operand is declined
 (nothing written) and ``matmul`` then gives numpy's product, or numpy's error. At one thread the
@@ -37,8 +39,31 @@ CHILD = textwrap.dedent('''
     def whole_product(a, b):  # the same library's one call: MKL's, or scipy's OpenBLAS inside the pool
         return chosen.matmul(a, b) if chosen.any_thread else scipy_blas.sgemm(1.0, a, b)
 
+
+    threads = numba.get_num_threads()
+
+
+    def k_cut(a, b):
+        """Whether the builtin cuts K: K long beside the output's sides, work enough for every thread."""
+        (m, k), n = a.shape, b.shape[1]
+        return k >= products.K_CUT_RATIO * max(m, n) and m * n * k >= threads * products.CUT_FROM
+
+
+    def blocks_product(a, b):
+        """A K cut's product: each thread's block of K by one call, added in block order."""
+        k = a.shape[1]
+        parts = min(threads, k)
+        total = None
+        for j in range(parts):
+            k0, k1 = j * k // parts, (j + 1) * k // parts
+            part = whole_product(a[:, k0:k1], b[k0:k1])
+            total = part if total is None else total + part
+        return total
+
     shapes = [(5, 3, 7), (256, 64, 192), (64, 256, 256), (256, 64, 64), (128, 256, 64), (1, 8, 9), (9, 8, 1),
-              (300, 1, 5), (1000, 70, 33), (33, 70, 1000), (2, 600, 1000), (1000, 600, 2), (700, 300, 3)]
+              (300, 1, 5), (1000, 70, 33), (33, 70, 1000), (2, 600, 1000), (1000, 600, 2), (700, 300, 3),
+              (64, 512, 192), (192, 600, 33), (3, 40000, 7)]
+    report["k cuts"] = []
 
 
     def layouts(x):
@@ -58,9 +83,13 @@ CHILD = textwrap.dedent('''
                     status = fast(a, b, out)
                     again = np.full_like(out, np.nan)
                     fast(a, b, again)
-                    large = min(m, n) >= 64
+                    cut = k_cut(a, b)
+                    if cut:
+                        report["k cuts"].append([m, k, n, an, bn])
+                    reference = blocks_product(a0, b0) if cut else whole
+                    large = min(m, n) >= (32 if cut else 64)  # thin: the layout may pick another kernel
                     if status is not None or not np.array_equal(out, again) or \
-                            (large and not np.array_equal(out, whole)):
+                            (large and not np.array_equal(out, reference)):
                         report["differ"].append([m, k, n, an, bn, status])
                     if not (np.abs(out - exact) <= 1e-5 * max(1.0, np.abs(exact).max())).all():
                         report["far"].append([m, k, n, an, bn])
@@ -108,6 +137,10 @@ def test_products_on_the_pool_are_right_and_repeat_their_bits(tmp_path, threads,
     assert report["blas"].startswith("MKL" if library == "mkl" else "numpy's OpenBLAS"), report["blas"]
     assert report["own"]
     assert report["differ"] == [] and report["far"] == []
+    # every layout of (128, 256, 64), (64, 512, 192), (192, 600, 33), (3, 40000, 7): K cut
+    assert {tuple(cut[:3]) for cut in report["k cuts"]} == {(128, 256, 64), (64, 512, 192), (192, 600, 33),
+                                                           (3, 40000, 7)}
+    assert len(report["k cuts"]) == 4 * 16 * 2  # 4 layouts of a, 4 of b, 2 outputs
     assert report["declined"] == []
     assert report["counts"]["launches"] > 0
     if library == "mkl":
