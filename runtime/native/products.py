@@ -99,6 +99,9 @@ def ir(offsets: dict[str, int]) -> str:
             f"  %{x}.s1 = load i64, ptr %{x}.s1.p",
             f"  br label %{'check.' + chr(ord(x) + 1) if x != 'c' else 'shapes'}"]
     checks = "\n".join(lines)
+    sizes = ("m", "n", "k", "lda", "ldb", "ldc")  # sgemm's integers, by address: 64-bit (ILP64) or 32-bit
+    wide_sizes = "".join(f"  store i64 %{x}, ptr %{x}.a\n" for x in sizes)
+    narrow_sizes = "".join(f"  %{x}.32 = trunc i64 %{x} to i32\n  store i32 %{x}.32, ptr %{x}.a\n" for x in sizes)
     return f"""
 declare i32 @get_num_threads()
 declare void @bendc_parallel_for(ptr, ptr, ptr, ptr, ptr, i64, i64, i32)
@@ -129,9 +132,9 @@ entry:
   ret i64 %v
 }}
 
-; blocks first .. last - 1 of a K cut: block j multiplies K's units [j K / blocks, (j + 1) K / blocks)
-; into C (j = 0) or its partial (M x N, ldc M)
-define internal void @bendc_gemm_k_blocks(ptr %ctx, i64 %first, i64 %last) {{
+; bendc's sgemm (context word 1) of op(A) op(B) into C: M x N of K, the transposes, lda, ldb and the
+; integers' width from the context, C's leading dimension given
+define internal void @bendc_sgemm_call(ptr %ctx, i64 %m, i64 %n, i64 %k, ptr %a, ptr %b, ptr %c, i64 %ldc) {{
 entry:
   %ta = alloca i8
   %tb = alloca i8
@@ -143,37 +146,52 @@ entry:
   %ldc.a = alloca i64
   %alpha = alloca float
   %beta = alloca float
-  store float 1.0, ptr %alpha
-  store float 0.0, ptr %beta
   %sgemm.i = call i64 @bendc_word(ptr %ctx, i64 1)
   %sgemm = inttoptr i64 %sgemm.i to ptr
   %transa = call i64 @bendc_word(ptr %ctx, i64 2)
   %transb = call i64 @bendc_word(ptr %ctx, i64 3)
+  %lda = call i64 @bendc_word(ptr %ctx, i64 8)
+  %ldb = call i64 @bendc_word(ptr %ctx, i64 10)
   %ta.8 = trunc i64 %transa to i8
   store i8 %ta.8, ptr %ta
   %tb.8 = trunc i64 %transb to i8
   store i8 %tb.8, ptr %tb
+  %ilp64 = call i64 @bendc_word(ptr %ctx, i64 19)
+  %wide = icmp ne i64 %ilp64, 0
+  br i1 %wide, label %int64, label %int32
+int64:
+{wide_sizes}  br label %sizes
+int32:
+{narrow_sizes}  br label %sizes
+sizes:
+  store float 1.0, ptr %alpha
+  store float 0.0, ptr %beta
+  call void %sgemm(ptr %ta, ptr %tb, ptr %m.a, ptr %n.a, ptr %k.a, ptr %alpha, ptr %a, ptr %lda.a, ptr %b,
+                   ptr %ldb.a, ptr %beta, ptr %c, ptr %ldc.a)
+  ret void
+}}
+
+; blocks first .. last - 1 of a K cut: block j multiplies K's units [j K / blocks, (j + 1) K / blocks)
+; into C (j = 0) or its partial (M x N, ldc M)
+define internal void @bendc_gemm_k_blocks(ptr %ctx, i64 %first, i64 %last) {{
+entry:
   %m = call i64 @bendc_word(ptr %ctx, i64 4)
   %n = call i64 @bendc_word(ptr %ctx, i64 5)
   %units = call i64 @bendc_word(ptr %ctx, i64 14)
   %blocks = call i64 @bendc_word(ptr %ctx, i64 15)
   %a.i = call i64 @bendc_word(ptr %ctx, i64 7)
-  %lda = call i64 @bendc_word(ptr %ctx, i64 8)
   %b.i = call i64 @bendc_word(ptr %ctx, i64 9)
-  %ldb = call i64 @bendc_word(ptr %ctx, i64 10)
   %c.i = call i64 @bendc_word(ptr %ctx, i64 11)
   %ldc = call i64 @bendc_word(ptr %ctx, i64 12)
   %a.step = call i64 @bendc_word(ptr %ctx, i64 16)
   %b.step = call i64 @bendc_word(ptr %ctx, i64 17)
   %partials = call i64 @bendc_word(ptr %ctx, i64 20)
-  %ilp64 = call i64 @bendc_word(ptr %ctx, i64 19)
-  %wide = icmp ne i64 %ilp64, 0
   %mn = mul i64 %m, %n
   %partial.bytes = mul i64 %mn, 4
   %any = icmp ult i64 %first, %last
   br i1 %any, label %block, label %out
 block:
-  %j = phi i64 [ %first, %entry ], [ %j.1, %next ]
+  %j = phi i64 [ %first, %entry ], [ %j.1, %block ]
   %k0.m = mul i64 %j, %units
   %k0 = udiv i64 %k0.m, %blocks
   %j.1 = add i64 %j, 1
@@ -193,34 +211,7 @@ block:
   %c.at = select i1 %own, i64 %c.i, i64 %p.at
   %c = inttoptr i64 %c.at to ptr
   %ldc.j = select i1 %own, i64 %ldc, i64 %m
-  br i1 %wide, label %int64, label %int32
-int64:
-  store i64 %m, ptr %m.a
-  store i64 %n, ptr %n.a
-  store i64 %k, ptr %k.a
-  store i64 %lda, ptr %lda.a
-  store i64 %ldb, ptr %ldb.a
-  store i64 %ldc.j, ptr %ldc.a
-  br label %sizes
-int32:
-  %m.32 = trunc i64 %m to i32
-  store i32 %m.32, ptr %m.a
-  %n.32 = trunc i64 %n to i32
-  store i32 %n.32, ptr %n.a
-  %k.32 = trunc i64 %k to i32
-  store i32 %k.32, ptr %k.a
-  %lda.32 = trunc i64 %lda to i32
-  store i32 %lda.32, ptr %lda.a
-  %ldb.32 = trunc i64 %ldb to i32
-  store i32 %ldb.32, ptr %ldb.a
-  %ldc.32 = trunc i64 %ldc.j to i32
-  store i32 %ldc.32, ptr %ldc.a
-  br label %sizes
-sizes:
-  call void %sgemm(ptr %ta, ptr %tb, ptr %m.a, ptr %n.a, ptr %k.a, ptr %alpha, ptr %a, ptr %lda.a, ptr %b,
-                   ptr %ldb.a, ptr %beta, ptr %c, ptr %ldc.a)
-  br label %next
-next:
+  call void @bendc_sgemm_call(ptr %ctx, i64 %m, i64 %n, i64 %k, ptr %a, ptr %b, ptr %c, i64 %ldc.j)
   %more = icmp ult i64 %j.1, %last
   br i1 %more, label %block, label %out
 out:
@@ -292,16 +283,6 @@ out:
 
 define internal void @bendc_gemm_task(ptr %args, ptr %dims, ptr %steps, ptr %ctx) {{
 entry:
-  %ta = alloca i8
-  %tb = alloca i8
-  %m.a = alloca i64
-  %n.a = alloca i64
-  %k.a = alloca i64
-  %lda.a = alloca i64
-  %ldb.a = alloca i64
-  %ldc.a = alloca i64
-  %alpha = alloca float
-  %beta = alloca float
   %first.p = load ptr, ptr %args
   %first = ptrtoint ptr %first.p to i64
   %count = load i64, ptr %dims
@@ -323,17 +304,11 @@ kcut:  ; each block of K its own sgemm call (a chunk can hold several blocks: a 
 cut:
   br i1 %empty, label %out, label %call
 call:
-  %sgemm.i = call i64 @bendc_word(ptr %ctx, i64 1)
-  %sgemm = inttoptr i64 %sgemm.i to ptr
-  %transa = call i64 @bendc_word(ptr %ctx, i64 2)
-  %transb = call i64 @bendc_word(ptr %ctx, i64 3)
   %m = call i64 @bendc_word(ptr %ctx, i64 4)
   %n = call i64 @bendc_word(ptr %ctx, i64 5)
   %k = call i64 @bendc_word(ptr %ctx, i64 6)
   %a.i = call i64 @bendc_word(ptr %ctx, i64 7)
-  %lda = call i64 @bendc_word(ptr %ctx, i64 8)
   %b.i = call i64 @bendc_word(ptr %ctx, i64 9)
-  %ldb = call i64 @bendc_word(ptr %ctx, i64 10)
   %c.i = call i64 @bendc_word(ptr %ctx, i64 11)
   %ldc = call i64 @bendc_word(ptr %ctx, i64 12)
   %which = call i64 @bendc_word(ptr %ctx, i64 13)
@@ -352,40 +327,7 @@ call:
   %cuts.m = icmp eq i64 %which, 1
   %m.1 = select i1 %cuts.m, i64 %size, i64 %m
   %n.1 = select i1 %cuts.m, i64 %n, i64 %size
-  %ta.8 = trunc i64 %transa to i8
-  store i8 %ta.8, ptr %ta
-  %tb.8 = trunc i64 %transb to i8
-  store i8 %tb.8, ptr %tb
-  %ilp64 = call i64 @bendc_word(ptr %ctx, i64 19)
-  %wide = icmp ne i64 %ilp64, 0
-  br i1 %wide, label %int64, label %int32
-int64:
-  store i64 %m.1, ptr %m.a
-  store i64 %n.1, ptr %n.a
-  store i64 %k, ptr %k.a
-  store i64 %lda, ptr %lda.a
-  store i64 %ldb, ptr %ldb.a
-  store i64 %ldc, ptr %ldc.a
-  br label %sizes
-int32:
-  %m.32 = trunc i64 %m.1 to i32
-  store i32 %m.32, ptr %m.a
-  %n.32 = trunc i64 %n.1 to i32
-  store i32 %n.32, ptr %n.a
-  %k.32 = trunc i64 %k to i32
-  store i32 %k.32, ptr %k.a
-  %lda.32 = trunc i64 %lda to i32
-  store i32 %lda.32, ptr %lda.a
-  %ldb.32 = trunc i64 %ldb to i32
-  store i32 %ldb.32, ptr %ldb.a
-  %ldc.32 = trunc i64 %ldc to i32
-  store i32 %ldc.32, ptr %ldc.a
-  br label %sizes
-sizes:
-  store float 1.0, ptr %alpha
-  store float 0.0, ptr %beta
-  call void %sgemm(ptr %ta, ptr %tb, ptr %m.a, ptr %n.a, ptr %k.a, ptr %alpha, ptr %a, ptr %lda.a, ptr %b,
-                   ptr %ldb.a, ptr %beta, ptr %c, ptr %ldc.a)
+  call void @bendc_sgemm_call(ptr %ctx, i64 %m.1, i64 %n.1, i64 %k, ptr %a, ptr %b, ptr %c, i64 %ldc)
   br label %out
 out:
   ret void
