@@ -19,8 +19,8 @@ anything else, and at one thread without MKL, it returns 1 and :func:`matmul` ca
 output is cut along its rows (along its columns when it has fewer rows than columns) into one
 block a thread, or, where K is long beside both (``K_CUT_RATIO``: a weight's gradient x^T g over a
 batch's rows), K is cut: each thread's sgemm multiplies its block of K into the output (the first)
-or a partial product (the others: a scratch the runtime keeps, one product at a time), then the
-output's rows add the partials in block order over the pool. The sgemm's integers are 32-bit (scipy's) or 64-bit (MKL's ``sgemm_64``).
+or a partial product (the others: a scratch the runtime keeps, at most ``K_CUT_SCRATCH_BYTES``,
+one product at a time), then the output's rows add the partials in block order over the pool. The sgemm's integers are 32-bit (scipy's) or 64-bit (MKL's ``sgemm_64``).
 Bits: the same at one thread count, call after call; another count may change the last bits of
 a product (a thin block can take another sgemm kernel than the whole product: OpenBLAS's (1000,
 600) @ (600, 2) does).
@@ -49,6 +49,8 @@ CUT_FROM = 1 << 18
 # (64 x 512) @ (512 x 192) 101-114 -> 75-82 us, (128 x 1024) @ (1024 x 384) 546-548 -> 401; (512 x
 # 256) @ (256 x 512) 489-497 against 536-542 cut along K (not cut: K is half the side).
 K_CUT_RATIO = 2
+# ... and where its partials fit in this many bytes (the scratch is kept for the process's life)
+K_CUT_SCRATCH_BYTES = 1 << 24
 NPY_FLOAT32 = np.dtype(np.float32).num
 
 
@@ -433,18 +435,20 @@ plan:
   %k.need = mul i64 %wider, {K_CUT_RATIO}
   %long.k = icmp sge i64 %k, %k.need
   %shared = icmp sgt i64 %blocks.0, 1
-  %want.k = and i1 %long.k, %shared
+  %few.k = icmp ult i64 %k, %blocks.0
+  %k.blocks = select i1 %few.k, i64 %k, i64 %blocks.0
+  %k.parts = sub i64 %k.blocks, 1
+  %part.cells = mul i64 %k.parts, %mn
+  %need = mul i64 %part.cells, 4
+  %fits = icmp ule i64 %need, {K_CUT_SCRATCH_BYTES}
+  %want.k.0 = and i1 %long.k, %shared
+  %want.k = and i1 %want.k.0, %fits
   br i1 %want.k, label %scratch, label %whole
 scratch:
   %held = cmpxchg ptr @bendc_scratch_busy, i32 0, i32 1 acquire monotonic
   %got = extractvalue {{ i32, i1 }} %held, 1
   br i1 %got, label %size, label %whole
 size:
-  %few.k = icmp ult i64 %k, %blocks.0
-  %k.blocks = select i1 %few.k, i64 %k, i64 %blocks.0
-  %k.parts = sub i64 %k.blocks, 1
-  %part.cells = mul i64 %k.parts, %mn
-  %need = mul i64 %part.cells, 4
   %have = load i64, ptr @bendc_scratch_bytes
   %short = icmp ugt i64 %need, %have
   br i1 %short, label %grow, label %ready

@@ -46,7 +46,9 @@ CHILD = textwrap.dedent('''
     def k_cut(a, b):
         """Whether the builtin cuts K: K long beside the output's sides, work enough for every thread."""
         (m, k), n = a.shape, b.shape[1]
-        return k >= products.K_CUT_RATIO * max(m, n) and m * n * k >= threads * products.CUT_FROM
+        parts = min(threads, k) - 1
+        return (k >= products.K_CUT_RATIO * max(m, n) and m * n * k >= threads * products.CUT_FROM
+                and parts * m * n * 4 <= products.K_CUT_SCRATCH_BYTES)
 
 
     def blocks_product(a, b):
