@@ -149,3 +149,42 @@ def test_products_on_the_pool_are_right_and_repeat_their_bits(tmp_path, threads,
         assert report["one thread"] is None and report["one thread same"], "one thread: MKL's one call"
     else:
         assert report["one thread"] == 1
+
+
+K_CUT_THREADS = textwrap.dedent('''
+    import json, threading
+    import numpy as np
+    from runtime.native import products
+
+    fast = products._fast()
+    rng = np.random.default_rng(0)
+    cases = []
+    for m, k, n in ((64, 512, 192), (96, 1024, 128), (128, 600, 64)):  # each cut along K
+        a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+        cases.append((a, b, a.astype(np.float64) @ b.astype(np.float64)))
+    wrong = []
+
+
+    def work(seed):
+        order = np.random.default_rng(seed)
+        for _ in range(300):
+            a, b, exact = cases[order.integers(len(cases))]
+            out = np.full((a.shape[0], b.shape[1]), np.nan, np.float32)
+            fast(a, b, out)
+            if not (np.abs(out - exact) <= 1e-5 * np.abs(exact).max()).all():
+                wrong.append(seed)
+
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(json.dumps({"wrong": len(wrong)}))
+''')
+
+
+def test_k_cuts_from_three_python_threads_at_once_keep_their_partials_apart(tmp_path):
+    """Three Python threads multiplying products that cut K: one holds the partials' scratch at a
+    time, the others cut their products along the output meanwhile; every product right."""
+    assert child_report(K_CUT_THREADS, threads="2")["wrong"] == 0
