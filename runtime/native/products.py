@@ -134,6 +134,14 @@ entry:
   ret i64 %v
 }}
 
+; the first unit of block ``block`` when ``units`` units are dealt in ``blocks`` blocks (block ``blocks`` is the end)
+define internal i64 @bendc_unit_at(i64 %block, i64 %units, i64 %blocks) alwaysinline {{
+entry:
+  %scaled = mul i64 %block, %units
+  %unit = udiv i64 %scaled, %blocks
+  ret i64 %unit
+}}
+
 ; bendc's sgemm (context word 1) of op(A) op(B) into C: M x N of K, the transposes, lda, ldb and the
 ; integers' width from the context, C's leading dimension given
 define internal void @bendc_sgemm_call(ptr %ctx, i64 %m, i64 %n, i64 %k, ptr %a, ptr %b, ptr %c, i64 %ldc) {{
@@ -194,11 +202,9 @@ entry:
   br i1 %any, label %block, label %out
 block:
   %j = phi i64 [ %first, %entry ], [ %j.1, %block ]
-  %k0.m = mul i64 %j, %units
-  %k0 = udiv i64 %k0.m, %blocks
+  %k0 = call i64 @bendc_unit_at(i64 %j, i64 %units, i64 %blocks)
   %j.1 = add i64 %j, 1
-  %k1.m = mul i64 %j.1, %units
-  %k1 = udiv i64 %k1.m, %blocks
+  %k1 = call i64 @bendc_unit_at(i64 %j.1, i64 %units, i64 %blocks)
   %k = sub i64 %k1, %k0
   %a.off = mul i64 %k0, %a.step
   %a.at = add i64 %a.i, %a.off
@@ -230,10 +236,8 @@ entry:
   %last = add i64 %first, %count
   %units = call i64 @bendc_word(ptr %ctx, i64 21)
   %blocks = call i64 @bendc_word(ptr %ctx, i64 22)
-  %u0.m = mul i64 %first, %units
-  %u0 = udiv i64 %u0.m, %blocks
-  %u1.m = mul i64 %last, %units
-  %u1 = udiv i64 %u1.m, %blocks
+  %u0 = call i64 @bendc_unit_at(i64 %first, i64 %units, i64 %blocks)
+  %u1 = call i64 @bendc_unit_at(i64 %last, i64 %units, i64 %blocks)
   %m = call i64 @bendc_word(ptr %ctx, i64 4)
   %n = call i64 @bendc_word(ptr %ctx, i64 5)
   %c.i = call i64 @bendc_word(ptr %ctx, i64 11)
@@ -291,10 +295,8 @@ entry:
   %last = add i64 %first, %count
   %units = call i64 @bendc_word(ptr %ctx, i64 14)
   %blocks = call i64 @bendc_word(ptr %ctx, i64 15)
-  %u0.m = mul i64 %first, %units
-  %u0 = udiv i64 %u0.m, %blocks
-  %u1.m = mul i64 %last, %units
-  %u1 = udiv i64 %u1.m, %blocks
+  %u0 = call i64 @bendc_unit_at(i64 %first, i64 %units, i64 %blocks)
+  %u1 = call i64 @bendc_unit_at(i64 %last, i64 %units, i64 %blocks)
   %size = sub i64 %u1, %u0
   %empty = icmp eq i64 %size, 0
   %which.0 = call i64 @bendc_word(ptr %ctx, i64 13)
