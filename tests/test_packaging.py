@@ -39,7 +39,7 @@ LOWEST = ("numba", "llvmlite", "numpy", "scipy", "networkx")
 # What runs against the lowest bounds: an mlp and a transformer step against torch and against the
 # reference interpreter, the cpu kernel cache round trip (in one process and a second one), an AOT
 # artifact's round trip and its machine code read in place (numba's cache index), the tiled
-# attention's BLAS tiles (np.dot through scipy) and scipy's BLAS thread setter.
+# attention at the benchmark's shape and scipy's BLAS thread setter.
 BOUNDS_TESTS = (
     "tests/test_examples.py::test_mlp_cpu_equals_reference",
     "tests/test_examples.py::test_mlp_train_step_matches_torch",

@@ -1,7 +1,7 @@
 """The tiled (flash-attention) attention schedule: values and gradients against PyTorch's SDPA,
 the attention_schedule pass's choice and rewrite, and the kernels' block dealing.
 
-The tiled kernels sum in another order than torch (BLAS tile products, an online softmax), so
+The tiled kernels sum in another order than torch (tile products in blocks of registers, an online softmax), so
 results are compared relative to the largest magnitude of torch's: max |a - b| <= 2e-5 max |b|
 (the tolerance issue 11 names for attention), for o, dq, dk and dv. The magnitude has a floor of
 0.1: at t=1 dq and dk are zero in exact arithmetic and torch's are rounding noise (~1e-6).
@@ -73,12 +73,14 @@ def test_fused_small_heads(t, depth, width, heads, kv_heads, causal):
     check_tiled(arrays, LEAVES, "cpu", is_causal=causal, enable_gqa=True)
 
 
-@pytest.mark.parametrize("t, depth, width, causal", [(40, 3, 5, True), (64, 32, 32, True), (100, 16, 16, True)])
+@pytest.mark.parametrize("t, depth, width, causal", [(40, 3, 5, True), (64, 32, 32, True), (100, 16, 16, True),
+                                                   (150, 24, 40, True), (130, 5, 7, False)])
 def test_native_kernels_give_numbas_bits(monkeypatch, t, depth, width, causal):
     """BENDC_NATIVE_CHECK runs numba beside every native call on copies of its arguments and raises
     on the first bit that differs: the fused heads' register-blocked products (bendc_rows_fma, a
-    masked last vector at Dv=5) and the BLAS tiles (t=100) give numba's bits, and no two arguments of
-    a kernel view the same memory (the copies would not share it: a false difference)."""
+    masked last vector at Dv=5) and the tiles' (t=100 and more: the diagonal tiles' chunked products,
+    the accumulation into dQ, dK and dV, a ragged last block, D != Dv) give numba's bits, and no two
+    arguments of a kernel view the same memory (the copies would not share it: a false difference)."""
     monkeypatch.setenv("BENDC_NATIVE_CHECK", "1")
     arrays = inputs(1, 4, 2, t, depth, width=width, seed=t)
     check_tiled(arrays, LEAVES, "cpu", is_causal=causal, enable_gqa=True)
@@ -219,13 +221,15 @@ def test_block_rows_are_dealt_in_equal_pairs(tiled_module, blocks):
 
 
 @pytest.mark.parametrize("check", ["", "1"])
-def test_fused_heads_read_the_projections_layout(monkeypatch, check):
+@pytest.mark.parametrize("t", [40, 150])
+def test_fused_heads_read_the_projections_layout(monkeypatch, check, t):
     """q, k and v sliced from one (B, T, 3 H D) projection and moved to (B, H, T, D): strided views the
-    fused heads read in place (no contiguous copies), the projection's gradient against torch's; under
-    BENDC_NATIVE_CHECK the native kernels against numba on the same views."""
+    fused heads (t=40) and the tiles (t=150) read in place (no contiguous copies), the projection's
+    gradient against torch's; under BENDC_NATIVE_CHECK the native kernels against numba on the same
+    views."""
     if check:
         monkeypatch.setenv("BENDC_NATIVE_CHECK", "1")
-    batch, t, heads, depth = 2, 40, 4, 8
+    batch, heads, depth = 2, 4, 8
     rng = np.random.default_rng(3)
     qkv = rng.standard_normal((batch, t, 3 * heads * depth)).astype(np.float32)
     grad = rng.standard_normal((batch, heads, t, depth)).astype(np.float32)

@@ -1,6 +1,7 @@
 """numba template: the tiled (flash-attention) schedule's forward and backward, over blocks of
-BLOCK queries by BLOCK keys, each tile product a BLAS call (numba's np.dot, through scipy);
-math.exp and math.log become the kit's branch-free float32 versions when rendered (cpu_kit).
+BLOCK queries by BLOCK keys, each tile product bendc_rows_fma (bendc/kernels/templates/products.py:
+register blocks in cache, accumulating in place); math.exp and math.log become the kit's
+branch-free float32 versions when rendered (cpu_kit).
 
 bendc/ops/attention/cpu.py reads this file as text and uses what follows the TEMPLATE line,
 with PARALLEL, SCALE, CAUSAL and FUSED replaced by the call site's values (``parallel``, the
@@ -22,12 +23,6 @@ from bendc.kernels.templates.products import bendc_rows_fma
 from bendc.ops.attention.templates.placeholders import CAUSAL, FUSED, PARALLEL, SCALE
 
 # ---------------------------------------------------------------- TEMPLATE
-
-# numba's np.dot calls scipy's OpenBLAS (through scipy.linalg.cython_blas) from the prange
-# threads: that library runs one thread (runtime/native/pool.py)
-from runtime.native.pool import one_blas_thread
-
-one_blas_thread()
 
 BLOCK = 64  # queries and keys per tile (layout.TILE; measured: 64 beat 32 and 128 at T=512, D=64)
 
@@ -53,21 +48,21 @@ def _tiled_deal(item, blocks, causal):
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _forward_block(q, k, v, out, lse, block, scale, causal):
     """One block row of queries: online softmax over the key blocks it sees (those at or below
-    the diagonal when causal, the diagonal one masked), O = sum P V / sum P and the logsumexp."""
+    the diagonal when causal, the diagonal one masked), O = sum P V / sum P and the logsumexp.
+    The diagonal tile's products skip the chunks of LANES cells its mask hides."""
     t = q.shape[0]
     width = v.shape[1]
     first = block * BLOCK
     end = min(first + BLOCK, t)
     rows = end - first
-    # Q^T once a block, so that no tile product reads a transposed right operand (MKL's sgemm ran
-    # 64x64x64 at 115 GFLOP/s with one, 146 without), and one buffer for the tiles' scores
+    # Q^T once a block (the tile products' sources are rows of lanes) and one buffer for the
+    # tiles' scores
     queries_t = np.empty((q.shape[1], rows), np.float32)
     _transposed_into(q[first:end], queries_t)
     scores_full = np.empty(BLOCK * rows, np.float32)
     top = np.full(rows, -np.inf, np.float32)  # running max of each query's scores
     total = np.zeros(rows, np.float32)  # running sum of exp(score - top)
     acc = np.zeros((rows, width), np.float32)
-    product = np.empty((rows, width), np.float32)
     new = np.empty(rows, np.float32)
     alpha = np.empty(rows, np.float32)
     last = block + 1 if causal else (t + BLOCK - 1) // BLOCK
@@ -75,16 +70,18 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
         k0 = key_block * BLOCK
         k1 = min(k0 + BLOCK, t)
         cols = k1 - k0
-        scores = scores_full[:cols * rows].reshape((cols, rows))
-        np.dot(k[k0:k1], queries_t, scores)  # (keys, queries)
         diagonal = causal and key_block == block
+        scores = scores_full[:cols * rows].reshape((cols, rows))
+        # S^T = K Q^T (keys, queries); on the diagonal a key's row from the start of its chunk
+        bendc_rows_fma(scores, k[k0:k1], ACROSS, queries_t, queries_t.shape[0], 0, rows,
+                       ROW_FROM_CHUNK if diagonal else 0, True)
         for r in range(rows):
             new[r] = top[r]
         for c in range(cols):
             tile_row = scores[c]
             for r in range(rows):
                 x = tile_row[r] * scale
-                x = np.float32(-np.inf) if diagonal and c > r else x
+                x = np.float32(-np.inf) if diagonal and c > r else x  # (the cells not computed among them)
                 tile_row[r] = x
                 new[r] = x if x > new[r] else new[r]
         for r in range(rows):
@@ -97,18 +94,22 @@ def _forward_block(q, k, v, out, lse, block, scale, causal):
                 e = math.exp(tile_row[r] - new[r])
                 tile_row[r] = e
                 total[r] += e
-        np.dot(scores.T, v[k0:k1], product)
         for r in range(rows):
             a = alpha[r]
+            line = acc[r]
             for c in range(width):
-                acc[r, c] = acc[r, c] * a + product[r, c]
+                line[c] = line[c] * a
+        # acc += P V, each cell's FMAs in key order; on the diagonal a query reads the keys up to
+        # the end of its chunk (the rest of its P is 0)
+        bendc_rows_fma(acc, scores, DOWN, v[k0:k1], cols, 0, width, SOURCES_TO_CHUNK if diagonal else 0, False)
     for r in range(rows):
         for c in range(width):
             out[first + r, c] = acc[r, c] / total[r]
+    for r in range(rows):  # a loop of its own, so the logs run in vectors
         lse[first + r] = top[r] + math.log(total[r])
 
 
-SMALL = 64  # sequences up to this length take the fused per-head kernels below (no BLAS tiles); the
+SMALL = 64  # sequences up to this length take the fused per-head kernels below (no tiles); the
 #             choice is rendered per call site, so a module holds (and compiles) one of the two paths
 LANES = 16  # a causal row's cells are computed from the start of its 16-lane chunk (bendc_rows_fma's chunks)
 
@@ -256,42 +257,36 @@ def _attention_tiled(q, k, v, out, scale, causal):
 
 
 @njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
-def _add_into(target, tile, rows):
-    """target[:rows] += tile[:rows]."""
-    width = target.shape[1]
-    for r in range(rows):
-        for c in range(width):
-            target[r, c] += tile[r, c]
-
-
-@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)
 def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
     """flash-attention-2's backward for one query head: per tile, P^T = exp(scale S^T - lse),
-    dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dK += dS^T Q, dQ += dS K."""
+    dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - rowsum(dO O)) scale, dK += dS^T Q, dQ += dS K:
+    every product bendc_rows_fma, the accumulating ones into dV, dK and dQ themselves. On the
+    diagonal tile the products skip the chunks of LANES cells the mask zeroes, and the dS^T pass
+    runs from each row's chunk (the cells before it are not computed and never read)."""
     t, depth = q.shape
     width = v.shape[1]
     blocks = (t + BLOCK - 1) // BLOCK
     delta = np.empty(BLOCK, np.float32)
-    tile_v = np.empty((BLOCK, width), np.float32)
-    tile_k = np.empty((BLOCK, depth), np.float32)
-    tile_q = np.empty((BLOCK, depth), np.float32)
+    logsum = np.empty(BLOCK, np.float32)  # the block's logsumexps, contiguous (lse is a strided view)
     probs_full = np.empty(BLOCK * BLOCK, np.float32)
     scores_full = np.empty(BLOCK * BLOCK, np.float32)
+    queries_t = np.empty((depth, BLOCK), np.float32)  # Q^T and dO^T of the block (sources in lanes)
+    grads_t = np.empty((width, BLOCK), np.float32)
     for block in range(blocks):
         first = block * BLOCK
         end = min(first + BLOCK, t)
         rows = end - first
         queries = q[first:end]
         grads = g[first:end]
-        queries_t = np.empty((depth, rows), np.float32)  # Q^T and dO^T: see _forward_block
-        grads_t = np.empty((width, rows), np.float32)
         _transposed_into(queries, queries_t)
         _transposed_into(grads, grads_t)
         for r in range(rows):
-            s = np.float32(0.0)
-            for c in range(width):
-                s += g[first + r, c] * o[first + r, c]
-            delta[r] = s
+            delta[r] = np.float32(0.0)
+            logsum[r] = lse[first + r]
+        for w in range(width):  # rowsum(dO O): each row's sum in w order, the rows in lanes
+            line = grads_t[w]
+            for r in range(rows):
+                delta[r] += line[r] * o[first + r, w]
         last = block + 1 if causal else blocks
         for key_block in range(last):
             k0 = key_block * BLOCK
@@ -299,25 +294,27 @@ def _backward_head(q, k, v, o, g, lse, dq, dk, dv, scale, causal):
             cols = k1 - k0
             diagonal = causal and key_block == block
             probs = probs_full[:cols * rows].reshape((cols, rows))
-            np.dot(k[k0:k1], queries_t, probs)  # (keys, queries)
+            bendc_rows_fma(probs, k[k0:k1], ACROSS, queries_t, depth, 0, rows, ROW_FROM_CHUNK if diagonal else 0,
+                           True)  # S^T (keys, queries)
             for c in range(cols):
                 tile_row = probs[c]
                 for r in range(rows):
-                    e = math.exp(tile_row[r] * scale - lse[first + r])
+                    e = math.exp(tile_row[r] * scale - logsum[r])
                     tile_row[r] = np.float32(0.0) if diagonal and c > r else e
-            np.dot(probs, grads, tile_v[:cols])
-            _add_into(dv[k0:k1], tile_v, cols)
+            bendc_rows_fma(dv[k0:k1], probs, ACROSS, grads, rows, 0, width, SOURCES_FROM_CHUNK if diagonal else 0,
+                           False)
             scores = scores_full[:cols * rows].reshape((cols, rows))
-            np.dot(v[k0:k1], grads_t, scores)  # dP^T, then dS^T in place
+            bendc_rows_fma(scores, v[k0:k1], ACROSS, grads_t, width, 0, rows, ROW_FROM_CHUNK if diagonal else 0,
+                           True)  # dP^T, then dS^T in place
             for c in range(cols):
                 tile_row = scores[c]
                 p = probs[c]
-                for r in range(rows):
+                for r in range((c // LANES) * LANES if diagonal else 0, rows):
                     tile_row[r] = p[r] * (tile_row[r] - delta[r]) * scale
-            np.dot(scores, queries, tile_k[:cols])
-            _add_into(dk[k0:k1], tile_k, cols)
-            np.dot(scores.T, k[k0:k1], tile_q[:rows])
-            _add_into(dq[first:end], tile_q, rows)
+            bendc_rows_fma(dk[k0:k1], scores, ACROSS, queries, rows, 0, depth, SOURCES_FROM_CHUNK if diagonal else 0,
+                           False)
+            bendc_rows_fma(dq[first:end], scores, DOWN, k[k0:k1], cols, 0, depth, SOURCES_TO_CHUNK if diagonal else 0,
+                           False)
 
 
 @njit(parallel=PARALLEL, cache=True, error_model='numpy', no_cfunc_wrapper=True)

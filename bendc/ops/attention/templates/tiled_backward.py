@@ -20,8 +20,8 @@ def kernel(in0, in1, in2, in3, in4, out0):
     lse = saved[:, :, t:, :].reshape(batch, heads, (saved.shape[2] - t) * width)[:, :, :t]
     if FUSED:  # the small heads read Q, K, V and dO through their strides (the projections' layout)
         q, k, v, g = in0, in1, in2, in4
-    else:  # the BLAS tiles' np.dot takes contiguous blocks
-        q, k, v, g = (np.ascontiguousarray(x) for x in (in0, in1, in2, in4))
+    else:  # the tiles' products read rows of contiguous lanes: a projection's view in place, others copied
+        q, k, v, g = (x if x.strides[-1] == x.itemsize else np.ascontiguousarray(x) for x in (in0, in1, in2, in4))
     _attention_tiled_grads(q, k, v, saved, g, lse,
                            out0[:, :heads, :, :depth], out0[:, heads:heads + kv_heads, :, :depth],
                            out0[:, heads + kv_heads:, :, :width], np.float32(SCALE), CAUSAL)

@@ -15,6 +15,6 @@ from bendc.ops.attention.templates.tiled import _attention_tiled
 def kernel(in0, in1, in2, out0):
     if FUSED:  # the small heads read Q, K and V through their strides (the projections' layout)
         q, k, v = in0, in1, in2
-    else:  # the BLAS tiles' np.dot takes contiguous blocks
-        q, k, v = (np.ascontiguousarray(x) for x in (in0, in1, in2))
+    else:  # the tiles' products read rows of contiguous lanes: a projection's view in place, others copied
+        q, k, v = (x if x.strides[-1] == x.itemsize else np.ascontiguousarray(x) for x in (in0, in1, in2))
     _attention_tiled(q, k, v, out0, np.float32(SCALE), CAUSAL)
