@@ -20,7 +20,8 @@ output is cut along its rows (along its columns when it has fewer rows than colu
 block a thread, or, where K is long beside both (``K_CUT_RATIO``: a weight's gradient x^T g over a
 batch's rows), K is cut: each thread's sgemm multiplies its block of K into the output (the first)
 or a partial product (the others: a scratch the runtime keeps, at most ``K_CUT_SCRATCH_BYTES``,
-one product at a time), then the output's rows add the partials in block order over the pool. The sgemm's integers are 32-bit (scipy's) or 64-bit (MKL's ``sgemm_64``).
+one product at a time), then the output's rows add the partials in block order over the pool.
+The sgemm's integers are 32-bit (scipy's) or 64-bit (MKL's ``sgemm_64``).
 Bits: the same at one thread count, call after call; another count may change the last bits of
 a product (a thin block can take another sgemm kernel than the whole product: OpenBLAS's (1000,
 600) @ (600, 2) does).

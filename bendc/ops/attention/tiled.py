@@ -18,8 +18,8 @@ head and the T logsumexps in the R = ceil(T / Dv) rows after them (row-major, th
 last row unused); ``attention_tiled_grad`` holds dQ in heads 0..H-1, dK in the next Hkv and dV
 in the last Hkv, each in its first D (Dv) of W = max(D, Dv) columns. Neither stores a T x T
 matrix: the kernels (templates/tiled.py) work on blocks of BLOCK queries by BLOCK keys, the
-tile products in blocks of registers (bendc_rows_fma), the softmax online (a running max and sum per query), causal blocks above
-the diagonal never computed and the diagonal block masked. Both ops exist only after the pass
+tile products in blocks of registers (bendc_rows_fma), the softmax online (a running max and
+sum per query), causal blocks above the diagonal never computed and the diagonal block masked. Both ops exist only after the pass
 (no VJP). Their cuda kernels (cuda_tiled.py) write the same packed layouts: a block per query
 tile in the forward, and a race-free backward of two kernels (dK and dV per key tile, then dQ per
 query tile).
@@ -148,7 +148,8 @@ define_op(
     attr_names=("causal", "scale"),
     doc="`%a = attention_tiled[causal=True, scale=0.125] %q, %k, %v : f32[B,H,T+R,Dv]`: attention's tiled "
         "schedule: O in rows 0..T-1 of each head, each query's logsumexp in the R = ceil(T/Dv) rows after. "
-        "CPU: tile products in blocks of registers; cuda: a block per query tile, K and V streamed through shared memory.",
+        "CPU: tile products in blocks of registers; cuda: a block per query tile, K and V streamed through "
+        "shared memory.",
 )
 
 define_op(
