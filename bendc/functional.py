@@ -123,18 +123,14 @@ def _affine_operand(value: Any, name: str, shape: tuple[int, ...], op: str, trac
     return value
 
 
-def _normalize(x: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:
-    """(x - mean) * rstd over the trailing ``dims``; the statistics are row kernels (bendc.ops.norm)."""
-    tracer = x.tracer
-    mean = tracer.emit("norm_mean", (x.id,), dims=dims)
-    rstd = tracer.emit("norm_rstd", (x.id,), dims=dims, eps=eps)
-    return (x - mean) * rstd
-
-
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """torch's layer_norm: normalize over the trailing ``normalized_shape`` dims (biased variance),
-    then ``* weight + bias`` (each optional, of shape ``normalized_shape``)."""
+    then ``* weight + bias`` (each optional, of shape ``normalized_shape``).
+
+    Records one ``layer_norm`` op (bendc/ops/layer_norm.py) over x viewed as (rows, L), L the
+    elements of ``normalized_shape``; its VJP is one ``layer_norm_grad``.
+    """
     tracer = _tracer("layer_norm", x, weight, bias)
     with tracer.at_user_line("layer_norm") as builder:
         x = tracer.value(_tensor(x, "layer_norm"), "layer_norm")
@@ -153,12 +149,12 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
                              loc=builder.loc, op="layer_norm")
         weight = _affine_operand(weight, "weight", shape, "layer_norm", tracer)
         bias = _affine_operand(bias, "bias", shape, "layer_norm", tracer)
-        out = _normalize(x, tuple(range(x.ndim - len(shape), x.ndim)), eps)
-        if weight is not None:
-            out = out * weight
-        if bias is not None:
-            out = out + bias
-        return out
+        length = int(np.prod(shape))
+        rows = x.reshape(int(np.prod(x.shape[:x.ndim - len(shape)])), length)
+        affine = tuple(v.reshape(length).id for v in (weight, bias) if v is not None)
+        out = tracer.emit("layer_norm", (rows.id,) + affine, eps=eps, weight=weight is not None,
+                          bias=bias is not None)
+        return out.reshape(x.shape)
 
 
 def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,

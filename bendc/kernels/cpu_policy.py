@@ -35,10 +35,10 @@ The costs per cell (2-core machine, bench/run.py and the examples):
   2^16-2^17 cells went from 5.35 to 2.36 ms at one thread when they stopped launching on numba's
   workqueue), parallel from ~18.7K cells;
 - ``"sums"``: a kernel that only sums (an unfused sum: ~0.13 ns a cell in lanes), parallel from
-  ~75K cells. The norm statistics (~0.3-0.4 ns a cell: two passes for rstd) ask as elementwise
-  kernels: they read the rows a parallel kernel just wrote, which a serial kernel at 2 threads
-  fetched from the other core's cache (gpt_small's norm_rstd 0.015 ms at 1 thread, 0.031 serial
-  at 2, 0.011 split).
+  ~75K cells. The layer norm kernels (~0.6 ns a cell forward, ~1.5 backward: a few passes over
+  an L1-resident row) ask as elementwise kernels: they read the rows a parallel kernel just wrote,
+  which a serial kernel at 2 threads fetched from the other core's cache (gpt_small's composed
+  layer norm's norm_rstd took 0.015 ms at 1 thread, 0.031 serial at 2, 0.011 split).
 
 Threads: numba's thread count (``NUMBA_NUM_THREADS``, or ``numba.set_num_threads`` in the
 process), on bendc's pool (numba's layer where the user set ``NUMBA_THREADING_LAYER``:

@@ -10,6 +10,7 @@ from bendc.ops import extrema, scan  # noqa: E402,F401  (reductions beyond sum: 
 from bendc.ops import pointwise  # noqa: E402,F401  (comparisons, casts, clamp, powers, tril/triu: issue 14)
 from bendc.ops import conv  # noqa: E402,F401  (convolution and pooling)
 from bendc.ops import group_norm  # noqa: E402,F401  (group norm: fused forward and backward)
+from bendc.ops import layer_norm  # noqa: E402,F401  (layer norm: fused forward and backward)
 from bendc.ops import batch_norm  # noqa: E402,F401  (training batch norm: fused forward and backward)
 from bendc.ops import creation, integer  # noqa: E402,F401  (arange/full/tensor constants; index arithmetic)
 from bendc.ops import math_ops  # noqa: E402,F401  (maximum, rounding, trig, erf, logs, lerp: issue 22)

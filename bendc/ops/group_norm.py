@@ -246,10 +246,11 @@ def vjp_group_norm(b, node, grad, needs):
     return packed_affine_vjp(b, node, grad, needs, "group_norm_grad", groups=node.attr["groups"])
 
 
-def packed_affine_vjp(b, node, grad, needs, grad_op: str, **attrs):
+def packed_affine_vjp(b, node, grad, needs, grad_op: str, affine_first: bool = False, **attrs):
     """The VJP of a norm op over x (N, C, *) with optional weight and bias operands (attrs ``weight``,
     ``bias``, ``eps``): one ``grad_op`` of (x, g, weight?) whose flat result packs dx (grad_input)
-    then dweight and dbias (grad_affine), taken apart by views (group_norm, batch_norm)."""
+    then dweight and dbias (grad_affine), or with ``affine_first`` dweight and dbias then dx,
+    taken apart by views (group_norm, batch_norm; layer_norm affine first)."""
     x = node.inputs[0]
     names = _affine_names(node.attr)
     positions = {name: 1 + k for k, name in enumerate(names)}
@@ -266,8 +267,9 @@ def packed_affine_vjp(b, node, grad, needs, grad_op: str, **attrs):
     grads: list[int | None] = [None] * len(node.inputs)
     start = 0
     if grad_input:
-        start = cells
-        dense = packed if not grad_affine else b.emit("index", (packed,), spec=((0, cells, 1),))
+        first = 2 * channels if affine_first and grad_affine else 0
+        start = 0 if affine_first else cells
+        dense = packed if not grad_affine else b.emit("index", (packed,), spec=((first, first + cells, 1),))
         grads[0] = b.reshape(dense, shape)
     for k, name in enumerate(("weight", "bias")):
         if name in positions and needs[positions[name]]:
@@ -511,9 +513,11 @@ def _cuda_channel_sums(op: kit.CudaNode, row: str, j: str, spatial: int) -> list
             + ["partial[t] = ds", "second[t] = db"] + kit.tree_lines("sum", ("partial", "second")))
 
 
-def _cuda_group_norm_grad(op: kit.CudaNode) -> kit.Kernels:
+def _cuda_group_norm_grad(op: kit.CudaNode, affine_first: bool = False) -> kit.Kernels:
     """dx: one block per (sample, group) row (the statistics, each channel's ds and db, then dx);
-    dweight and dbias: one block per channel, each thread summing its samples' terms, a tree."""
+    dweight and dbias: one block per channel, each thread summing its samples' terms, a tree. The
+    packed result holds dx then dweight and dbias, or with ``affine_first`` (layer_norm_grad)
+    dweight and dbias then dx."""
     attrs = op.attrs
     groups, eps = attrs["groups"], attrs["eps"]
     shape = op.shapes[0]
@@ -526,6 +530,7 @@ def _cuda_group_norm_grad(op: kit.CudaNode) -> kit.Kernels:
     block = kit.sum_block(length, attrs["grad_affine"])
     samples = op.count(batch, channels * spatial)  # kit.length_of: x (in0), or out0 without dx
     source, launches = f"\nBLOCK = {block}\n", []
+    dx_offset = f"{2 * channels} + " if affine_first and attrs["grad_affine"] else ""
     x_split, x = _row_read(op, 0, "row", "c", "x")
     if attrs["grad_input"]:
         g_split, g = _row_read(op, 1, "row", "c", "g")
@@ -538,14 +543,15 @@ def _cuda_group_norm_grad(op: kit.CudaNode) -> kit.Kernels:
                 + _strided("c", length, x_split + g_split + [
                     f"channel = row % {groups} * {per_group} + c // {spatial}",
                     f"c1 = rstd * {weight('channel')}",
-                    f"out0[row * {length} + c] = np.float32(c1 * np.float64({g}) + bc * np.float64({x}) + cc)"]))
+                    f"out0[{dx_offset}row * {length} + c] = "
+                    f"np.float32(c1 * np.float64({g}) + bc * np.float64({x}) + cc)"]))
         body = (["second = cuda.shared.array(BLOCK, numba.float64)"]
                 + _rows_loop(op.count(rows, length), body, "the block's partial sums"))
         source += kit.kernel_source(
             "kernel", op.arguments, body, "One block per (sample, group) row: dx by PyTorch's formula, in float64.")
         launches.append(kit.block_per_row_launch("kernel", rows, block, 16 * block))
     if attrs["grad_affine"]:
-        offset = f"samples * {channels * spatial}" if attrs["grad_input"] else "0"  # after dx
+        offset = f"samples * {channels * spatial}" if attrs["grad_input"] and not affine_first else "0"  # after dx
         # each thread: its samples' rows, sequential float64 sums (the row's statistics and the
         # channel's ds, db), the terms summed in its own sample order, then a tree over threads
         r_split, rx = _row_read(op, 0, "r", "k", "x")

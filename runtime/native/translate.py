@@ -1012,7 +1012,13 @@ class FunctionTranslator:
             if value is UNKNOWN:
                 return
             if isinstance(value, Scal):
-                self.types[name] = unify(self.types.get(name), value.type)
+                held = self.types.get(name)
+                if held is not None and held.kind == value.type.kind == "f" and held.bits != value.type.bits:
+                    # numba types each binding that reaches no common read on its own (SSA): a float32
+                    # value computed under a name that elsewhere holds a float64 stays float32 there,
+                    # where one type per name would compute it in float64 (other bits)
+                    raise self.fail(f"{name} holds both {held} and {value.type}")
+                self.types[name] = unify(held, value.type)
                 if self.dry:
                     self.scope[name] = ("slot",)
                     return

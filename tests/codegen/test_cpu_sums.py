@@ -1,5 +1,5 @@
 """CPU sums in lanes (cpu_kit.SUM_LANES): epilogue sums over the innermost loop, unfused sums and the
-row statistics (norm_mean/norm_rstd, softmax, log_softmax, logsumexp) accumulate in eight float64
+row statistics (layer_norm's, softmax, log_softmax, logsumexp) accumulate in eight float64
 partial sums added in a fixed tree, rounded once to float32.
 
 Checked here: the kernels' source has that shape (and a sum over an outer loop keeps its float64
@@ -84,11 +84,14 @@ def test_lane_row_sums_is_the_lane_order(columns):
 
 # ------------------------------------------------------------------ kernel source
 def test_an_epilogue_sum_over_the_innermost_loop_uses_lanes():
-    """layer_norm's backward on (64, 128): the two row sums dx needs write each cell's term into a
-    row block (a plain loop LLVM vectorizes), added into the lanes by bendc_lanes8 after each block,
-    and are stored once per row; dweight and dbias sum over the outer loop into float64 cells."""
+    """A layer norm written out (mean, variance, scale and shift), its backward on (64, 128): the row
+    sums dx needs write each cell's term into a row block (a plain loop LLVM vectorizes), added into
+    the lanes by bendc_lanes8 after each block, and are stored once per row; dweight and dbias sum
+    over the outer loop into float64 cells."""
     def step(x, w, b):
-        (F.layer_norm(x, (128,), w, b) * x).sum().backward()
+        deviation = x - x.mean(1, keepdim=True)
+        variance = (deviation * deviation).mean(1, keepdim=True)
+        ((deviation / (variance + 1e-5).sqrt() * w + b) * x).sum().backward()
         return x.grad, w.grad, b.grad
 
     args = (data((64, 128), 1), data((128,), 2), data((128,), 3))
@@ -193,7 +196,7 @@ def test_statistics_and_unfused_sums_use_lanes():
     jitted = bendc.jit(step, target="cpu")
     jitted(data((50, 100), 4), data((100, 30), 5))
     kernels = jitted.kernels()
-    for op in ("norm_mean", "norm_rstd", "sum", "log_softmax", "logsumexp"):
+    for op in ("layer_norm", "sum", "log_softmax", "logsumexp"):
         sources = [s for name, s in kernels.items() if name.startswith(op) and name[len(op):].isdigit()]
         assert sources and any(LANES.search(s) or "bendc_lanes8(" in s for s in sources), (op, list(kernels))
     sums = [s for name, s in kernels.items() if name.startswith("sum")]
@@ -201,8 +204,8 @@ def test_statistics_and_unfused_sums_use_lanes():
     # over the outer loop (the innermost kept): float64 cells, in order
     assert any("a0[i1] += np.float64(r0)  # sum" in s for s in sums), sums
     assert not any("np.sum(" in s for s in kernels.values())  # no numpy sum left on the cpu
-    rstd = next(s for name, s in kernels.items() if name.startswith("norm_rstd"))
-    assert "bendc_lanes8(squares, 0, x.shape[1], " in rstd and ") / x.shape[1] + 1e-05" in rstd, rstd  # sizes from the shape
+    norm = next(s for name, s in kernels.items() if name.startswith("layer_norm"))
+    assert "bendc_lanes8(squares, 0, size, " in norm and ") / size + 1e-05)" in norm, norm  # sizes from the shape
 
 
 def test_a_tiny_innermost_loop_is_one_lane_a_cell():

@@ -33,11 +33,11 @@ from bendc.codegen.cache import kernel_path, write_kernel  # noqa: E402
 ARCH = "sm_90"
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per block
 MAX_THREADS = 1024
-# Kernels that compute in float64 on purpose: the norm statistics accumulate in float64 and round
-# once, as the CPU kernels and the reference do (bendc/ops/norm.py), and group norm's fused rows
-# are float64 inside (bendc/ops/group_norm.py). Every other kernel is float32.
-FLOAT64_OPS = frozenset({"norm_mean", "norm_rstd", "group_norm", "group_norm_grad", "batch_norm", "batch_norm_grad",
-                         "batch_norm_stats"})
+# Kernels that compute in float64 on purpose: layer norm's, group norm's and batch norm's fused rows
+# are float64 inside and round once per output, as the CPU kernels and the reference do
+# (bendc/ops/layer_norm.py, group_norm.py, batch_norm.py). Every other kernel is float32.
+FLOAT64_OPS = frozenset({"layer_norm", "layer_norm_grad", "group_norm", "group_norm_grad", "batch_norm",
+                         "batch_norm_grad", "batch_norm_stats"})
 
 
 @pytest.fixture(scope="module")

@@ -308,6 +308,15 @@ SOURCE = HEADER + textwrap.dedent('''
             out[i] = a[i:i + 1].sum()
 
     @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+    def rebound(x, out):
+        for r in range(x.shape[0]):
+            mean = np.float64(x[r, 0]) / 3.0
+            out[r, 0] = np.float32(mean)
+        for r in range(x.shape[0]):
+            mean = np.float32(x[r, 1])
+            out[r, 1] = (x[r, 2] - mean) * np.float32(0.1)
+
+    @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
     def selects(x, g, n, out):
         for i in range(x.shape[0]):
             r = x[i]
@@ -642,6 +651,18 @@ def test_what_the_translator_does_not_cover_stays_numbas(module):
     assert (out == 1).all()
     (record,) = module.not_native.compiles.values()
     assert not record.native and "array method sum" in record.reason
+
+
+def test_a_name_holding_float32_and_float64_stays_numbas(module):
+    """numba types each binding of a name on its own where no read sees both (SSA): mean is float64
+    in the first loop and float32 in the second, whose arithmetic is then float32. One type a name
+    (float64) would compute the second loop in float64: other bits. The translator refuses it."""
+    x = np.random.default_rng(4).standard_normal((40, 3)).astype(np.float32)
+    out = np.zeros((40, 2), np.float32)
+    module.rebound(x, out)
+    assert_same_bits(out[:, 1], (x[:, 2] - x[:, 1]) * np.float32(0.1))
+    (record,) = module.rebound.compiles.values()
+    assert not record.native and "mean holds both float64 and float32" in record.reason
 
 
 def test_a_wrong_argument_is_refused_not_read(module):

@@ -14,6 +14,7 @@ inverse rotation); the cos and sin gradients are sums over the leading dims
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -254,28 +255,54 @@ def test_shape_errors():
 
 # ------------------------------------------------------------------ kernels
 def test_layer_norm_kernels(target, tmp_path):
-    """(64, 128), forward and backward: the statistics are two row kernels; the normalization, the
-    affine and the loss are one fused kernel, with the backward's sums (dweight, dbias and the two
-    row sums dx needs) as its epilogues; dx is one more: 4 launches."""
+    """(2, 64, 128) over its last dim, forward and backward: one layer_norm kernel on the (128, 128)
+    view, one layer_norm_grad (dx, dweight and dbias packed) and the loss's seed; the cpu kernels
+    match the reference bit for bit, at one thread and two."""
     def step(x, w, b, seed):
         y = BF.layer_norm(x, (128,), w, b)
         (y * seed).sum().backward()
         return y, x.grad, w.grad, b.grad
 
-    inputs = {"x": normal((64, 128), 250), "w": normal((64, 128), 251)[0], "b": normal((128,), 252),
-              "seed": normal((64, 128), 253)}
+    inputs = {"x": normal((2, 64, 128), 250) * 3.0 + 1.0, "w": normal((64, 128), 251)[0],
+              "b": normal((128,), 252), "seed": normal((2, 64, 128), 253)}
     jitted = bendc.jit(step, leaves=("x", "w", "b"), target=target, cache_dir=str(tmp_path))
     got = jitted(*inputs.values())
     final = jitted.ir("final")
-    forward = [line for line in final.splitlines() if "# [k" in line and "vjp of" not in line]
-    assert {line.split("# [")[1].split("]")[0] for line in forward} == {"k0"}, final
-    assert [op for op in ("norm_mean", "norm_rstd") if op in final] == ["norm_mean", "norm_rstd"]
+    assert final.count("= layer_norm[") == 1 and final.count("= layer_norm_grad[") == 1, final
+    assert "layer_norm[bias=True, eps=1e-05, weight=True] %" in final and ": f32[128,128]" in final, final
     if target == "cpu":
         report = jitted.report()
-        assert report.count(": row, 64 cells") == 2, report
-        assert jitted.stats()["launches"] == 4, report
+        assert report.count(": row, 16384 cells") == 1 and report.count(": row, 16640 cells") == 1, report
+        assert jitted.stats()["launches"] == 3, report
         reference = bendc.jit(step, leaves=("x", "w", "b"), target="reference")(*inputs.values())
-        assert_bitwise(got[0], reference[0], "y: the row kernels and the fused kernel match the reference")
+        for name, a, r in zip(("y", "dx", "dweight", "dbias"), got, reference):
+            assert_bitwise(a, r, f"{name}: the kernels match the reference")
+        before = numba.get_num_threads()
+        try:
+            numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+            for name, a, r in zip(("y", "dx", "dweight", "dbias"), jitted(*inputs.values()), got):
+                assert_bitwise(a, r, f"{name}: the same bits at {numba.get_num_threads()} threads")
+        finally:
+            numba.set_num_threads(before)
+
+
+def test_layer_norm_kernels_are_parallel_over_row_blocks(tmp_path):
+    """Past the policy's size the rows are dealt in blocks over the pool and dweight, dbias summed per
+    run of columns: still the reference's bits (each column over the rows in order)."""
+    def step(x, w, b):
+        y = BF.layer_norm(x, (300,), w, b)
+        (y * y).sum().backward()
+        return y, x.grad, w.grad, b.grad
+
+    inputs = (normal((330, 300), 260) - 2.0, normal((300,), 261), normal((300,), 262))
+    jitted = bendc.jit(step, leaves=("x", "w", "b"), target="cpu", cache_dir=str(tmp_path))
+    got = jitted(*inputs)
+    sources = [s for name, s in jitted.kernels().items() if name.startswith("layer_norm")]
+    assert len(sources) == 2 and all("for block in prange(blocks):" in s for s in sources), sources
+    assert any("for run in prange(runs):" in s for s in sources), sources
+    reference = bendc.jit(step, leaves=("x", "w", "b"), target="reference")(*inputs)
+    for name, a, r in zip(("y", "dx", "dweight", "dbias"), got, reference):
+        assert_bitwise(a, r, f"{name}: the parallel kernels match the reference")
 
 
 def test_group_norm_kernels(target, tmp_path):

@@ -90,8 +90,6 @@ SAMPLES: dict[str, Sample] = {
     "sum_to_size": Sample((T("f32[2,3,4]"),), {"shape": (3, 1)}),
     "softmax": Sample((T("f32[2,3]"),), {"dim": 1}),
     "log_softmax": Sample((T("f32[2,3]"),), {"dim": 0}),
-    "norm_mean": Sample((T("f32[2,3,4]"),), {"dims": (1, 2)}),
-    "norm_rstd": Sample((T("f32[3,5]"),), {"dims": (1,), "eps": 1e-5}),
     "rope": Sample((T("f32[2,3,4]"), T("f32[3,2]"), T("f32[3,2]")), {"inverse": False}),
     "attention": Sample((T("f32[1,2,3,4]"), T("f32[1,1,3,4]"), T("f32[1,1,3,2]")),
                         {"causal": True, "scale": 0.5, "schedule": "triangular"}),
@@ -207,6 +205,10 @@ SAMPLES: dict[str, Sample] = {
                          {"groups": 2, "eps": 1e-5, "weight": True, "bias": True}),
     "group_norm_grad": Sample((T("f32[2,4,3]"), T("f32[2,4,3]"), T("f32[4]")),
                               {"groups": 2, "eps": 1e-5, "weight": True, "grad_input": True, "grad_affine": True}),
+    # layer norm as fused ops (bendc/ops/layer_norm.py)
+    "layer_norm": Sample((T("f32[3,4]"), T("f32[4]"), T("f32[4]")), {"eps": 1e-5, "weight": True, "bias": True}),
+    "layer_norm_grad": Sample((T("f32[3,4]"), T("f32[3,4]"), T("f32[4]")),
+                              {"eps": 1e-5, "weight": True, "grad_input": True, "grad_affine": True}),
     # training batch norm as fused ops (bendc/ops/batch_norm.py)
     "batch_norm": Sample((T("f32[3,4,5]"), T("f32[4]"), T("f32[4]")), {"eps": 1e-5, "weight": True, "bias": True}),
     "batch_norm_grad": Sample((T("f32[3,4,5]"), T("f32[3,4,5]"), T("f32[4]")),
