@@ -21,8 +21,8 @@ and the affine as elementwise ops, and autodiff's backward of them): in bench/ru
 (2 layers, n_embd 64, B=8 T=64; five layer norms of (512, 64)) the composed form took two row
 kernels and one fused kernel forward (~0.07 ms a layer norm in the step at 1 thread), three to four
 kernels backward whose sum_to_size epilogues add one dependent float64 per cell (~0.08 ms). Here
-each direction is one kernel: 0.018 ms forward, 0.060-0.065 backward, the step's kernels touching
-a layer norm 0.69 -> 0.49 ms of 5.82 -> 5.49 (``step.profile``, 30 runs, 125 -> 105 kernels). The
+each direction is one kernel: 0.016-0.019 ms forward, 0.050-0.056 backward, the step's kernels
+touching a layer norm 0.54-0.69 -> 0.43 ms (``step.profile``, 30 runs, 125 -> 105 kernels). The
 composed form's one advantage, fusing the normalization with the elementwise work around it, was
 worth little: a layer norm's input is the residual stream, which the step keeps anyway, and its
 output feeds a matrix product.
@@ -40,11 +40,12 @@ Numbers:
 - the backward in float64 inside a row, rounded once per output element, PyTorch's formula:
   xhat = (x - mean) * rstd, gw = g * w (g without weight), a = sum(gw) / L, c = sum(gw * xhat) / L
   (lanes), dx = rstd * ((gw - a) - xhat * c); dweight = sum over rows of g * xhat and dbias = sum
-  over rows of g, each column in row order.
+  over rows of g, each of ROW_BLOCKS blocks of rows summing its rows in order into its own float64
+  partials (in the same pass as dx: x and g are read once), the partials then added in block order.
 PyTorch computes these in float32 (its statistics by Welford's method); bendc's results are within
 the usual tolerances of PyTorch's (tests/ops/test_norms.py). The reference interpreter computes the
 same sums in the same order, so the cpu kernels match it bit for bit, at every thread count (rows
-are independent; each column's sums run over the rows in order).
+are independent; the blocks are the same at any thread count).
 
 On cuda the ops are group_norm's kernels with one group (x (rows, L) is rows samples of L channels
 of one element each; bendc/ops/group_norm.py): one block per row, float64 trees, the variance
@@ -61,11 +62,11 @@ from bendc.ops.base import InferError, Lowering, define_op
 from bendc.ops.group_norm import (_affine_names, _cuda_group_norm, _cuda_group_norm_grad, infer_affine_norm,
                                   infer_packed_grad, packed_affine_vjp)
 
-# Rows a parallel kernel deals over the threads in this many blocks (each allocates its float64 rows
-# of terms once); the affine sums take columns in runs of AFFINE_COLUMNS, one prange cell a run.
+# Rows a kernel deals in this many blocks (over the threads when parallel; each block allocates its
+# float64 rows of terms once, and the backward's block sums its own dweight and dbias partials: the
+# same blocks at any thread count, so the same bits); a block's passes run ROW_GROUP rows at a time.
 ROW_BLOCKS = 16
 ROW_GROUP = 16
-AFFINE_COLUMNS = 64
 
 
 # ------------------------------------------------------------------ shapes
@@ -117,12 +118,19 @@ def _reference_layer_norm_grad(values, attrs):
     with np.errstate(divide="ignore", invalid="ignore"):
         xhat = (rows - mean) * rstd
         if attrs["grad_affine"]:
+            count = rows.shape[0]
+            blocks = min(count, ROW_BLOCKS)
+            terms = dy * xhat
             dweight = np.zeros(length)
             dbias = np.zeros(length)
-            terms = dy * xhat
-            for r in range(rows.shape[0]):  # in row order, as the kernels
-                dweight = dweight + terms[r]
-                dbias = dbias + dy[r]
+            for block in range(blocks):  # each block's rows in order, then the blocks in order, as the kernels
+                wpart = np.zeros(length)
+                bpart = np.zeros(length)
+                for r in range(block * count // blocks, (block + 1) * count // blocks):
+                    wpart = wpart + terms[r]
+                    bpart = bpart + dy[r]
+                dweight = dweight + wpart
+                dbias = dbias + bpart
             parts += [dweight.astype(np.float32), dbias.astype(np.float32)]
         if attrs["grad_input"]:
             gw = dy * np.asarray(values[2], np.float64) if attrs["weight"] else dy
@@ -152,23 +160,23 @@ def _stats_passes(eps: float) -> list[list[str]]:
              add_squares, f"rstds[at] = 1.0 / math.sqrt({squares} / size + {eps!r})"]]
 
 
-def _row_groups(parallel: bool, scratch: list[str], passes: list[list[str]]) -> list[str]:
-    """The loop over x's rows (``rows``): in ROW_BLOCKS blocks over the threads when ``parallel``,
-    each block allocating the float64 rows ``scratch`` (of ``size``) and a group's ``means`` and
-    ``rstds`` once; within a block, groups of ROW_GROUP rows, each of ``passes`` over the group's
-    rows (r, and ``at`` = r's place in the group, ``row`` = x[r]) in turn."""
+def _row_groups(parallel: bool, scratch: list[str], passes: list[list[str]], blocked: bool = False,
+                setup: tuple[str, ...] = ()) -> list[str]:
+    """The loop over x's rows (``rows``): in ROW_BLOCKS blocks (``blocks``) when ``parallel`` (a
+    prange) or ``blocked``, each block allocating the float64 rows ``scratch`` (of ``size``) and a
+    group's ``means`` and ``rstds`` once, then running ``setup``; within a block, groups of
+    ROW_GROUP rows, each of ``passes`` over the group's rows (r, and ``at`` = r's place in the
+    group, ``row`` = x[r]) in turn."""
     allocate = ([f"{name} = np.empty(size, np.float64)" for name in scratch]
-                + [f"{name} = np.empty({ROW_GROUP}, np.float64)" for name in ("means", "rstds")])
+                + [f"{name} = np.empty({ROW_GROUP}, np.float64)" for name in ("means", "rstds")] + list(setup))
     group = [f"for first in range(start, stop, {ROW_GROUP}):", f"    last = min(first + {ROW_GROUP}, stop)"]
     for body in passes:
         group += ["    for r in range(first, last):", "        at = r - first", "        row = in0[r]"]
         group += ["        " + line for line in body]
-    if not parallel:
+    if not (parallel or blocked):
         return allocate + ["start, stop = 0, rows"] + group
-    return ([f"blocks = min(rows, {ROW_BLOCKS})", "for block in prange(blocks):"]
-            + ["    " + line for line in allocate]
-            + ["    start, stop = block * rows // blocks, (block + 1) * rows // blocks"]
-            + ["    " + line for line in group])
+    return [f"for block in {'prange' if parallel else 'range'}(blocks):"] + ["    " + line for line in allocate + [
+        "start, stop = block * rows // blocks, (block + 1) * rows // blocks"] + group]
 
 
 def _cpu_layer_norm(attrs, ins, out):
@@ -182,49 +190,45 @@ def _cpu_layer_norm(attrs, ins, out):
          f"    out0[r, c] = {value}"]]
     arguments = ", ".join(["in0"] + [f"in{1 + k}" for k in range(weight + bias)] + ["out0"])
     lines = [njit_decorator(parallel), f"def kernel({arguments}):",
-             "    rows, size = in0.shape[0], in0.shape[1]"]
+             "    rows, size = in0.shape[0], in0.shape[1]", f"    blocks = min(rows, {ROW_BLOCKS})"]
     return "\n".join(lines + ["    " + line for line in _row_groups(parallel, ["squares"], passes)]) + "\n"
 
 
 def _cpu_layer_norm_grad(attrs, ins, out):
-    """One kernel: each row's statistics, its two sums and dx (packed after dweight and dbias); then
-    dweight and dbias, each column summed over the rows in order."""
+    """One kernel: each row's statistics, its two sums and dx (packed after dweight and dbias), and
+    its terms of dweight and dbias added into its block's partial sums; then the partials added in
+    block order."""
     x = ins[0]
     parallel = policy.parallel("elementwise", x.numel) and x.shape[0] > 1
     weight, grad_input, grad_affine = attrs["weight"], attrs["grad_input"], attrs["grad_affine"]
-    gw = "np.float64(grow[c]) * np.float64(in2[c])" if weight else "np.float64(grow[c])"
+    gw = "gv * np.float64(in2[c])" if weight else "gv"
     passes = _stats_passes(float(attrs["eps"]))
+    terms = ["gv = np.float64(grow[c])", "xhat = (np.float64(row[c]) - mean) * rstd"]
+    affine = ["wpart[c] += gv * xhat", "bpart[c] += gv"] if grad_affine else []
+    body = ["grow = in1[r]", "mean = means[at]", "rstd = rstds[at]", "for c in range(size):"]
     scratch = ["squares"]
-    if grad_affine:
-        passes[-1] += ["stats[r, 0] = means[at]", "stats[r, 1] = rstds[at]"]
     if grad_input:
-        add_terms, terms = row_lanes("terms", "size")
+        add_terms, total = row_lanes("terms", "size")
         add_products, products = row_lanes("products", "size")
-        passes.append(["grow = in1[r]", "mean = means[at]", "rstd = rstds[at]",
-                       "for c in range(size):", f"    gw = {gw}", "    terms[c] = gw",
-                       "    products[c] = gw * ((np.float64(row[c]) - mean) * rstd)",
-                       add_terms, f"a = {terms} / size", add_products, f"b = {products} / size",
-                       "for c in range(size):", f"    gw = {gw}", "    xhat = (np.float64(row[c]) - mean) * rstd",
-                       f"    out0[{'2 * size + ' if grad_affine else ''}r * size + c] = "
-                       "np.float32(rstd * ((gw - a) - xhat * b))"])
+        body += ["    " + line for line in terms + [f"gw = {gw}", "terms[c] = gw", "products[c] = gw * xhat"] + affine]
+        body += [add_terms, f"a = {total} / size", add_products, f"b = {products} / size",
+                 "for c in range(size):"] + ["    " + line for line in terms + [
+                     f"gw = {gw}", f"out0[{'2 * size + ' if grad_affine else ''}r * size + c] = "
+                     "np.float32(rstd * ((gw - a) - xhat * b))"]]
         scratch += ["terms", "products"]
-    affine_parallel = parallel and x.shape[1] > AFFINE_COLUMNS
-    lines = ["rows, size = in0.shape[0], in0.shape[1]"]
+    else:
+        body += ["    " + line for line in terms + affine]
+    passes.append(body)
+    lines = ["rows, size = in0.shape[0], in0.shape[1]", f"blocks = min(rows, {ROW_BLOCKS})"]
+    setup: tuple[str, ...] = ()
     if grad_affine:
-        lines.append("stats = np.empty((rows, 2), np.float64)")
-    lines += _row_groups(parallel, scratch, passes)
-    if grad_affine:
-        # each run of columns over the rows in order (the same bits at any thread count)
-        lines += [f"runs = (size + {AFFINE_COLUMNS - 1}) // {AFFINE_COLUMNS}",
-                  f"for run in {'prange' if affine_parallel else 'range'}(runs):",
-                  f"    first = run * {AFFINE_COLUMNS}", f"    count = min(size - first, {AFFINE_COLUMNS})",
-                  "    wsum = np.zeros(count, np.float64)", "    bsum = np.zeros(count, np.float64)",
-                  "    for r in range(rows):", "        mean = stats[r, 0]", "        rstd = stats[r, 1]",
-                  "        for k in range(count):", "            gv = np.float64(in1[r, first + k])",
-                  "            wsum[k] += gv * ((np.float64(in0[r, first + k]) - mean) * rstd)",
-                  "            bsum[k] += gv",
-                  "    for k in range(count):", "        out0[first + k] = np.float32(wsum[k])",
-                  "        out0[size + first + k] = np.float32(bsum[k])"]
+        lines.append("partial = np.zeros((blocks, 2, size), np.float64)")
+        setup = ("wpart = partial[block, 0]", "bpart = partial[block, 1]")
+    lines += _row_groups(parallel, scratch, passes, blocked=grad_affine, setup=setup)
+    if grad_affine:  # the blocks' partial sums in block order (the same bits at any thread count)
+        lines += ["for c in range(size):", "    wsum = 0.0", "    bsum = 0.0", "    for block in range(blocks):",
+                  "        wsum += partial[block, 0, c]", "        bsum += partial[block, 1, c]",
+                  "    out0[c] = np.float32(wsum)", "    out0[size + c] = np.float32(bsum)"]
     arguments = "in0, in1, in2, out0" if weight else "in0, in1, out0"
     return "\n".join([njit_decorator(parallel), f"def kernel({arguments}):"] + ["    " + line for line in lines]) + "\n"
 
