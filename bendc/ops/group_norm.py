@@ -20,14 +20,14 @@ attention_tiled_grad packs dq|dk|dv. One op rather than two (dx, and dweight|dbi
 need the same per-(sample, channel) sums ds = sum_s dy*x and db = sum_s dy: split, a second
 kernel would read x and dy again and recompute them.
 
-Why fused ops and no longer the composed statistics of bendc/ops/norm.py (which layer_norm keeps):
-in examples/cnn.py's step the composed group norm (norm_mean, norm_rstd, a normalize-and-affine
-kernel, and autodiff's backward: four kernels with sum_to_size epilogues, one dependent float64
-add per array cell) took 1.67 ms of a 4.1 ms step, against torch's 0.07 ms forward and 0.16 ms
-backward per layer. The fused kernels read each L1-resident row once for the statistics and once
-for the output (the backward once more for the per-channel sums): 0.45 ms in all, the step 2.7 ms
-(1 thread, minima of ``step.profile``; bench/run.py --only cnn --threads 1: bendc 5.9 -> 3.6 ms,
-torch eager 4.4 ms).
+Why fused ops and no longer composed statistics (layer norm's norm_mean and norm_rstd, until layer
+norm became fused ops too: bendc/ops/layer_norm.py): in examples/cnn.py's step the composed group
+norm (norm_mean, norm_rstd, a normalize-and-affine kernel, and autodiff's backward: four kernels
+with sum_to_size epilogues, one dependent float64 add per array cell) took 1.67 ms of a 4.1 ms
+step, against torch's 0.07 ms forward and 0.16 ms backward per layer. The fused kernels read each
+L1-resident row once for the statistics and once for the output (the backward once more for the
+per-channel sums): 0.45 ms in all, the step 2.7 ms (1 thread, minima of ``step.profile``;
+bench/run.py --only cnn --threads 1: bendc 5.9 -> 3.6 ms, torch eager 4.4 ms).
 
 Numbers. Everything inside a row is float64, rounded once to float32 per output element:
 - the statistics, in one pass: with d = x - x0 (x0 the row's first element), S1 = sum(d) and
@@ -53,7 +53,7 @@ the same float64 sums in the same order, so the cpu kernels match it bit for bit
 
 On cuda each op is one block per row: float64 partial sums combined in a shared-memory tree
 (``.f64`` on purpose: tests/cuda/test_ptx.py allows it for these ops), the variance centered
-(a second tree over (x - mean)^2, as norm_rstd's), so results agree with the reference to
+(a second tree over (x - mean)^2), so results agree with the reference to
 float64 rounding (tests use the usual tolerances). The backward's dweight and
 dbias are a second kernel, one block per channel, each thread summing over samples (recomputing
 its row's statistics and the channel's two sums), combined in a tree: no atomics, a fixed order.

@@ -172,7 +172,7 @@ def test_group_norm_is_one_op_each_way(target):
     _, jitted = _compare(target, (2, 8, 3, 5), 4)
     final = jitted.ir("final")
     assert final.count("= group_norm[") == 1 and final.count("= group_norm_grad[") == 1, final
-    assert "norm_mean" not in final and "norm_rstd" not in final, final
+    assert not re.search(r"= (sum|sum_to_size|sqrt|sub)[\[ ]", final), final  # no composed statistics
     assert "grad_affine=True, grad_input=True" in final, final
     if target == "cpu":  # two row kernels; the one other kernel is backward(g)'s seed product
         report = jitted.report()
