@@ -551,7 +551,8 @@ def _cuda_group_norm_grad(op: kit.CudaNode, affine_first: bool = False) -> kit.K
             "kernel", op.arguments, body, "One block per (sample, group) row: dx by PyTorch's formula, in float64.")
         launches.append(kit.block_per_row_launch("kernel", rows, block, 16 * block))
     if attrs["grad_affine"]:
-        offset = f"samples * {channels * spatial}" if attrs["grad_input"] and not affine_first else "0"  # after dx
+        # after dx, or first
+        offset = f"samples * {channels * spatial}" if attrs["grad_input"] and not affine_first else "0"
         # each thread: its samples' rows, sequential float64 sums (the row's statistics and the
         # channel's ds, db), the terms summed in its own sample order, then a tree over threads
         r_split, rx = _row_read(op, 0, "r", "k", "x")

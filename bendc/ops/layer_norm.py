@@ -150,7 +150,7 @@ def vjp_layer_norm(b, node, grad, needs):
 def _stats_passes(eps: float) -> list[list[str]]:
     """Two passes over a group of rows (row r: ``row``, ``size`` elements; ``at`` its place in the
     group): the means into ``means``, then the rstds into ``rstds`` (``squares`` a float64 row),
-    norm_mean's and norm_rstd's sums. A pass runs every row of the group before the next starts,
+    the sums the composed statistics took. A pass runs every row of the group before the next starts,
     so the rows' dependent chains (a sum, a division, a square root) overlap."""
     add, total = row_lanes("row", "size")
     add_squares, squares = row_lanes("squares", "size")
@@ -189,8 +189,9 @@ def _cpu_layer_norm(attrs, ins, out):
         ["centre = np.float32(means[at])", "scale = np.float32(rstds[at])", "for c in range(size):",
          f"    out0[r, c] = {value}"]]
     arguments = ", ".join(["in0"] + [f"in{1 + k}" for k in range(weight + bias)] + ["out0"])
-    lines = [njit_decorator(parallel), f"def kernel({arguments}):",
-             "    rows, size = in0.shape[0], in0.shape[1]", f"    blocks = min(rows, {ROW_BLOCKS})"]
+    lines = [njit_decorator(parallel), f"def kernel({arguments}):", "    rows, size = in0.shape[0], in0.shape[1]"]
+    if parallel:
+        lines.append(f"    blocks = min(rows, {ROW_BLOCKS})")
     return "\n".join(lines + ["    " + line for line in _row_groups(parallel, ["squares"], passes)]) + "\n"
 
 
@@ -211,10 +212,10 @@ def _cpu_layer_norm_grad(attrs, ins, out):
         add_terms, total = row_lanes("terms", "size")
         add_products, products = row_lanes("products", "size")
         body += ["    " + line for line in terms + [f"gw = {gw}", "terms[c] = gw", "products[c] = gw * xhat"] + affine]
-        body += [add_terms, f"a = {total} / size", add_products, f"b = {products} / size",
-                 "for c in range(size):"] + ["    " + line for line in terms + [
-                     f"gw = {gw}", f"out0[{'2 * size + ' if grad_affine else ''}r * size + c] = "
-                     "np.float32(rstd * ((gw - a) - xhat * b))"]]
+        body += [add_terms, f"a = {total} / size", add_products, f"b = {products} / size",  # then dx, gw from terms
+                 "for c in range(size):", "    xhat = (np.float64(row[c]) - mean) * rstd",
+                 f"    out0[{'2 * size + ' if grad_affine else ''}r * size + c] = "
+                 "np.float32(rstd * ((terms[c] - a) - xhat * b))"]
         scratch += ["terms", "products"]
     else:
         body += ["    " + line for line in terms + affine]
