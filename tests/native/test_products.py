@@ -6,8 +6,10 @@ row, column and K cuts (a long K, a weight's gradient: each thread's block of K 
 partials added in block order), blocks of one row or column: every element within 1e-5 of the float64
 product (the output starts as NaN, so an element no block wrote fails), the same bits on a second
 call, and the same bits as one whole-matrix sgemm of the same library (MKL where
-``BENDC_BLAS=mkl``, else scipy's OpenBLAS) where the blocks are large, or as the same library's
-blocks of K added in order where K is cut. (Where a block is thin, OpenBLAS may take another kernel for it than for the
+``BENDC_BLAS=mkl``, else scipy's OpenBLAS) where the blocks are large and the library's own products
+of half the rows or columns give its whole product's bits on this CPU (OpenBLAS on an AMD EPYC Zen 3
+does not, for any of these shapes), or as the same library's blocks of K added in order where K is
+cut. (Where a block is thin, OpenBLAS may take another kernel for it than for the
 whole product: (1000, 600) @ (600, 2) differs from the whole product in the last bits. So products
 give the same bits at one thread count, not across counts.) Every other operand is declined
 (nothing written) and ``matmul`` then gives numpy's product, or numpy's error. At one thread the
@@ -36,8 +38,8 @@ CHILD = textwrap.dedent('''
     fast = products._fast()
     chosen = blas.sgemm()
     report = {"own": fast is not None, "differ": [], "far": [], "declined": [], "blas": chosen.name}
-    def whole_product(a, b):  # the same library's one call: MKL's, or scipy's OpenBLAS inside the pool
-        return chosen.matmul(a, b) if chosen.any_thread else scipy_blas.sgemm(1.0, a, b)
+    def whole_product(a, b):  # the library's one call as the pool calls it (out^T = b^T a^T): MKL's or scipy's
+        return chosen.matmul(a, b) if chosen.any_thread else scipy_blas.sgemm(1.0, b.T, a.T).T
 
 
     threads = numba.get_num_threads()
@@ -74,11 +76,19 @@ CHILD = textwrap.dedent('''
                 "columns apart": np.pad(x.T, ((0, 0), (0, 5)))[:, :rows].T}
 
 
+    report["size dependent"] = []
     for m, k, n in shapes:
         a0 = rng.standard_normal((m, k)).astype(np.float32)
         b0 = rng.standard_normal((k, n)).astype(np.float32)
         exact = a0.astype(np.float64) @ b0.astype(np.float64)
         whole = whole_product(a0, b0)
+        # Whether the library's own products of half the rows and half the columns give the whole
+        # product's bits on this CPU: OpenBLAS takes other kernels for some sizes on some CPUs (an AMD
+        # EPYC Zen 3: every shape below), and then no block of it is comparable bit for bit
+        halves = (m < 2 or np.array_equal(whole_product(a0[:m // 2], b0), whole[:m // 2])) and \
+            (n < 2 or np.array_equal(whole_product(a0, np.ascontiguousarray(b0[:, :n // 2])), whole[:, :n // 2]))
+        if not halves:
+            report["size dependent"].append([m, k, n])
         for an, a in layouts(a0).items():
             for bn, b in layouts(b0).items():
                 for out in (np.full((m, n), np.nan, np.float32), np.full((m, n + 2), np.nan, np.float32)[:, :n]):
@@ -89,7 +99,8 @@ CHILD = textwrap.dedent('''
                     if cut:
                         report["k cuts"].append([m, k, n, an, bn])
                     reference = blocks_product(a0, b0) if cut else whole
-                    large = min(m, n) >= (32 if cut else 64)  # thin: the layout may pick another kernel
+                    # thin: the layout may pick another kernel; a K cut's reference makes the pool's own calls
+                    large = min(m, n) >= 32 if cut else (min(m, n) >= 64 and halves)
                     if status is not None or not np.array_equal(out, again) or \
                             (large and not np.array_equal(out, reference)):
                         report["differ"].append([m, k, n, an, bn, status])

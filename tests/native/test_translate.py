@@ -359,6 +359,16 @@ def module(tmp_path_factory):
     return load_module(path, name)
 
 
+def dumped_module(source: str, tmp_path, monkeypatch):
+    """``source`` loaded as a generated module from tmp_path, its native compiles' IR and assembly
+    dumped to tmp_path / "dump" (BENDC_NATIVE_DUMP)."""
+    name = module_name(source)
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    monkeypatch.setenv("BENDC_NATIVE_DUMP", str(tmp_path / "dump"))
+    return load_module(str(path), name)
+
+
 def both(function: NativeFunction, *args) -> tuple[list, list]:
     """Run ``function`` natively and by numba on copies of ``args``: the arrays after each. A
     read-only array (an input) is passed as it is, strides and all."""
@@ -875,16 +885,21 @@ def _rows_fma_expected(dest, weights, down, sources, count, lo, hi, causal, fres
     return out
 
 
-def test_bendc_rows_fma_is_register_blocked_with_numbas_bits(tmp_path, monkeypatch):
+@pytest.mark.parametrize("vector_width", [512, 256])
+def test_bendc_rows_fma_is_register_blocked_with_numbas_bits(tmp_path, monkeypatch, vector_width):
     """templates/products.py's bendc_rows_fma is a register-blocked vector product natively
-    (runtime/native/translate.py _rows_fma_vector: blocks of 16 x 1, 8 x 2, 4 x 4 and single rows, a
-    masked last vector) and gives numba's bits for every causal mode, both weight orders, fresh or
-    accumulating, rows and lanes off the blocks, strided views (dest and sources with contiguous
-    lanes, weights transposed); lo off a chunk and sources with strided lanes take the body. The
-    values span 2^-20..2^20, so any other order of a cell's FMAs shows in the bits; the float64
-    contract checks what the two compute."""
+    (runtime/native/translate.py _rows_fma_vector: on AVX-512 blocks of 16 x 1, 8 x 2, 4 x 4 and
+    single rows, elsewhere 4 x 1 and single rows; a masked last vector) and gives numba's bits for
+    every causal mode, both weight orders, fresh or accumulating, rows and lanes off the blocks,
+    strided views (dest and sources with contiguous lanes, weights transposed); lo off a chunk and
+    sources with strided lanes take the body. The values span 2^-20..2^20, so any other order of a
+    cell's FMAs shows in the bits; the float64 contract checks what the two compute. Both block
+    tables run on any host (``vector_width`` given to the translator as the host's would be)."""
     from bendc.kernels.cpu_kit import math_prelude
     from bendc.kernels.templates import helper_functions
+    from runtime.native.translate import rows_fma_blocks
+
+    monkeypatch.setattr(jit.llvm_state(), "vector_width", vector_width)
 
     body = textwrap.dedent('''
         @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
@@ -899,12 +914,7 @@ def test_bendc_rows_fma_is_register_blocked_with_numbas_bits(tmp_path, monkeypat
             else:
                 bendc_rows_fma(dest[:, :columns], weights.T, down, sources[:, :columns], count, lo, hi, causal, fresh)
     ''')
-    source = HEADER + math_prelude() + helper_functions(body, "cpu") + body
-    name = module_name(source)
-    path = tmp_path / f"{name}.py"
-    path.write_text(source)
-    monkeypatch.setenv("BENDC_NATIVE_DUMP", str(tmp_path / "dump"))
-    module = load_module(str(path), name)
+    module = dumped_module(HEADER + math_prelude() + helper_functions(body, "cpu") + body, tmp_path, monkeypatch)
     rng = np.random.default_rng(11)
 
     def values(*shape):
@@ -935,8 +945,13 @@ def test_bendc_rows_fma_is_register_blocked_with_numbas_bits(tmp_path, monkeypat
                     assert_same_bits(native, reference)
                     assert np.allclose(native[0][:, :lanes], expected, rtol=1e-4, atol=1e-5 * scale)
                     assert np.array_equal(native[0][:, lanes:], wide[:, lanes:])
+    translated = "".join(p.read_text() for p in (tmp_path / "dump").glob("*.ll") if ".opt." not in p.name)
     optimized = "".join(p.read_text() for p in (tmp_path / "dump").glob("*.opt.ll"))
     assert "@llvm.fma.v16f32" in optimized and "@llvm.masked.store.v16f32" in optimized
+    blocks = set(re.findall(r'\.vector\.b(\d+)x(\d+)m?" *\(', translated))
+    expected = {(str(rows), str({"quad": 4, "pair": 2}.get(step, 1))) for rows, _, steps in rows_fma_blocks(vector_width)
+                for step in steps}
+    assert blocks == expected, (vector_width, blocks)
 
 
 def test_only_the_templates_bendc_rows_fma_becomes_vector_code():
@@ -987,3 +1002,72 @@ def test_the_native_check_keeps_arguments_that_alias_each_other_aliased(module, 
     a = np.arange(8, dtype=np.float32)
     with pytest.raises(AssertionError, match="argument 0 differs"):
         module.bump._checked(wrong, [a, a])
+
+
+INTERLEAVED_BODY = '''
+
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+def twice(x):
+    return x * np.float32(2.0) + np.float32(1.0)
+
+
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+def kernel(x, out, rows):
+    for i in range(x.shape[0]):  # a loop calling the module's function: marked
+        out[i] = twice(x[i])
+    for i in range(x.shape[0]):  # arithmetic only: not marked
+        out[i] += x[i]
+    for r in range(rows.shape[0]):  # holds a loop: not marked; the loop inside is
+        for c in range(rows.shape[1]):
+            rows[r, c] = math.exp(rows[r, c])
+'''
+
+
+@pytest.mark.parametrize("vector_width,asked", [(256, None), (256, 4), (512, 4)])
+def test_loops_calling_the_kits_math_are_interleaved_where_the_module_asks(tmp_path, monkeypatch, vector_width, asked):
+    """A module binding NATIVE_INTERLEAVE (bendc/codegen/cpu.py writes it where a kernel calls the
+    kit's math) gets LLVM's interleave count on each innermost loop that calls a module function or
+    math.*: the count asked where vectors are 256 bits wide, 1 on AVX-512 (runtime/native/jit.py
+    ``interleaved``); other loops and other modules carry no loop metadata. The bits are numba's."""
+    from runtime.native.translate import INTERLEAVE_CONSTANT
+
+    monkeypatch.setattr(jit.llvm_state(), "vector_width", vector_width)
+    source = HEADER + (f"\n{INTERLEAVE_CONSTANT} = {asked}\n" if asked else "") + INTERLEAVED_BODY
+    module = dumped_module(source, tmp_path, monkeypatch)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(203).astype(np.float32)
+    rows = rng.standard_normal((5, 77)).astype(np.float32)
+    native, reference = both(module.kernel, x, np.zeros_like(x), rows)
+    assert_same_bits(native, reference)
+    translated = "".join(p.read_text() for p in (tmp_path / "dump").glob("*.ll") if ".opt." not in p.name)
+    marked = re.findall(r"br label %\S+, !llvm.loop (!\d+)", translated)
+    counts = re.findall(r'!\{!"llvm.loop.interleave.count", i32 (\d+)\}', translated)
+    if asked is None:
+        assert marked == [] and counts == []
+    else:
+        assert len(marked) == 2, translated  # the first loop and the loop inside the last
+        assert counts == [str(asked if vector_width < 512 else 1)] * 2
+
+
+def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving():
+    """bendc/codegen/cpu.py: a kernel calling the kit's math binds NATIVE_INTERLEAVE, except the
+    attention's (its rows are short); one calling none does not."""
+    import bendc
+    import bendc.functional as F
+    from runtime.native.translate import INTERLEAVE_CONSTANT
+
+    def step(q, k, v, x):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return (o.sum() + F.gelu(x).sum() + (x * 3.0).sum())
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 8, 4)).astype(np.float32) for _ in range(3))
+    jitted = bendc.jit(step, target="cpu")
+    jitted(q, k, v, rng.standard_normal((4, 6)).astype(np.float32))
+    asking = {name: f"\n{INTERLEAVE_CONSTANT} = " in source for name, source in jitted.kernels().items()}
+    kit = {name: "bendc_exp(" in source or "bendc_gelu(" in source for name, source in jitted.kernels().items()}
+    attention = {name for name in asking if "attention" in name}
+    assert attention and not any(asking[name] for name in attention), asking
+    gelu = [name for name in asking if kit[name] and name not in attention]
+    assert gelu and all(asking[name] for name in gelu), asking
+    assert all(not asking[name] for name in asking if not kit[name]), asking
