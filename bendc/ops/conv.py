@@ -925,28 +925,49 @@ def _cpu_tiled_max_pool(attrs, ins, out) -> str:
             "          out0.reshape(batch * channels, out0.shape[2], out0.shape[3]))\n")
 
 
+# planes of a parallel work item of the tiled max pool's gradient (its scratch allocated once an item)
+POOL_GRAD_PLANES = 32
+
+
 def _cpu_tiled_max_pool_grad(attrs, ins, out) -> str:
-    """max_pool2d_grad over tiling windows: per row of windows, their argmaxes first, then the
-    row's dx tiles written in memory order (0 + g at the argmax, as a cleared dx plus g would be,
-    0 elsewhere): dx is written once, only the rows and columns no window covers cleared apart."""
+    """max_pool2d_grad over tiling windows, a plane at a time: the windows' taps copied out of x
+    into rows of the plane's windows (``values[tap, window]``), each window's argmax over them (a
+    NaN wins, the first max on ties), then dx's rows written in memory order (0 + g at the argmax,
+    as a cleared dx plus g would be, 0 elsewhere): dx is written once, only the rows and columns no
+    window covers cleared apart. The argmaxes run over a plane's windows at once (144 for 12 x 12),
+    in vectors, not over a row of windows (12: a row that short ran as scalar code) and are held as
+    float32 numbers, so that dx's selects compare floats: on AVX2 (no mask registers) LLVM makes a
+    float select on an integer or combined condition a branch, mispredicted on random data.
+    mnist_cnn's (64, 64, 24, 24), 1 thread, Zen 3 EPYC: 9.4 -> 1.7 ms alone."""
     kh, kw = attrs["kernel_size"]
+    taps = kh * kw
     parallel = policy.parallel("rows", out.numel)
+    cell = ["best = np.float32(-np.inf)", "tap = np.float32(0.0)", f"for k in range({taps}):",
+            "    value = values[k, i]", "    wins = (value > best) | (value != value)",
+            "    best = value if wins else best", "    tap = np.float32(k) if wins else tap", "taps[i] = tap"]
     lines = ([njit_decorator(parallel), "def _pool_grad(x, g, dx):", "    planes, height, width = dx.shape",
-              "    ho, wo = g.shape[1], g.shape[2]",
-              f"    for plane in {'prange' if parallel else 'range'}(planes):",
-              f"        for ih in range(ho * {kh}, height):", "            for iw in range(width):",
-              "                dx[plane, ih, iw] = np.float32(0.0)",
-              f"        for ih in range(ho * {kh}):", f"            for iw in range(wo * {kw}, width):",
-              "                dx[plane, ih, iw] = np.float32(0.0)",
-              "        taps = np.empty(wo, np.int32)",
-              "        for oh in range(ho):", "            for ow in range(wo):"]
-             + ["                " + line for line in _tiled_max_cell(attrs)]
-             + ["                taps[ow] = tap",
-                f"            for a in range({kh}):", "                for ow in range(wo):",
-                "                    delta = np.float32(0.0) + g[plane, oh, ow]",
-                f"                    for b in range({kw}):",
-                f"                        dx[plane, oh * {kh} + a, ow * {kw} + b] = "
-                f"delta if taps[ow] == np.int32(a * {kw} + b) else np.float32(0.0)"])
+              "    ho, wo = g.shape[1], g.shape[2]", "    windows = ho * wo",
+              f"    for item in {'prange' if parallel else 'range'}((planes + {POOL_GRAD_PLANES - 1}) // {POOL_GRAD_PLANES}):",
+              f"        values = np.empty(({taps}, windows), np.float32)",
+              "        taps = np.empty(windows, np.float32)",
+              f"        for plane in range(item * {POOL_GRAD_PLANES}, min(planes, (item + 1) * {POOL_GRAD_PLANES})):",
+              f"            for ih in range(ho * {kh}, height):", "                for iw in range(width):",
+              "                    dx[plane, ih, iw] = np.float32(0.0)",
+              f"            for ih in range(ho * {kh}):", f"                for iw in range(wo * {kw}, width):",
+              "                    dx[plane, ih, iw] = np.float32(0.0)",
+              "            for oh in range(ho):", f"                for a in range({kh}):",
+              f"                    for b in range({kw}):", f"                        line = values[a * {kw} + b]",
+              "                        for ow in range(wo):",
+              f"                            line[oh * wo + ow] = x[plane, oh * {kh} + a, ow * {kw} + b]",
+              "            for i in range(windows):"]
+             + ["                " + line for line in cell]
+             + ["            for oh in range(ho):", f"                for a in range({kh}):",
+                "                    for ow in range(wo):",
+                "                        delta = np.float32(0.0) + g[plane, oh, ow]",
+                "                        tap = taps[oh * wo + ow]",
+                f"                        for b in range({kw}):",
+                f"                            dx[plane, oh * {kh} + a, ow * {kw} + b] = "
+                f"delta if tap == np.float32(a * {kw} + b) else np.float32(0.0)"])
     return ("\n".join(lines) + "\n\n\n"
             "def kernel(in0, in1, out0):\n"
             "    batch, channels, height, width = out0.shape\n"

@@ -127,6 +127,9 @@ MAX_POOL_CASES = {
     "overlapping": ((1, 2, 6, 6), {"kernel_size": 3, "stride": 1}),
     "whole": ((2, 3, 5, 4), {"kernel_size": (5, 4)}),
     "one": ((2, 2, 3, 4), {"kernel_size": 1}),
+    # the tiled gradient's work items hold 32 planes (conv.py POOL_GRAD_PLANES): two and a part
+    "many_planes": ((5, 15, 6, 6), {"kernel_size": 2}),
+    "three_tiled_leftover": ((3, 13, 10, 11), {"kernel_size": 3}),
 }
 
 
@@ -136,7 +139,8 @@ def test_max_pool2d(case):
     parity(lambda F, x: F.max_pool2d(x, **kwargs), {"x": normal(shape, 320)}, ("x",), exact=True)
 
 
-@pytest.mark.parametrize("case", ["two", "three_stride2_pad1", "overlapping", "ceil_pad", "dilated"])
+@pytest.mark.parametrize("case", ["two", "three_stride2_pad1", "overlapping", "ceil_pad", "dilated", "many_planes",
+                                  "three_tiled_leftover"])
 def test_max_pool2d_ties_go_to_the_first_max(case):
     """Few distinct values: most windows hold several maxima; torch routes the gradient to the first."""
     shape, kwargs = MAX_POOL_CASES[case]
@@ -144,7 +148,7 @@ def test_max_pool2d_ties_go_to_the_first_max(case):
     parity(lambda F, x: F.max_pool2d(x, **kwargs), {"x": x}, ("x",), exact=True)
 
 
-@pytest.mark.parametrize("case", ["two", "three_stride2_pad1"])
+@pytest.mark.parametrize("case", ["two", "three_stride2_pad1", "many_planes", "three_tiled_leftover"])
 def test_max_pool2d_nan_wins_and_routes_the_gradient(case):
     """A NaN in a window is its max, and the last NaN takes the gradient, as torch's CPU kernel
     (``val > max || isnan(val)``; the cpu kernels select on that test, branch-free)."""
