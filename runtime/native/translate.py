@@ -46,8 +46,8 @@ from runtime.native.types import (BOOL, FLOAT32, FLOAT64, INT8, INT16, INT32, IN
 # is one long chain of dependent operations (gelu's forward: a division, 10 FMAs of a polynomial, an
 # exp); independent chains side by side keep the core's pipes busy where one leaves them waiting.
 # Each element's operations and their order are unchanged, so are the bits. bendc/codegen/cpu.py
-# writes it into the kernels it renders (not the attention's templates: their rows are 16-64 lanes
-# long, and a wider iteration leaves them to scalar remainders).
+# writes it into the kernels it renders (4; 2 in the attention's templates, whose rows are 16-64
+# lanes long: a wider iteration left them to scalar remainders).
 INTERLEAVE_CONSTANT = "NATIVE_INTERLEAVE"
 INTERLEAVE_METADATA = "bendc.interleave.count"
 

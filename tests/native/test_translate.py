@@ -1050,10 +1050,11 @@ def test_loops_calling_the_kits_math_are_interleaved_where_the_module_asks(tmp_p
 
 
 def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving():
-    """bendc/codegen/cpu.py: a kernel calling the kit's math binds NATIVE_INTERLEAVE, except the
-    attention's (its rows are short); one calling none does not."""
+    """bendc/codegen/cpu.py: a kernel calling the kit's math binds NATIVE_INTERLEAVE (4; 2 in the
+    attention's, whose rows are short); one calling none does not."""
     import bendc
     import bendc.functional as F
+    from bendc.codegen.cpu import ATTENTION_INTERLEAVE, MATH_INTERLEAVE
     from runtime.native.translate import INTERLEAVE_CONSTANT
 
     def step(q, k, v, x):
@@ -1064,10 +1065,11 @@ def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving():
     q, k, v = (rng.standard_normal((1, 2, 8, 4)).astype(np.float32) for _ in range(3))
     jitted = bendc.jit(step, target="cpu")
     jitted(q, k, v, rng.standard_normal((4, 6)).astype(np.float32))
-    asking = {name: f"\n{INTERLEAVE_CONSTANT} = " in source for name, source in jitted.kernels().items()}
+    asking = {name: (re.findall(rf"^{INTERLEAVE_CONSTANT} = (\d+)$", source, re.M) or [None])[0]
+              for name, source in jitted.kernels().items()}
     kit = {name: "bendc_exp(" in source or "bendc_gelu(" in source for name, source in jitted.kernels().items()}
     attention = {name for name in asking if "attention" in name}
-    assert attention and not any(asking[name] for name in attention), asking
+    assert attention and all(asking[name] == str(ATTENTION_INTERLEAVE) for name in attention), asking
     gelu = [name for name in asking if kit[name] and name not in attention]
-    assert gelu and all(asking[name] for name in gelu), asking
-    assert all(not asking[name] for name in asking if not kit[name]), asking
+    assert gelu and all(asking[name] == str(MATH_INTERLEAVE) for name in gelu), asking
+    assert all(asking[name] is None for name in asking if not kit[name]), asking
