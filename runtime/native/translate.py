@@ -841,19 +841,30 @@ def _nonneg(value: Any, names: set[str], bindings: dict, constants: dict[str, An
 
 # ------------------------------------------------------------------ one function
 def _calls_math(node: ast.For, defs: dict) -> bool:
-    """Whether ``node`` is an innermost loop (no loop inside) whose body calls one of the module's
-    own functions (the kit's float32 math, templates/cpu_math.py) or math.*."""
+    """Whether ``node`` is an innermost loop whose body calls math.* or one of the module's own
+    functions that run no loop (the kit's float32 math, templates/cpu_math.py), and no function
+    that runs one (a loop over a call of the attention's per-head kernel is not innermost)."""
     inner = [n for stmt in node.body for n in ast.walk(stmt)]
     if any(isinstance(n, (ast.For, ast.While)) for n in inner):
         return False
-    for n in inner:
-        if isinstance(n, ast.Call):
-            f = n.func
-            if isinstance(f, ast.Name) and f.id in defs:
-                return True
-            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math":
-                return True
-    return False
+    calls = [n.func for n in inner if isinstance(n, ast.Call)]
+    called = [f.id for f in calls if isinstance(f, ast.Name) and f.id in defs]
+    if not all(_loop_free(name, defs, set()) for name in called):
+        return False
+    return bool(called) or any(isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math"
+                               for f in calls)
+
+
+def _loop_free(name: str, defs: dict, seen: set[str]) -> bool:
+    """Whether the module function ``name`` and the module functions it calls run no loop."""
+    if name in seen:
+        return True
+    seen.add(name)
+    nodes = list(ast.walk(defs[name]))
+    if any(isinstance(n, (ast.For, ast.While)) for n in nodes):
+        return False
+    return all(_loop_free(n.func.id, defs, seen) for n in nodes
+               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in defs)
 
 
 class _Loop:

@@ -713,9 +713,10 @@ def test_objects_are_cached_and_signed(module, tmp_path):
     """A second process would load the object: here, a fresh NativeFunction over the same module
     finds it in the cache (signed), and a tampered object is compiled again, not loaded."""
     function = module.strided
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    function(x, np.zeros((3, 3), np.float32))  # compiled and cached here where no test before called it so
     fresh = NativeFunction(function.dispatcher, function.module_name, function.source, function.source_path,
                            function.numba_functions)
-    x = np.arange(9, dtype=np.float32).reshape(3, 3)
     fresh(x, np.zeros((3, 3), np.float32))
     assert any(record.cached for record in fresh.compiles.values())
     folder = os.path.join(os.path.dirname(function.source_path), "__pycache__")
@@ -1012,6 +1013,12 @@ def twice(x):
 
 
 @njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
+def row_twice(row):
+    for c in range(row.shape[0]):  # no call: not marked
+        row[c] = row[c] * np.float32(2.0)
+
+
+@njit(cache=True, error_model="numpy", no_cfunc_wrapper=True)
 def kernel(x, out, rows):
     for i in range(x.shape[0]):  # a loop calling the module's function: marked
         out[i] = twice(x[i])
@@ -1020,6 +1027,8 @@ def kernel(x, out, rows):
     for r in range(rows.shape[0]):  # holds a loop: not marked; the loop inside is
         for c in range(rows.shape[1]):
             rows[r, c] = math.exp(rows[r, c])
+    for r in range(rows.shape[0]):  # calls a function that loops: not innermost, not marked
+        row_twice(rows[r])
 '''
 
 
