@@ -881,13 +881,13 @@ def _pool_cell_lines(kind: str, attrs, read: str) -> list[str]:
              f"        total += {read}"] + pool_scale_lines(kind, attrs, "total"))
 
 
-def _select_lines(*positions: tuple[str, str]) -> list[str]:
+def _select_lines(*positions: tuple[str, str], indent: str = "        ") -> list[str]:
     """The window loop's step of a max: ``value`` wins when it is greater, or NaN (the first max; a
     NaN wins, torch's rule), and ``best`` and each (name, position) pair follow it, as selects: on
     random data a branch here is mispredicted every other tap (cpu: the native translator selects a
-    conditional expression of names, runtime/native/translate.py)."""
-    return (["        wins = (value > best) | (value != value)", "        best = value if wins else best"]
-            + [f"        {name} = {at} if wins else {name}" for name, at in positions])
+    conditional expression of names, runtime/native/translate.py). ``indent``: the window loop's body."""
+    return ([f"{indent}wins = (value > best) | (value != value)", f"{indent}best = value if wins else best"]
+            + [f"{indent}{name} = {at} if wins else {name}" for name, at in positions])
 
 
 # the common non-overlapping max pool (2x2, stride 2): its own unrolled loops
@@ -942,9 +942,8 @@ def _cpu_tiled_max_pool_grad(attrs, ins, out) -> str:
     kh, kw = attrs["kernel_size"]
     taps = kh * kw
     parallel = policy.parallel("rows", out.numel)
-    cell = ["best = np.float32(-np.inf)", "tap = np.float32(0.0)", f"for k in range({taps}):",
-            "    value = values[k, i]", "    wins = (value > best) | (value != value)",
-            "    best = value if wins else best", "    tap = np.float32(k) if wins else tap", "taps[i] = tap"]
+    cell = (["best = np.float32(-np.inf)", "tap = np.float32(0.0)", f"for k in range({taps}):",
+             "    value = values[k, i]"] + _select_lines(("tap", "np.float32(k)"), indent="    ") + ["taps[i] = tap"])
     lines = ([njit_decorator(parallel), "def _pool_grad(x, g, dx):", "    planes, height, width = dx.shape",
               "    ho, wo = g.shape[1], g.shape[2]", "    windows = ho * wo",
               f"    for item in {'prange' if parallel else 'range'}((planes + {POOL_GRAD_PLANES - 1}) // {POOL_GRAD_PLANES}):",

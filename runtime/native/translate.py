@@ -177,8 +177,9 @@ class Body:
             self.lines.append(f"{label}:")
         self.terminated = False
 
-    def branch(self, label: str) -> None:
-        self.emit(f"br label %{label}")
+    def branch(self, label: str, loop: str = "") -> None:
+        """An unconditional branch to ``label``; ``loop``: the ``!llvm.loop`` metadata of a latch."""
+        self.emit(f"br label %{label}" + (f", !llvm.loop {loop}" if loop else ""))
         self.terminated = True
 
     def cbranch(self, condition: str, yes: str, no: str) -> None:
@@ -1227,11 +1228,8 @@ class FunctionTranslator:
         body.start(latch)
         body.emit(f"{following} = add i64 {index}, {step.ref}")
         count = self.module.globals.get(INTERLEAVE_CONSTANT)
-        if isinstance(count, int) and count > 1 and not self.dry and _calls_math(node, self.module.defs):
-            body.emit(f"br label %{header}, !llvm.loop {self.module.loop_metadata(count)}")
-            body.terminated = True
-        else:
-            body.branch(header)
+        marked = isinstance(count, int) and count > 1 and not self.dry and _calls_math(node, self.module.defs)
+        body.branch(header, self.module.loop_metadata(count) if marked else "")
         body.start(done)
 
     def _for_tuple(self, node: ast.For) -> None:

@@ -18,8 +18,8 @@ unrolled by hand): a product of 64 x 32 by 32 x 64 ran at ~25 GFLOP/s, a sixth o
 The native translator (runtime/native/translate.py, ``_rows_fma_vector``) emits it, for float32
 rows with contiguous lanes and ``lo`` on a chunk, as a register-blocked product: a block of dest
 rows by 16-lane vectors (on AVX-512 16 x 1, 8 x 2 or 4 x 4 by the rows' width, elsewhere 4 x 1:
-``ROWS_FMA_BLOCKS``) stays in registers while the sources go by, the last vector of a row masked, each cell's FMAs in the order above, so the bits
-are the body's. Anything else runs the body below; numba compiles the body, which gives the same
+``rows_fma_blocks``) stays in registers while the sources go by, the last vector of a row masked,
+each cell's FMAs in the order above, so the bits are the body's. Anything else runs the body below; numba compiles the body, which gives the same
 bits (BENDC_NATIVE_CHECK compares the two).
 """
 import numpy as np
