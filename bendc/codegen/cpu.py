@@ -15,6 +15,8 @@ from bendc.codegen.fused import epilogues, member_expression, operand_reference,
 from bendc.codegen.plan import KernelPlan, Step, collective_step, elementwise_domain
 from bendc.ir.graph import Graph
 from bendc.ir.printer import format_node
+from bendc.ir.types import TensorType
+from bendc.kernels import cpu_policy as policy
 from bendc.kernels.epilogue import Epilogue
 from bendc.kernels.templates import helper_functions
 from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, SumLines, element, heavy_body, loop_nest, njit_decorator,
@@ -24,7 +26,8 @@ from bendc.ops.base import reduced_axes
 
 # Vectors an iteration for a loop calling the kit's math, asked of the native translator
 # (runtime/native/translate.py INTERLEAVE_CONSTANT). 2-vCPU AMD EPYC (Zen 3, AVX2), 1 thread: gelu's
-# forward over 1024 x 512 floats 1.00 ms at 1, 0.85 at 2, 0.65 at 4.
+# forward over 1024 x 512 floats 1.00 ms at 1, 0.85 at 2, 0.65 at 4. Only in kernels whose largest
+# tensor is large enough to repay the compile time (bendc/kernels/cpu_policy.py interleaves).
 MATH_INTERLEAVE = 4
 # ... in the attention's templates: their exponentials run over rows of 16-64 lanes, multiples of
 # 16 (a causal row from the start of its 16-lane chunk), so 2 vectors of 8 and no remainder. Fused
@@ -81,11 +84,17 @@ def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str
     if kit:
         header += "\n# float32 exp, log, tanh, erf without libm calls (bendc/kernels/templates/cpu_math.py)\n" + kit
         count = ATTENTION_INTERLEAVE if step.kind == "attention" else MATH_INTERLEAVE
-        if count > 1:
+        if count > 1 and policy.interleaves(_largest_tensor(step, graph)):
             header += (f"\n# the loops calling them: {count} vectors an iteration "
                        f"(runtime/native/translate.py)\nNATIVE_INTERLEAVE = {count}\n")
     header += helpers
     return header + "\n" + body
+
+
+def _largest_tensor(step: Step, graph: Graph) -> int:
+    """The cells of the largest tensor a step reads or computes (a sum's input, an attention's q)."""
+    types = [graph.node(i).type for i in (*step.nodes, *step.inputs)]
+    return max((t.numel for t in types if isinstance(t, TensorType)), default=0)
 
 
 # ------------------------------------------------------------------ elementwise

@@ -1058,12 +1058,15 @@ def test_loops_calling_the_kits_math_are_interleaved_where_the_module_asks(tmp_p
         assert counts == [str(asked if vector_width < 512 else 1)] * 2
 
 
-def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving():
+@pytest.mark.parametrize("large", [True, False])
+def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving(large):
     """bendc/codegen/cpu.py: a kernel calling the kit's math binds NATIVE_INTERLEAVE (4; 2 in the
-    attention's, whose rows are short); one calling none does not."""
+    attention's, whose rows are short) where its largest tensor has INTERLEAVE_FROM cells
+    (bendc/kernels/cpu_policy.py), none below; one calling no math never does."""
     import bendc
     import bendc.functional as F
     from bendc.codegen.cpu import ATTENTION_INTERLEAVE, MATH_INTERLEAVE
+    from bendc.kernels.cpu_policy import INTERLEAVE_FROM
     from runtime.native.translate import INTERLEAVE_CONSTANT
 
     def step(q, k, v, x):
@@ -1071,14 +1074,20 @@ def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving():
         return (o.sum() + F.gelu(x).sum() + (x * 3.0).sum())
 
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 2, 8, 4)).astype(np.float32) for _ in range(3))
+    heads, length = (4, 64) if large else (2, 8)
+    depth = INTERLEAVE_FROM // (heads * length) if large else 4
+    q, k, v = (rng.standard_normal((1, heads, length, depth)).astype(np.float32) for _ in range(3))
+    x = rng.standard_normal((INTERLEAVE_FROM // 128, 128) if large else (4, 6)).astype(np.float32)
+    assert min(q.size, x.size) >= INTERLEAVE_FROM if large else max(q.size, x.size) < INTERLEAVE_FROM
     jitted = bendc.jit(step, target="cpu")
-    jitted(q, k, v, rng.standard_normal((4, 6)).astype(np.float32))
+    jitted(q, k, v, x)
     asking = {name: (re.findall(rf"^{INTERLEAVE_CONSTANT} = (\d+)$", source, re.M) or [None])[0]
               for name, source in jitted.kernels().items()}
     kit = {name: "bendc_exp(" in source or "bendc_gelu(" in source for name, source in jitted.kernels().items()}
     attention = {name for name in asking if "attention" in name}
-    assert attention and all(asking[name] == str(ATTENTION_INTERLEAVE) for name in attention), asking
     gelu = [name for name in asking if kit[name] and name not in attention]
-    assert gelu and all(asking[name] == str(MATH_INTERLEAVE) for name in gelu), asking
+    assert attention and gelu, asking
+    want_attention, want_gelu = (str(ATTENTION_INTERLEAVE), str(MATH_INTERLEAVE)) if large else (None, None)
+    assert all(asking[name] == want_attention for name in attention), asking
+    assert all(asking[name] == want_gelu for name in gelu), asking
     assert all(asking[name] is None for name in asking if not kit[name]), asking

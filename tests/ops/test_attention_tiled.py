@@ -73,8 +73,12 @@ def test_fused_small_heads(t, depth, width, heads, kv_heads, causal):
     check_tiled(arrays, LEAVES, "cpu", is_causal=causal, enable_gqa=True)
 
 
-@pytest.mark.parametrize("t, depth, width, causal", [(40, 3, 5, True), (64, 32, 32, True), (100, 16, 16, True),
-                                                   (150, 24, 40, True), (130, 5, 7, False)])
+# Each case compiles its module's kernels with numba too (15-25 s on a 2-core Zen 3): the whole
+# heads at full lane chunks (64, 32, 32) and the tiles at D = Dv (100, 16, 16) run in make test-long;
+# make test keeps a masked last vector, the tiles with D != Dv and a ragged block, and unmasked tiles.
+@pytest.mark.parametrize("t, depth, width, causal", [
+    (40, 3, 5, True), pytest.param(64, 32, 32, True, marks=pytest.mark.long),
+    pytest.param(100, 16, 16, True, marks=pytest.mark.long), (150, 24, 40, True), (130, 5, 7, False)])
 def test_native_kernels_give_numbas_bits(monkeypatch, t, depth, width, causal):
     """BENDC_NATIVE_CHECK runs numba beside every native call on copies of its arguments and raises
     on the first bit that differs: the fused heads' register-blocked products (bendc_rows_fma, a
