@@ -22,6 +22,7 @@ from bendc.kernels.templates import helper_functions
 from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, SumLines, element, heavy_body, loop_nest, njit_decorator,
                                    sum_layout, sum_lines, through_row, vectorizable_math)
 from bendc.ops import OPS
+from bendc.ops.attention.layout import SMALL_HEAD
 from bendc.ops.base import reduced_axes
 
 # Vectors an iteration for a loop calling the kit's math, asked of the native translator
@@ -34,6 +35,10 @@ MATH_INTERLEAVE = 4
 # heads fwd+bwd, B=8 H=4 T=64 D=16: 0.60-0.62 -> 0.54-0.58 ms (4: 16-lane remainders in scalar
 # code, slower than 1); T=512 unchanged within noise.
 ATTENTION_INTERLEAVE = 2
+# ... in the tiled schedule's (past SMALL_HEAD positions), whose rows are tiles of 64 lanes: 4 vectors
+# of 8, no remainder. (4, 8, 2, 512, 64) causal fwd+bwd, 1 thread, alternating processes (stop 51):
+# 73.0 / 73.7 / 81.4 / 84.5 ms at 2, 68.0 / 68.7 / 69.8 / 70.7 at 4.
+TILED_ATTENTION_INTERLEAVE = 4
 
 HEADER = '''"""bendc kernel {name}: {summary}
 
@@ -83,12 +88,23 @@ def render_step(step: Step, graph: Graph, plan: KernelPlan | None = None) -> str
     header = HEADER.format(name=step.name, summary=summary, nodes=listing)
     if kit:
         header += "\n# float32 exp, log, tanh, erf without libm calls (bendc/kernels/templates/cpu_math.py)\n" + kit
-        count = ATTENTION_INTERLEAVE if step.kind == "attention" else MATH_INTERLEAVE
+        count = _interleave_count(step, graph)
         if count > 1 and policy.interleaves(_largest_tensor(step, graph)):
             header += (f"\n# the loops calling them: {count} vectors an iteration "
                        f"(runtime/native/translate.py)\nNATIVE_INTERLEAVE = {count}\n")
     header += helpers
     return header + "\n" + body
+
+
+def _interleave_count(step: Step, graph: Graph) -> int:
+    """Vectors an iteration for the loops of ``step`` that call the kit's math."""
+    if step.kind != "attention":
+        return MATH_INTERLEAVE
+    node = graph.node(step.nodes[0])
+    if node.op in ("attention_tiled", "attention_tiled_grad"):
+        if graph.node(node.inputs[0]).type.shape[2] > SMALL_HEAD:  # q's (B, H, T, D): tiles, not whole heads
+            return TILED_ATTENTION_INTERLEAVE
+    return ATTENTION_INTERLEAVE
 
 
 def _largest_tensor(step: Step, graph: Graph) -> int:

@@ -1058,15 +1058,16 @@ def test_loops_calling_the_kits_math_are_interleaved_where_the_module_asks(tmp_p
         assert counts == [str(asked if vector_width < 512 else 1)] * 2
 
 
-@pytest.mark.parametrize("large", [True, False])
-def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving(large):
+@pytest.mark.parametrize("size", ["small", "whole heads", "tiles"])
+def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving(size):
     """bendc/codegen/cpu.py: a kernel calling the kit's math binds NATIVE_INTERLEAVE (4; 2 in the
-    attention's, whose rows are short) where its largest tensor has INTERLEAVE_FROM cells
-    (bendc/kernels/cpu_policy.py), none below; one calling no math never does."""
+    attention's whole heads, whose rows are short; 4 in its tiles) where its largest tensor has
+    INTERLEAVE_FROM cells (bendc/kernels/cpu_policy.py), none below; one calling no math never does."""
     import bendc
     import bendc.functional as F
-    from bendc.codegen.cpu import ATTENTION_INTERLEAVE, MATH_INTERLEAVE
+    from bendc.codegen.cpu import ATTENTION_INTERLEAVE, MATH_INTERLEAVE, TILED_ATTENTION_INTERLEAVE
     from bendc.kernels.cpu_policy import INTERLEAVE_FROM
+    from bendc.ops.attention.layout import SMALL_HEAD
     from runtime.native.translate import INTERLEAVE_CONSTANT
 
     def step(q, k, v, x):
@@ -1074,7 +1075,8 @@ def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving(large):
         return (o.sum() + F.gelu(x).sum() + (x * 3.0).sum())
 
     rng = np.random.default_rng(0)
-    heads, length = (4, 64) if large else (2, 8)
+    large = size != "small"
+    heads, length = {"small": (2, 8), "whole heads": (4, SMALL_HEAD), "tiles": (2, 2 * SMALL_HEAD)}[size]
     depth = INTERLEAVE_FROM // (heads * length) if large else 4
     q, k, v = (rng.standard_normal((1, heads, length, depth)).astype(np.float32) for _ in range(3))
     x = rng.standard_normal((INTERLEAVE_FROM // 128, 128) if large else (4, 6)).astype(np.float32)
@@ -1087,7 +1089,8 @@ def test_the_cpu_kernels_that_call_the_kits_math_ask_for_interleaving(large):
     attention = {name for name in asking if "attention" in name}
     gelu = [name for name in asking if kit[name] and name not in attention]
     assert attention and gelu, asking
-    want_attention, want_gelu = (str(ATTENTION_INTERLEAVE), str(MATH_INTERLEAVE)) if large else (None, None)
+    attention_count = TILED_ATTENTION_INTERLEAVE if size == "tiles" else ATTENTION_INTERLEAVE
+    want_attention, want_gelu = (str(attention_count), str(MATH_INTERLEAVE)) if large else (None, None)
     assert all(asking[name] == want_attention for name in attention), asking
     assert all(asking[name] == want_gelu for name in gelu), asking
     assert all(asking[name] is None for name in asking if not kit[name]), asking
