@@ -33,7 +33,7 @@ MATH_INTERLEAVE = 4
 # ... in the attention's templates: their exponentials run over rows of 16-64 lanes, multiples of
 # 16 (a causal row from the start of its 16-lane chunk), so 2 vectors of 8 and no remainder. Fused
 # heads fwd+bwd, B=8 H=4 T=64 D=16: 0.60-0.62 -> 0.54-0.58 ms (4: 16-lane remainders in scalar
-# code, slower than 1); T=512 unchanged within noise.
+# code, slower than 1). The other attention kernels ask for 2 as well.
 ATTENTION_INTERLEAVE = 2
 # ... in the tiled schedule's (past SMALL_HEAD positions), whose rows are tiles of 64 lanes: 4 vectors
 # of 8, no remainder. (4, 8, 2, 512, 64) causal fwd+bwd, 1 thread, alternating processes (stop 51):
