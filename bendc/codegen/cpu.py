@@ -22,7 +22,7 @@ from bendc.kernels.templates import helper_functions
 from bendc.kernels.cpu_kit import (UNROLLED_EXTENT, SumLines, element, heavy_body, loop_nest, njit_decorator,
                                    sum_layout, sum_lines, through_row, vectorizable_math)
 from bendc.ops import OPS
-from bendc.ops.attention.layout import SMALL_HEAD
+from bendc.ops.attention.layout import whole_heads
 from bendc.ops.base import reduced_axes
 
 # Vectors an iteration for a loop calling the kit's math, asked of the native translator
@@ -102,7 +102,7 @@ def _interleave_count(step: Step, graph: Graph) -> int:
         return MATH_INTERLEAVE
     node = graph.node(step.nodes[0])
     if node.op in ("attention_tiled", "attention_tiled_grad"):
-        if graph.node(node.inputs[0]).type.shape[2] > SMALL_HEAD:  # q's (B, H, T, D): tiles, not whole heads
+        if not whole_heads(graph.node(node.inputs[0]).type.shape[2]):  # q's (B, H, T, D)
             return TILED_ATTENTION_INTERLEAVE
     return ATTENTION_INTERLEAVE
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from bendc.errors import InternalError
 from bendc.ir.graph import Graph, Node
 from bendc.ops import OPS
-from bendc.ops.attention.layout import SMALL_HEAD, TILE, resolve_schedule, score_cells, work_items
+from bendc.ops.attention.layout import SMALL_HEAD, TILE, resolve_schedule, score_cells, whole_heads, work_items
 from bendc.passes.manager import PassContext, register, register_variant
 
 ATTENTION_OPS = ("attention", "attention_probs", "attention_score_grad", "attention_vjp")
@@ -109,7 +109,7 @@ def choose(node: Node, options: ScheduleOptions, target: str = "cpu", depth: int
     if target == "cuda":
         return _cuda_length_rule(node, options, rows, why_rows, forward.keys, scores)
     if t >= options.tiled_from:
-        how = (f"each head fused in cache up to t={SMALL_HEAD}" if t <= SMALL_HEAD else "blocked BLAS products")
+        how = (f"each head fused in cache up to t={SMALL_HEAD}" if whole_heads(t) else "blocked BLAS products")
         return "tiled", (f"t={t} >= {options.tiled_from}, where the tiled kernels ({how}) beat the per-row kernels "
                          f"(crossover measured on the CPU; {rows} would keep {_size(scores)} of P and G)")
     return rows, f"{why_rows}; t={t} < {options.tiled_from}: the per-row kernels tie with tiles this short"

@@ -19,8 +19,8 @@ The native translator (runtime/native/translate.py, ``_rows_fma_vector``) emits 
 rows with contiguous lanes and ``lo`` on a chunk, as a register-blocked product: a block of dest
 rows by 16-lane vectors (on AVX-512 16 x 1, 8 x 2 or 4 x 4 by the rows' width, elsewhere 4 x 1:
 ``rows_fma_blocks``) stays in registers while the sources go by, the last vector of a row masked,
-each cell's FMAs in the order above, so the bits are the body's. Anything else runs the body below; numba compiles the body, which gives the same
-bits (BENDC_NATIVE_CHECK compares the two).
+each cell's FMAs in the order above, so the bits are the body's. Anything else runs the body
+below; numba compiles the body, which gives the same bits (BENDC_NATIVE_CHECK compares the two).
 """
 import numpy as np
 from numba import njit

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from bendc.ir.types import TensorType
 from bendc.kernels import cpu_policy as policy
-from bendc.ops.attention.layout import SMALL_HEAD, resolve_schedule
+from bendc.ops.attention.layout import resolve_schedule, whole_heads
 
 _TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 _MARKER = "# ---------------------------------------------------------------- TEMPLATE\n"
@@ -71,5 +71,5 @@ def cpu_vjp(attrs, ins, out):
 def tiled_source(name: str, ins: list[TensorType], out: TensorType, attrs) -> str:
     """The tiled schedule's kernels (templates/tiled.py) and the wrapper ``templates/<name>.py``."""
     values = {"parallel": _parallel(ins, out), "scale": attrs["scale"], "causal": attrs["causal"],
-              "fused": ins[0].shape[2] <= SMALL_HEAD}
+              "fused": whole_heads(ins[0].shape[2])}
     return (_filled("tiled", **values) + _filled(name, **values)).lstrip("\n")

@@ -63,3 +63,8 @@ def unpack(cells: np.ndarray, t: int, schedule: str) -> np.ndarray:
 
 TILE = 64  # the tiled schedule's block of queries and of keys (templates/tiled.py's BLOCK)
 SMALL_HEAD = 64  # up to this length the CPU's tiled kernels run each head fused (templates/tiled.py's SMALL)
+
+
+def whole_heads(t: int) -> bool:
+    """Whether the CPU's tiled schedule runs each head of ``t`` positions fused, not in tiles."""
+    return t <= SMALL_HEAD
