@@ -19,6 +19,7 @@ the trace (as fuzz_gen.TorchF.dropout does).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import random
 import tempfile
@@ -289,7 +290,50 @@ def _torch_float64_buffers(before: nn.Module, x: np.ndarray, seed_value: int) ->
     return {name: value.detach().numpy() for name, value in model.named_buffers()}
 
 
-def _check_buffers(model: nn.Module, updated: dict[str, np.ndarray], where: str, float64) -> None:
+SPREAD_RUNS = 16      # torch float32 runs from a state moved by one rounding, where bendc and torch disagree
+SPREAD_FACTOR = 2.0   # bendc may land this many times as far from float64 as the farthest of those runs
+
+
+class Spread:
+    """How far torch's own float32 lands from float64 when the call's state is moved by one rounding:
+    the input and every float parameter and buffer multiplied by (1 + u 2^-24), u uniform in [-1, 1],
+    SPREAD_RUNS times (a fixed generator). A float32 result is as good as its inputs allow when it is
+    the exact result of inputs one rounding off (backward stability); in an ill-conditioned program
+    that moves the loss by far more than torch's one float32 run shows (seen: program seed 14298617,
+    a batch norm over two rows feeding a group norm over values equal to 1e-5 of themselves: torch
+    float32 off float64 by 1.6e-4, bendc by 4.4e-3, torch float32 from the moved states by up to
+    1.2e-2). Holds the largest |float32 - float64| of the loss, of each gradient and of each buffer;
+    computed only where a value is outside the other allowances (its runs cost ~50 torch steps)."""
+
+    def __init__(self, before: nn.Module, x: np.ndarray, seed_value: int) -> None:
+        exact_loss, exact_grads = _torch_run(copy.deepcopy(before).double(), x.astype(np.float64), seed_value)
+        exact_buffers = _torch_float64_buffers(before, x, seed_value)
+        rng = np.random.default_rng(0)
+        self.loss = 0.0
+        self.grads = {name: 0.0 for name in exact_grads}
+        self.buffers = {name: 0.0 for name in exact_buffers}
+        for _ in range(SPREAD_RUNS):
+            moved = copy.deepcopy(before)
+            with torch.no_grad():
+                for tensor in [*moved.parameters(), *moved.buffers()]:
+                    if tensor.dtype.is_floating_point:
+                        tensor.mul_(torch.from_numpy(_moved(rng, tensor.shape)))
+            loss, grads = _torch_run(moved, (x * _moved(rng, x.shape)).astype(np.float32), seed_value)
+            self.loss = max(self.loss, abs(loss - exact_loss))
+            for name, grad in grads.items():
+                self.grads[name] = max(self.grads[name], float(np.abs(grad - exact_grads[name]).max(initial=0)))
+            for name, value in moved.named_buffers():
+                if value.dtype.is_floating_point:
+                    error = np.abs(value.detach().numpy() - exact_buffers[name]).max(initial=0)
+                    self.buffers[name] = max(self.buffers[name], float(error))
+
+
+def _moved(rng: np.random.Generator, shape) -> np.ndarray:
+    """Factors 1 + u 2^-24, u uniform in [-1, 1]: one float32 rounding of a value, at most."""
+    return (1 + rng.uniform(-1, 1, shape) * 2.0**-24).astype(np.float32)
+
+
+def _check_buffers(model: nn.Module, updated: dict[str, np.ndarray], where: str, float64, spread) -> None:
     """The buffers the step returned against torch's after the same call (updated by a training call).
     A float buffer that disagrees with float32 torch is checked against float64 torch (``float64()``),
     as the gradients are: a running mean of values that cancel (a batch norm after a group norm over
@@ -305,9 +349,12 @@ def _check_buffers(model: nn.Module, updated: dict[str, np.ndarray], where: str,
             exact = exact if exact is not None else float64()
             error, allowed = np.abs(value - exact[name]), np.maximum(
                 1e-5 * np.abs(exact[name]) + 1e-6, 4 * np.abs(want - exact[name]))
+            if not (error <= allowed).all():
+                allowed = np.maximum(allowed, SPREAD_FACTOR * spread().buffers[name])
             assert (error <= allowed).all(), (
                 f"{where}\nbuffer {name}: bendc {value}, torch float32 {want}, torch float64 {exact[name]}; "
-                f"|bendc - float64| {error} over {allowed} (1e-5 relative + 1e-6, or 4x torch float32's error)")
+                f"|bendc - float64| {error} over {allowed} (1e-5 relative + 1e-6, 4x torch float32's error, or "
+                f"{SPREAD_FACTOR}x torch float32's from a state one rounding off: {spread().buffers[name]})")
 
 
 COVERED: set[str] = set()  # what the sample's batch norms exercised (test_programs_match_torch_modules)
@@ -363,12 +410,17 @@ def run_program(program_seed: int, target: str) -> None:
         before = copy.deepcopy(model)  # for float64 buffers, where float32's disagree
         expected_loss, expected = _torch_run(model, x, seed_value)
         where = "\n".join(log)
+        spread = functools.cache(lambda: Spread(before, x, seed_value))  # only where a value disagrees
         if not np.allclose(loss, expected_loss, rtol=2e-4, atol=1e-5):  # as the buffers, against float64
             exact_loss = _torch_run(copy.deepcopy(before).double(), x.astype(np.float64), seed_value)[0]
             allowed = max(2e-4 * abs(exact_loss) + 1e-5, 4 * abs(expected_loss - exact_loss))
+            if abs(float(loss) - exact_loss) > allowed:
+                allowed = max(allowed, SPREAD_FACTOR * spread().loss)
             assert abs(float(loss) - exact_loss) <= allowed, (
-                f"{where}\nloss: bendc {float(loss)}, torch float32 {expected_loss}, torch float64 {exact_loss}")
-        _check_buffers(model, updated, where, lambda: _torch_float64_buffers(before, x, seed_value))
+                f"{where}\nloss: bendc {float(loss)}, torch float32 {expected_loss}, torch float64 {exact_loss}; "
+                f"{SPREAD_FACTOR}x torch float32's distance from float64 from a state one rounding off: "
+                f"{SPREAD_FACTOR * spread().loss}")
+        _check_buffers(model, updated, where, lambda: _torch_float64_buffers(before, x, seed_value), spread)
         _cover(model, buffers, updating)
         exact = None  # float64 torch, computed only where float32 torch disagrees
         for name, grad in grads.items():
@@ -385,10 +437,13 @@ def run_program(program_seed: int, target: str) -> None:
             # the gradient's largest value and by 0.07% in one cell, bendc's by up to 9%).
             error, allowed = np.abs(got - exact[name]), np.maximum(
                 2e-3 * np.abs(exact[name]) + 2e-5, 4 * np.abs(want - exact[name]).max())
+            if not (error <= allowed).all():  # an ill-conditioned program: torch float32's own spread
+                allowed = np.maximum(allowed, SPREAD_FACTOR * spread().grads[name])
             assert (error <= allowed).all(), (
                 f"{where}\ngradient of {name}: bendc {got}, torch float32 {want}, torch float64 {exact[name]}; "
-                f"|bendc - float64| {error} over {allowed} (2e-3 relative + 2e-5, or 4x torch float32's "
-                "largest error in this gradient)")
+                f"|bendc - float64| {error} over {allowed} (2e-3 relative + 2e-5, 4x torch float32's "
+                f"largest error in this gradient, or {SPREAD_FACTOR}x torch float32's from a state one rounding "
+                f"off: {spread().grads[name]})")
 
 
 BATCH_NORM_CASES = {"BatchNorm1d", "BatchNorm2d", "train", "eval", "momentum=None", "momentum=float", "affine=True",
@@ -420,3 +475,24 @@ def test_programs_match_torch_modules(target: str) -> None:
         assert not missing, f"the fixed sample's batch norms never exercised {missing}"
     if FUZZ_N:  # the long run's count, in pytest's warnings summary
         warnings.warn(f"fuzz modules ({target}): {counted[0]} programs of {CALLS} calls matched torch")
+
+
+def test_an_ill_conditioned_program_is_judged_by_torchs_own_spread() -> None:
+    """Program seed 14298617 (found by the long run): at call 3 a batch norm over two rows feeds a
+    group norm over six values equal to 1e-5 of themselves; bendc's loss is 4.4e-3 off float64,
+    torch float32's own 1.6e-4, torch float32's from states one rounding off up to 5e-3. It passes
+    only through the Spread allowance."""
+    run_program(14298617, "reference")
+
+
+def test_the_spread_stays_rounding_sized_where_a_program_is_well_conditioned() -> None:
+    """The Spread allowance cannot admit a wrong number in an ordinary program: there it is a few
+    float32 roundings of the loss and of each gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.LayerNorm(6), nn.Linear(6, 2))
+    x = np.random.default_rng(0).standard_normal((3, 4), np.float32)
+    loss, grads = _torch_run(copy.deepcopy(model), x, 0)
+    spread = Spread(model, x, 0)
+    assert 0 < spread.loss <= 1e-6 * loss
+    for name, grad in grads.items():
+        assert spread.grads[name] <= 1e-5 * max(1.0, np.abs(grad).max()), name
