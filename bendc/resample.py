@@ -12,8 +12,8 @@
 - ``interpolate``: nearest (torch's ``floor(dst * scale)`` source index, 3-5-D), linear / bilinear /
   trilinear (3-D / 4-D / 5-D) and bicubic (4-D; A = -0.75, the border replicated), align_corners both
   ways: per resized dim, the last first, an ``index_select`` by constant source indices (for linear two,
-  for bicubic four, weighted by constant weights computed in float32 as torch's CPU kernels compute
-  them); area: adaptive average pooling. Gradients are index_select's (sums into the sources).
+  for bicubic four, weighted by constant weights: linear's computed in float32 as torch's CPU kernels
+  compute them, bicubic's polynomials of torch's float32 position evaluated in float64); area: adaptive average pooling. Gradients are index_select's (sums into the sources).
 """
 from __future__ import annotations
 
@@ -245,29 +245,36 @@ def linear_sources(size: int, out: int, align_corners: bool, scale: float | None
 
 
 def _cubic_near(x: np.ndarray) -> np.ndarray:
-    """torch's cubic_convolution1 (|x| <= 1), float32: ((A + 2) * x - (A + 3)) * x * x + 1."""
-    return ((_CUBIC_A + np.float32(2)) * x - (_CUBIC_A + np.float32(3))) * x * x + np.float32(1)
+    """torch's cubic_convolution1 (|x| <= 1): ((A + 2) * x - (A + 3)) * x * x + 1, in float64."""
+    a = np.float64(_CUBIC_A)
+    return ((a + 2) * x - (a + 3)) * x * x + 1
 
 
 def _cubic_far(x: np.ndarray) -> np.ndarray:
-    """torch's cubic_convolution2 (1 < |x| < 2), float32: ((A * x - 5A) * x + 8A) * x - 4A."""
-    a = _CUBIC_A
-    return ((a * x - np.float32(5) * a) * x + np.float32(8) * a) * x - np.float32(4) * a
+    """torch's cubic_convolution2 (1 < |x| < 2): ((A * x - 5A) * x + 8A) * x - 4A, in float64."""
+    a = np.float64(_CUBIC_A)
+    return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
 
 
 def cubic_sources(size: int, out: int, align_corners: bool, scale: float | None):
-    """torch's bicubic taps (HelperInterpCubic, float32): per output index the source indices
-    input_index - 1 .. input_index + 2, clamped to [0, size) (the border replicated), and their
-    weights for t = real - input_index (get_cubic_upsample_coefficients, A = -0.75). The source
-    position is not clamped at 0 as linear's is; input_index and t are guarded as torch guards them
-    (index at most size - 1, t in [0, 1])."""
+    """torch's bicubic taps (HelperInterpCubic): per output index the source indices input_index - 1
+    .. input_index + 2, clamped to [0, size) (the border replicated), and their weights for t = real -
+    input_index (get_cubic_upsample_coefficients, A = -0.75). The source position real, input_index
+    and t are float32 as torch computes them (the position is not clamped at 0 as linear's is;
+    input_index at most size - 1, t in [0, 1]), so the taps sample where torch's do. The weights are
+    the polynomials of that t (of t + 1, 1 - t and 2 - t) evaluated in float64 and rounded once.
+    torch's float32 evaluation depends on its build's contraction into FMAs, and near |x| = 2 the far
+    polynomial cancels: its weights can be ~25 ulps off their exact value (seen: (5 -> 10,
+    align_corners) row 4's first weight, t + 1 = 1.7777778: exact -0.0288065814, this torch
+    -0.02880621, the same float32 formula without FMAs -0.02880692; in the program fuzzer's (6, 5) ->
+    (12, 10) an element 1.4e-6 off float64 where torch's float32 landed 5e-9 off)."""
     factor = _scale(size, out, align_corners, scale)
     dst = np.arange(out, dtype=np.float32)
     real = factor * dst if align_corners else factor * (dst + np.float32(0.5)) - np.float32(0.5)
     index = np.minimum(np.floor(real).astype(np.int64), size - 1)
-    t = np.clip(real - index.astype(np.float32), np.float32(0.0), np.float32(1.0)).astype(np.float32)
-    rest = (np.float32(1.0) - t).astype(np.float32)
-    weights = [_cubic_far(t + np.float32(1.0)), _cubic_near(t), _cubic_near(rest), _cubic_far(rest + np.float32(1.0))]
+    t = np.clip(real - index.astype(np.float32), np.float32(0.0), np.float32(1.0)).astype(np.float64)
+    rest = 1.0 - t  # exact in float64, as are t + 1 and rest + 1
+    weights = [_cubic_far(t + 1.0), _cubic_near(t), _cubic_near(rest), _cubic_far(rest + 1.0)]
     taps = [np.clip(index - 1 + j, 0, size - 1) for j in range(4)]
     return taps, [w.astype(np.float32) for w in weights]
 

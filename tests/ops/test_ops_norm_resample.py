@@ -104,8 +104,9 @@ def more_modes(x, x5, x1):
 
 @pytest.mark.parametrize("target", ["reference", "cpu"])
 def test_bicubic_trilinear_area_match_torch(target):
-    """Weights in float32 as torch computes them (A = -0.75; the border replicated); sums in bendc's
-    order (torch's CPU build contracts them into FMAs): values, loss and gradients within 2e-5."""
+    """Bicubic weights of torch's float32 positions, evaluated in float64 (A = -0.75; the border
+    replicated); sums in bendc's order (torch's CPU build contracts them into FMAs): values, loss
+    and gradients within 2e-5."""
     rng = np.random.default_rng(23)
     arrays = {name: rng.standard_normal(shape).astype(np.float32)
               for name, shape in (("x", (2, 3, 5, 6)), ("x5", (1, 2, 3, 4, 5)), ("x1", (2, 3, 7)))}
@@ -125,6 +126,40 @@ def test_bicubic_trilinear_area_match_torch(target):
     np.testing.assert_allclose(loss, want_loss.item(), rtol=2e-5)
     for name, mine in zip(arrays, grads):
         np.testing.assert_allclose(mine, tensors[name].grad.numpy(), rtol=2e-5, atol=2e-5, err_msg=f"grad {name}")
+
+
+@pytest.mark.parametrize("align_corners", [True, False])
+def test_bicubic_weights_are_rounded_once(align_corners):
+    """Each weight is its polynomial of torch's float32 position evaluated exactly and rounded once
+    (torch's float32 evaluation is up to ~25 ulps off where the far polynomial cancels), and a
+    bicubic resize lands closer to float64 torch than float32 torch does (the program fuzzer's
+    failure: (6, 5) -> (12, 10), align_corners, an element 1.4e-6 off float64)."""
+    from fractions import Fraction
+    from bendc.resample import cubic_sources
+
+    a = Fraction(-3, 4)
+    far = lambda x: ((a * x - 5 * a) * x + 8 * a) * x - 4 * a  # noqa: E731  (torch's cubic_convolution2)
+    near = lambda x: ((a + 2) * x - (a + 3)) * x * x + 1  # noqa: E731  (cubic_convolution1)
+    for size, out in ((5, 10), (6, 12), (13, 29), (30, 7)):
+        taps, weights = cubic_sources(size, out, align_corners, None)
+        factor = (np.float32(size - 1) / np.float32(out - 1) if align_corners
+                  else np.float32(size) / np.float32(out))
+        for i in range(out):
+            dst = np.float32(i)
+            real = factor * dst if align_corners else factor * (dst + np.float32(0.5)) - np.float32(0.5)
+            index = min(int(np.floor(real)), size - 1)
+            t = Fraction(float(np.clip(real - np.float32(index), np.float32(0), np.float32(1))))
+            exact = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+            assert [float(w[i]) for w in weights] == [float(np.float32(float(e))) for e in exact], (size, out, i)
+            assert [int(tap[i]) for tap in taps] == [min(max(index - 1 + j, 0), size - 1) for j in range(4)]
+    x = np.random.default_rng(10040).uniform(-2.0, 2.0, size=(2, 4, 6, 5)).astype(np.float32)
+    mine = np.asarray(bendc.jit(lambda x: bendc.functional.interpolate(x, size=(12, 10), mode="bicubic",
+                                                                        align_corners=align_corners),
+                                target="reference")(x))
+    exact = TF.interpolate(torch.from_numpy(x).double(), size=(12, 10), mode="bicubic",
+                           align_corners=align_corners).numpy()
+    theirs = TF.interpolate(torch.from_numpy(x), size=(12, 10), mode="bicubic", align_corners=align_corners).numpy()
+    assert np.abs(mine - exact).max() <= max(1e-6, np.abs(theirs - exact).max())
 
 
 class _Rows(nn.Module):
