@@ -438,9 +438,14 @@ class TensorOps:
                 if any(s < 0 for s in sections) or sum(sections) != size:
                     raise ShapeError(f"split sizes {sections} must be non-negative and sum to {size} (dimension "
                                      f"{axis} of {self.type})", loc=builder.loc, op="split")
+            # each piece an index view numbered by its split call: the VJP of a whole split is then
+            # torch's split_backward, the pieces' gradients concatenated (passes/canonicalize.py)
+            self.tracer.splits += 1
+            lead = tuple((0, size_, 1) for size_ in self.shape[:axis])
             pieces, start = [], 0
             for length in sections:
-                pieces.append(self._narrow(axis, start, start + length))
+                pieces.append(self.tracer.emit("index", (self.id,), spec=lead + ((start, start + length, 1),),
+                                               split=self.tracer.splits))
                 start += length
             return tuple(pieces)
 

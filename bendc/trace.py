@@ -75,6 +75,7 @@ class Tracer:
         # Values an in-place write (x[key] = value) left stale: views PyTorch would have updated, which
         # bendc's out-of-place write cannot; using one is an error naming the write (bendc/indexing.py).
         self.stale: dict[int, str] = {}
+        self.splits = 0  # split/chunk calls traced: each one's pieces carry its number (tensor_ops.split)
 
     def add_module_guard(self, guard: Any) -> None:
         """Keep a forward's ModuleGuard, merged into an earlier one of the same module tree."""

@@ -143,9 +143,12 @@ def _infer_index(types, attrs):
 
 
 def vjp_index(b, node, grad, needs):
-    """d a[spec] = index_scatter(g): g written into +0.0 words of a's shape."""
+    """d a[spec] = index_scatter(g): g written into +0.0 words of a's shape. A piece of a split keeps
+    its split's number (``split``): the pieces' scatters then add up to their concat, as torch's
+    split_backward gives (canonicalize's concat_tiling_scatters)."""
     shape = b.shape(node.inputs[0])
-    return (b.emit("index_scatter", (grad,), spec=node.attr["spec"], shape=shape),)
+    piece = {"split": node.attr["split"]} if "split" in node.attr else {}
+    return (b.emit("index_scatter", (grad,), spec=node.attr["spec"], shape=shape, **piece),)
 
 
 define_op(
@@ -157,7 +160,8 @@ define_op(
         f"def kernel(in0):\n    return in0[{index_text(attrs['spec'])}]\n")),
     vjp=vjp_index,
     attr_names=("spec",),
-    doc="`%1 = index[spec=(1,(2,5,1))] %0`: basic indexing; ints drop a dim, (start,stop,step) slice it.",
+    doc="`%1 = index[spec=(1,(2,5,1))] %0`: basic indexing; ints drop a dim, (start,stop,step) slice it "
+        "(a split's pieces also carry ``split=N``, their split call's number).",
 )
 
 
@@ -202,7 +206,8 @@ define_op(
         f"    out0[{index_text(attrs['spec'])}] = in0\n"), cuda=_cuda_index_scatter),
     vjp=vjp_index_scatter,
     attr_names=("spec", "shape"),
-    doc="`%1 = index_scatter[shape=(4,8), spec=(1,)] %0`: zeros of shape with %0 written at spec.",
+    doc="`%1 = index_scatter[shape=(4,8), spec=(1,)] %0`: zeros of shape with %0 written at spec (``split=N``: "
+        "the VJP of a split's piece).",
 )
 
 

@@ -180,10 +180,13 @@ def _slice_part(shape: tuple[int, ...], spec) -> tuple[int, int, int] | None:
 
 
 def concat_tiling_scatters(graph: Graph, b: Builder, node: Node) -> int | None:
-    """Sum of index_scatters whose slices tile the tensor along one axis -> concat(part, ...) + 0."""
+    """Sum of index_scatters whose slices tile the tensor along one axis -> concat(part, ...) + 0 (no + 0: a split)."""
     # The gradient of q/k/v slices of one projection: each part written once, no zero-filled
-    # full-size scatters and adds. + 0 keeps the bits: -0.0 + 0.0 is +0.0, as the scatters gave;
-    # one add after the concat (one kernel, and the parts stay what concat_of_merged_reshapes reads).
+    # full-size scatters and adds. + 0 keeps the bits: -0.0 + 0.0 is +0.0, as the scatters gave and as
+    # torch's gradient of slices gives (its slice_backward's zeros, added); one add after the concat
+    # (one kernel, and the parts stay what concat_of_merged_reshapes reads). The pieces of one split
+    # call (each scatter's ``split``, every piece present) are torch's split_backward: a cat, -0.0 kept
+    # (gpt_small's split q/k/v: an add over the (B, T, 3C) gradient a layer saved).
     if node.op != "add":
         return None
     leaves = _add_leaves(graph, node)
@@ -208,7 +211,9 @@ def concat_tiling_scatters(graph: Graph, b: Builder, node: Node) -> int | None:
         position = stop
     if position != node.type.shape[axis]:
         return None
-    return b.add(b.emit("concat", tuple(g for _, g in parts), axis=axis), b.const(0.0))
+    concat = b.emit("concat", tuple(g for _, g in parts), axis=axis)
+    splits = {graph.node(leaf).attr.get("split") for leaf in leaves}
+    return concat if len(splits) == 1 and None not in splits else b.add(concat, b.const(0.0))
 
 
 def concat_of_merged_reshapes(graph: Graph, b: Builder, node: Node) -> int | None:

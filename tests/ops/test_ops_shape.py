@@ -521,3 +521,32 @@ def test_torch_spellings_trace():
         return y + torch.eq(a, b).float() + torch.chunk(a, 2, 1)[0].repeat(1, 2) + torch.squeeze(a.unsqueeze(0))
 
     parity(body, {"a": a, "b": b}, ("a", "b"), rtol=POW_RTOL, atol=1e-6)
+
+
+@pytest.mark.parametrize("spelling", ["split", "chunk", "slices"])
+def test_a_split_gradient_keeps_negative_zeros_as_torch_does(spelling, target):
+    """torch's split_backward concatenates the pieces' gradients (-0.0 kept); the gradient of slices
+    adds their zero-filled scatters (-0.0 + 0.0 is +0.0). bendc gives each one's bits, the split's
+    without an add over the whole gradient (canonicalize's concat_tiling_scatters)."""
+    x = wide((3, 6), 45)
+    w = np.array([[-0.0, 0.0, -1.5, -0.0, 2.0, -0.0]] * 3, np.float32)
+
+    def pieces(x):
+        if spelling == "split":
+            return x.split([2, 3, 1], 1)
+        if spelling == "chunk":
+            return x.chunk(3, 1)
+        return x[:, :2], x[:, 2:4], x[:, 4:]
+
+    def step(x, w):
+        loss = sum((p * q).sum() for p, q in zip(pieces(x), pieces(w)))
+        loss.backward()
+        return x.grad
+
+    got = bendc.jit(step, leaves=("x",), target=target)(x, w)
+    tx = torch.tensor(x, requires_grad=True)
+    step_torch = sum((p * q).sum() for p, q in zip(pieces(tx), pieces(torch.from_numpy(w))))
+    step_torch.backward()
+    assert_bitwise(got, tx.grad.numpy(), spelling)
+    zeros = w == 0
+    assert (np.signbit(got[zeros]) == ((spelling != "slices") & np.signbit(w[zeros]))).all()
