@@ -4,8 +4,11 @@ The sgemm is runtime/native/blas.py's choice. With MKL (sequential, ``BENDC_BLAS
 product runs on it at every thread count: one call at one thread (no launch), one call a block of
 the output above one. Without it, at numba's thread count above 1 the product runs as scipy's
 OpenBLAS calls, one per block, held to one thread (``pool.one_blas_thread``), and at one thread as
-numpy's matmul. Blocks are dealt over bendc's pool (runtime/native/pool.py): the step's products
-and its other parallel kernels then share one pool. numpy's OpenBLAS keeps its own threads, which
+one call of numpy's OpenBLAS sgemm (numpy's own thread count; np.matmul's bits: numpy's matmul
+calls the same sgemm, and its gemv and syrk cases, a row or column vector and a matrix times its own
+transpose, are declined to numpy; ~1-2 us a product less than np.matmul's ufunc call). Blocks are
+dealt over bendc's pool (runtime/native/pool.py): the step's products and its other parallel kernels
+then share one pool. numpy's OpenBLAS keeps its own threads, which
 after a call spin for a long time and take the cores from the pool's workers (measured: the
 transformer's attention kernels gained nothing at 2 threads beside them); numpy's OpenBLAS has one
 global thread count, so it cannot run one thread inside the pool and the user's own count outside
@@ -15,7 +18,8 @@ it.
 the three arrays' fields itself (~0.3 us a call against ~7 us for the same work in Python). It
 takes float32 matrices whose rows or columns are adjacent (row-major, or a transposed view, any
 leading stride: transposes are BLAS flags, not copies) and an output with adjacent columns; for
-anything else, and at one thread without MKL, it returns 1 and :func:`matmul` calls numpy. The
+anything else (and numpy's gemv and syrk cases at one thread without MKL) it returns 1 and
+:func:`matmul` calls numpy. The
 output is cut along its rows (along its columns when it has fewer rows than columns) into one
 block a thread, or, where K is long beside both (``K_CUT_RATIO``: a weight's gradient x^T g over a
 batch's rows), K is cut: each thread's sgemm multiplies its block of K into the output (the first)
@@ -117,6 +121,10 @@ declare ptr @PyLong_FromLong(i64)
 @bendc_sgemm = global i64 0
 @bendc_sgemm_ilp64 = global i64 0
 @bendc_sgemm_one_thread = global i64 0
+; the sgemm at one thread (one call, no launch): MKL's, or numpy's OpenBLAS (its own thread count)
+@bendc_sgemm_single = global i64 0
+@bendc_sgemm_single_ilp64 = global i64 0
+@bendc_sgemm_single_numpys = global i64 0  ; 1: it is numpy's, whose gemv and syrk cases stay numpy's
 ; the K cut's partial products (runtime-owned, grown with realloc; one product at a time holds it)
 @bendc_scratch = internal global ptr null
 @bendc_scratch_bytes = internal global i64 0
@@ -377,7 +385,19 @@ shapes:
   %ok.1 = and i1 %same.k, %same.m
   %ok.2 = and i1 %ok.1, %same.n
   %one.ok.w = load i64, ptr @bendc_sgemm_one_thread
-  %one.ok = icmp ne i64 %one.ok.w, 0
+  %one.ok.0 = icmp ne i64 %one.ok.w, 0
+  ; at one thread on numpy's OpenBLAS numpy's own cases stay numpy's, for its bits: a row or column
+  ; vector (its gemv) and a product of one matrix's data with itself (its syrk, where A @ A^T)
+  %vec.m = icmp eq i64 %a.d0, 1
+  %vec.n = icmp eq i64 %b.d1, 1
+  %vec = or i1 %vec.m, %vec.n
+  %same.data = icmp eq ptr %a.data, %b.data
+  %numpys.0 = or i1 %vec, %same.data
+  %numpys.w = load i64, ptr @bendc_sgemm_single_numpys
+  %numpys.on = icmp ne i64 %numpys.w, 0
+  %numpys = and i1 %numpys.0, %numpys.on
+  %gemm = xor i1 %numpys, true
+  %one.ok = and i1 %one.ok.0, %gemm
   %threads.ok = or i1 %many, %one.ok
   %ok.3 = and i1 %ok.2, %threads.ok
   %m.pos = icmp sgt i64 %a.d0, 0
@@ -484,8 +504,12 @@ cut.chosen:
   %partials = ptrtoint ptr %partials.p to i64
   %few.rows = icmp ult i64 %m, %threads.64
   %sum.blocks = select i1 %few.rows, i64 %m, i64 %threads.64
-  %sgemm = load i64, ptr @bendc_sgemm
-  %ilp64 = load i64, ptr @bendc_sgemm_ilp64
+  %sgemm.many = load i64, ptr @bendc_sgemm
+  %ilp64.many = load i64, ptr @bendc_sgemm_ilp64
+  %sgemm.one = load i64, ptr @bendc_sgemm_single
+  %ilp64.one = load i64, ptr @bendc_sgemm_single_ilp64
+  %sgemm = select i1 %many, i64 %sgemm.many, i64 %sgemm.one
+  %ilp64 = select i1 %many, i64 %ilp64.many, i64 %ilp64.one
   %a.i = ptrtoint ptr %a.data to i64
   %b.i = ptrtoint ptr %b.data to i64
   %c.i = ptrtoint ptr %c.data to i64
@@ -543,13 +567,16 @@ def _fast() -> Callable[..., Any] | None:
                     state.load(state.compile(ir(numpy_offsets())), "bendc_matmul_fast")
                     chosen = blas.sgemm()
                     if chosen.address and chosen.any_thread:  # MKL: at any thread count
-                        sgemm, ilp64, one_thread = chosen.address, chosen.ilp64, 1
-                    else:  # scipy's OpenBLAS (LP64), above one thread; numpy's matmul at one
+                        sgemm, ilp64 = chosen.address, chosen.ilp64
+                    else:  # scipy's OpenBLAS (LP64), above one thread; numpy's OpenBLAS at one
                         sgemm = _helperlib._import_cython_function("scipy.linalg.cython_blas", "sgemm")
-                        ilp64, one_thread = False, 0
+                        ilp64 = False
                     pool.global_int64("bendc_sgemm").value = sgemm
                     pool.global_int64("bendc_sgemm_ilp64").value = int(ilp64)
-                    pool.global_int64("bendc_sgemm_one_thread").value = one_thread
+                    pool.global_int64("bendc_sgemm_single").value = chosen.address
+                    pool.global_int64("bendc_sgemm_single_ilp64").value = int(chosen.ilp64)
+                    pool.global_int64("bendc_sgemm_single_numpys").value = int(not chosen.any_thread)
+                    pool.global_int64("bendc_sgemm_one_thread").value = int(chosen.address != 0)
                     fast = _builtin_function(state.address("bendc_matmul_fast"), "bendc_matmul")
                 _STATE["fast"] = fast
     return _STATE["fast"]
