@@ -115,8 +115,9 @@ def _entries(x, key, loc) -> list:
     return expanded
 
 
-def getitem(x, key, loc):
-    """``x[key]`` (the module docstring states the rules)."""
+def getitem(x, key, loc, **attrs):
+    """``x[key]`` (the module docstring states the rules); ``attrs`` go on its index node (a split's
+    piece number, tensor_ops.split)."""
     tracer = x.tracer
     if isinstance(key, TensorOps) and key.type.dtype == "bool":
         return MaskedSelection(x, key, loc)
@@ -153,7 +154,7 @@ def getitem(x, key, loc):
         axis += 1
     while spec and not isinstance(spec[-1], int) and spec[-1] == (0, x.shape[len(spec) - 1], 1):
         spec.pop()
-    y = tracer.emit("index", (x.id,), spec=tuple(spec)) if spec else x
+    y = tracer.emit("index", (x.id,), spec=tuple(spec), **attrs) if spec else x
     if nones:
         shape = list(y.shape)
         for position in nones:

@@ -416,9 +416,12 @@ class TensorOps:
             expanded = self.tracer.emit("expand", (spread.id,), shape=tiled)
             return expanded.reshape(tuple(r * s for r, s in zip(sizes, shape)))
 
-    def _narrow(self, axis: int, start: int, stop: int):
-        """self[..., start:stop, ...] on ``axis`` (a view: the index op)."""
-        return self[(slice(None),) * axis + (slice(start, stop),)]
+    def _narrow(self, axis: int, start: int, stop: int, **attrs: Any):
+        """self[..., start:stop, ...] on ``axis`` (a view: the index op, with ``attrs`` on its node)."""
+        from bendc.indexing import getitem  # (indexing imports this module)
+
+        with self.tracer.at_user_line("index") as builder:
+            return getitem(self, (slice(None),) * axis + (slice(start, stop),), builder.loc, **attrs)
 
     def split(self, split_size_or_sections: Any, dim: int = 0):
         """Pieces along ``dim``: of split_size each (the last smaller), or of the sizes listed."""
@@ -441,11 +444,9 @@ class TensorOps:
             # each piece an index view numbered by its split call: the VJP of a whole split is then
             # torch's split_backward, the pieces' gradients concatenated (passes/canonicalize.py)
             self.tracer.splits += 1
-            lead = tuple((0, size_, 1) for size_ in self.shape[:axis])
             pieces, start = [], 0
             for length in sections:
-                pieces.append(self.tracer.emit("index", (self.id,), spec=lead + ((start, start + length, 1),),
-                                               split=self.tracer.splits))
+                pieces.append(self._narrow(axis, start, start + length, split=self.tracer.splits))
                 start += length
             return tuple(pieces)
 

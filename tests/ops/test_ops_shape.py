@@ -550,3 +550,22 @@ def test_a_split_gradient_keeps_negative_zeros_as_torch_does(spelling, target):
     assert_bitwise(got, tx.grad.numpy(), spelling)
     zeros = w == 0
     assert (np.signbit(got[zeros]) == ((spelling != "slices") & np.signbit(w[zeros]))).all()
+
+
+def test_a_split_into_one_piece_is_the_tensor_itself():
+    """A piece spanning the whole dim is x, as x[:, 0:n] is (no index view, so no zero-filled scatter
+    in the backward); an empty piece's spec is (0, 0, 1), as an empty slice's."""
+    x = wide((2, 5), 46)
+
+    def step(x):
+        (whole,), (empty, rest) = x.chunk(1, 1), x.split([0, 5], 1)
+        (whole * 2.0 + rest).sum().backward()
+        return x.grad, empty
+
+    jitted = bendc.jit(step, leaves=("x",), target="reference")
+    grad, empty = jitted(x)
+    np.testing.assert_array_equal(grad, np.full((2, 5), 3.0, np.float32))
+    assert np.asarray(empty).shape == (2, 0)
+    indexes = [line for line in jitted.ir("traced").splitlines() if " = index[" in line]
+    assert len(indexes) == 1 and "spec=((0,2,1),(0,0,1)), split=2]" in indexes[0], indexes
+    assert "index_scatter" not in jitted.ir("final")
