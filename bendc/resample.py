@@ -13,7 +13,8 @@
   trilinear (3-D / 4-D / 5-D) and bicubic (4-D; A = -0.75, the border replicated), align_corners both
   ways: per resized dim, the last first, an ``index_select`` by constant source indices (for linear two,
   for bicubic four, weighted by constant weights: linear's computed in float32 as torch's CPU kernels
-  compute them, bicubic's polynomials of torch's float32 position evaluated in float64); area: adaptive average pooling. Gradients are index_select's (sums into the sources).
+  compute them, bicubic's polynomials of torch's float32 position evaluated in float64); area: adaptive
+  average pooling. Gradients are index_select's (sums into the sources).
 """
 from __future__ import annotations
 

@@ -283,11 +283,17 @@ def _torch_float64_grads(model: nn.Module, x: np.ndarray, seed_value: int) -> di
     return _torch_run(copy.deepcopy(model).double(), x.astype(np.float64), seed_value)[1]
 
 
+def _torch_float64(before: nn.Module, x: np.ndarray, seed_value: int) -> tuple[float, dict, dict]:
+    """A float64 copy of the model (as it was before the call) run on the call: its loss, its
+    gradients (rounded to float32, as _torch_run gives them) and the buffers it holds afterwards."""
+    model = copy.deepcopy(before).double()
+    loss, grads = _torch_run(model, x.astype(np.float64), seed_value)
+    return loss, grads, {name: value.detach().numpy() for name, value in model.named_buffers()}
+
+
 def _torch_float64_buffers(before: nn.Module, x: np.ndarray, seed_value: int) -> dict[str, np.ndarray]:
     """The buffers a float64 copy of the model (as it was before the call) holds after the same call."""
-    model = copy.deepcopy(before).double()
-    _torch_run(model, x.astype(np.float64), seed_value)
-    return {name: value.detach().numpy() for name, value in model.named_buffers()}
+    return _torch_float64(before, x, seed_value)[2]
 
 
 SPREAD_RUNS = 16      # torch float32 runs from a state moved by one rounding, where bendc and torch disagree
@@ -306,8 +312,7 @@ class Spread:
     computed only where a value is outside the other allowances (its runs cost ~50 torch steps)."""
 
     def __init__(self, before: nn.Module, x: np.ndarray, seed_value: int) -> None:
-        exact_loss, exact_grads = _torch_run(copy.deepcopy(before).double(), x.astype(np.float64), seed_value)
-        exact_buffers = _torch_float64_buffers(before, x, seed_value)
+        exact_loss, exact_grads, exact_buffers = _torch_float64(before, x, seed_value)
         rng = np.random.default_rng(0)
         self.loss = 0.0
         self.grads = {name: 0.0 for name in exact_grads}
