@@ -418,10 +418,7 @@ class TensorOps:
 
     def _narrow(self, axis: int, start: int, stop: int, **attrs: Any):
         """self[..., start:stop, ...] on ``axis`` (a view: the index op, with ``attrs`` on its node)."""
-        from bendc.indexing import getitem  # (indexing imports this module)
-
-        with self.tracer.at_user_line("index") as builder:
-            return getitem(self, (slice(None),) * axis + (slice(start, stop),), builder.loc, **attrs)
+        return self._index((slice(None),) * axis + (slice(start, stop),), **attrs)
 
     def split(self, split_size_or_sections: Any, dim: int = 0):
         """Pieces along ``dim``: of split_size each (the last smaller), or of the sizes listed."""

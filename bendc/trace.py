@@ -563,8 +563,12 @@ class Tensor(ReductionMethods, TensorOps, MathMethods, SortScatterMethods):
         """PyTorch's indexing (bendc/indexing.py): ints, slices (a negative step reverses, as numpy's),
         None, ellipses, lists and integer tensors (advanced indexing, negative values counted from the
         end), and bool masks, whose data-dependent result feeds a reduction (MaskedSelection)."""
+        return self._index(key)
+
+    def _index(self, key, **attrs) -> Tensor:
+        """``self[key]`` with ``attrs`` on its index node (a split's piece number: TensorOps.split)."""
         with self.tracer.at_user_line("index") as builder:
-            return getitem(self, key, builder.loc)
+            return getitem(self, key, builder.loc, **attrs)
 
     def __setitem__(self, key, value) -> None:
         """``x[key] = value`` as an out-of-place index_put: x names the new tensor afterwards (gradients
